@@ -1,0 +1,42 @@
+# The two commands of the README are `make demo` and `make test`; both install what
+# they need on a fresh machine (virtual environment, Python packages, Kafka's jars)
+# and reuse the caches under ~/.cache on later runs.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test test-fast lint demo bench kafka-jars clean
+
+$(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade "pip>=25.1"
+	@$(PY) -m pip install --quiet -e . --group test --group lint
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+kafka-jars: $(STAMP)
+	@$(VENV)/bin/openforge kafka fetch
+
+test: install kafka-jars
+	@$(PY) -m pytest
+
+# Inner loop: everything that needs no broker.
+test-fast: install
+	@$(PY) -m pytest tests/unit
+
+lint: install
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/mypy
+
+demo: install kafka-jars
+	@$(VENV)/bin/openforge demo
+
+bench: install kafka-jars
+	@$(PY) -m bench.producer
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Model call events (one per call through the proxy). One module per major version."""

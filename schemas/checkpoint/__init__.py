@@ -1,0 +1,1 @@
+"""Checkpoint events (new weights, and where they were applied). One module per major version."""

@@ -1,0 +1,1 @@
+"""Reward events (from the verifier). One module per major version."""

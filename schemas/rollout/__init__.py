@@ -1,0 +1,1 @@
+"""Rollout lifecycle events. One module per major version."""

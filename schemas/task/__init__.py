@@ -1,0 +1,1 @@
+"""Task events (what to run). One module per major version."""

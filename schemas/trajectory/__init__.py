@@ -1,0 +1,1 @@
+"""Trajectory events (assembled training data). One module per major version."""

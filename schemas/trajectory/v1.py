@@ -1,0 +1,179 @@
+"""Trajectories, version 1: token-exact training data on ``openforge.trajectories.v1``.
+
+The assembler joins a rollout's calls, lifecycle and reward into one trajectory. Consecutive calls
+whose prompt extends the previous call's prompt and completion are merged into one sample, with
+the tokens the model did not sample (tool results, user turns, template glue) masked out, so a
+multi-turn episode trains as one sequence. When a prompt does not extend the previous context
+(the harness compacted or rewrote history), a new sample starts.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar, Self
+
+from pydantic import Field, model_validator
+
+from schemas._arrays import Logprobs, LossMask, TokenIds
+from schemas._base import EventBase, FrozenModel
+from schemas._common import Identifier, WeightVersionRange, check_version_ranges, uncovered_spans
+from schemas.rollout.v1 import RolloutPhase, RolloutReason
+
+__all__ = ["FinalizeReason", "MergeStats", "TrajectorySample", "TrajectoryV1"]
+
+
+class FinalizeReason(StrEnum):
+    """Why the assembler closed the trajectory when it did."""
+
+    COMPLETED = "completed"
+    """The terminal lifecycle event and the reward both arrived."""
+    NO_REWARD_EXPECTED = "no_reward_expected"
+    """The rollout ended without success, so no reward will come."""
+    REWARD_TIMEOUT = "reward_timeout"
+    """The rollout succeeded but no reward arrived within the assembler's wait."""
+    LIFECYCLE_TIMEOUT = "lifecycle_timeout"
+    """No terminal lifecycle event arrived within the assembler's wait."""
+    EVICTED = "evicted"
+    """The assembler had to drop open state (memory bound) and flushed what it had."""
+
+
+class TrajectorySample(FrozenModel):
+    """One training sequence: a prompt and the completion that follows it.
+
+    ``completion_ids``, ``loss_mask`` and ``behavior_logprobs`` are aligned token by token. The
+    completion holds the sampled tokens of every merged call plus the context tokens in between,
+    which carry mask 0 and a placeholder logprob of 0.0.
+    """
+
+    prompt_ids: TokenIds
+    """Prompt of the first merged call, exactly as the engine tokenized it."""
+
+    completion_ids: TokenIds
+    """Everything after the prompt: sampled tokens and the context added between calls."""
+
+    loss_mask: LossMask
+    """1 for tokens the model sampled (trained), 0 for context tokens; aligned with
+    ``completion_ids``. One byte per token (see :class:`~schemas.LossMask`)."""
+
+    behavior_logprobs: Logprobs
+    """Logprob under the sampling weights for each completion token (0.0 where masked)."""
+
+    weight_versions: list[WeightVersionRange] = Field(default_factory=list)
+    """Weight version ranges over ``completion_ids``; every trained token is covered, context
+    tokens need not be. Empty when the engine reported no versions."""
+
+    call_ids: list[Identifier] = Field(min_length=1)
+    """Calls merged into this sample, in order."""
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Self:
+        ids = len(self.completion_ids)
+        mask, logprobs = len(self.loss_mask), len(self.behavior_logprobs)
+        if mask != ids:
+            raise ValueError(
+                f"loss_mask has {mask} values but completion_ids has {ids} tokens; "
+                "they must be aligned one to one"
+            )
+        if logprobs != ids:
+            raise ValueError(
+                f"behavior_logprobs has {logprobs} values but completion_ids has {ids} tokens; "
+                "they must be aligned one to one"
+            )
+        check_version_ranges(self.weight_versions, ids, what="weight_versions", require_cover=False)
+        if self.weight_versions:
+            mask_bytes = self.loss_mask.to_bytes()
+            for span in uncovered_spans(self.weight_versions, ids):
+                if mask_bytes.find(1, span.start, span.stop) >= 0:
+                    raise ValueError(
+                        f"trained tokens in [{span.start}, {span.stop}) have no weight version; "
+                        "every token with loss_mask 1 must be covered by weight_versions"
+                    )
+        return self
+
+    @property
+    def trained_tokens(self) -> int:
+        """Number of completion tokens with loss mask 1."""
+        return self.loss_mask.count_trained()
+
+
+class MergeStats(FrozenModel):
+    """How the assembler turned the rollout's calls into samples, for monitoring the merge."""
+
+    calls: int = Field(ge=0)
+    """Call events seen for the rollout."""
+
+    merged: int = Field(ge=0)
+    """Calls appended to the previous sample because their prompt extended its context."""
+
+    breaks: int = Field(ge=0)
+    """Calls whose prompt did not extend the previous context and started a new sample."""
+
+    skipped: int = Field(default=0, ge=0)
+    """Calls left out: failed, superseded by a retry, or without token ids."""
+
+
+class TrajectoryV1(EventBase):
+    """A finished rollout as training data, with its reward and group context.
+
+    Keyed by ``task_id`` so every rollout of a group lands on one partition and the learner sees
+    whole groups in order.
+    """
+
+    SCHEMA: ClassVar[str] = "trajectory"
+    VERSION: ClassVar[int] = 1
+
+    trajectory_id: Identifier
+    """Unique id of the trajectory; the learner's dedup key across assembler restarts."""
+
+    rollout_id: Identifier
+    """The rollout this trajectory was built from."""
+
+    task_id: Identifier
+    """Task of the rollout; the Kafka key."""
+
+    run_id: Identifier | None = None
+    """Experiment run, copied from the lifecycle events."""
+
+    group_index: int = Field(ge=0)
+    """Position of the rollout within its task's group."""
+
+    group_size: int | None = Field(default=None, ge=1)
+    """Rollouts in the group, so the learner knows when a group is complete."""
+
+    harness: str | None = Field(default=None, min_length=1)
+    """Harness that ran the rollout."""
+
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+    """The verifier's reward; absent when none arrived."""
+
+    phase: RolloutPhase | None = None
+    """Last lifecycle phase seen; absent when no lifecycle event arrived."""
+
+    reason: RolloutReason | None = None
+    """Reason of the last lifecycle event, if any."""
+
+    infrastructure_failure: bool = False
+    """The rollout failed for reasons unrelated to the policy; the learner leaves it out of group
+    statistics."""
+
+    samples: list[TrajectorySample] = Field(default_factory=list)
+    """Training sequences, in call order. Empty for rollouts that made no usable call; such a
+    trajectory still counts in its group's statistics unless it is an infrastructure failure."""
+
+    merge_stats: MergeStats
+    """How the calls were merged into samples."""
+
+    finalize_reason: FinalizeReason
+    """Why the assembler closed the trajectory."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.finalize_reason is FinalizeReason.COMPLETED and self.reward is None:
+            raise ValueError("a trajectory finalized as 'completed' must have a reward")
+        if self.group_size is not None and self.group_index >= self.group_size:
+            raise ValueError(f"group_index {self.group_index} is outside a group of size {self.group_size}")
+        return self
+
+    def partition_key(self) -> str:
+        """Return ``task_id``."""
+        return self.task_id

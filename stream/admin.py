@@ -1,0 +1,232 @@
+"""Cluster administration for the registry topics: create, list, describe, lag."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.structs import TopicPartition
+
+from stream.settings import KafkaSettings
+from stream.topics import Topic, TopicRegistry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    """What `topics create` did to one topic."""
+
+    name: str
+    created: bool
+    drift: tuple[str, ...] = ()
+    """Differences between an existing topic and the registry (never changed silently)."""
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One partition's placement and offsets."""
+
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    """A topic as the cluster sees it."""
+
+    name: str
+    partitions: tuple[PartitionInfo, ...]
+    configs: dict[str, str] = field(default_factory=dict)
+    registry: Topic | None = None
+
+    @property
+    def records(self) -> int:
+        """Records currently retained (end minus begin, summed over partitions)."""
+        return sum(p.end - p.begin for p in self.partitions)
+
+
+@dataclass(frozen=True)
+class LagRow:
+    """One consumer group's position on one partition."""
+
+    group: str
+    topic: str
+    partition: int
+    committed: int | None
+    end: int
+
+    @property
+    def lag(self) -> int:
+        """Records not yet committed by the group (everything if it never committed)."""
+        return self.end - (self.committed or 0)
+
+
+class KafkaAdmin:
+    """Admin client plus an offset reader, started and stopped together."""
+
+    def __init__(self, settings: KafkaSettings | None = None, registry: TopicRegistry | None = None) -> None:
+        self.settings = settings or KafkaSettings()
+        self.registry = registry or TopicRegistry.from_settings(self.settings)
+        self._admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            client_id=f"{self.settings.client_id}-admin",
+            request_timeout_ms=self.settings.request_timeout_ms,
+        )
+        self._offsets = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            client_id=f"{self.settings.client_id}-admin",
+            enable_auto_commit=False,
+            request_timeout_ms=self.settings.request_timeout_ms,
+        )
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect both clients."""
+        if not self._started:
+            await self._admin.start()
+            await self._offsets.start()
+            # aiokafka's group-less consumer raises CancelledError when stopped before
+            # its background task first ran; one loop turn lets it start.
+            await asyncio.sleep(0)
+            self._started = True
+
+    async def stop(self) -> None:
+        """Disconnect; safe to call twice."""
+        if self._started:
+            self._started = False
+            with contextlib.suppress(Exception):
+                await self._offsets.stop()
+            await self._admin.close()
+
+    async def __aenter__(self) -> KafkaAdmin:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def create_topics(self, topics: list[Topic] | None = None) -> list[CreateResult]:
+        """Create the registry's topics; existing ones are left alone and checked for drift."""
+        wanted = topics if topics is not None else list(self.registry)
+        existing = set(await self._admin.list_topics())
+        to_create = [t for t in wanted if t.name not in existing]
+        results: dict[str, CreateResult] = {}
+        if to_create:
+            new = [
+                NewTopic(t.name, t.partitions, self.settings.replication_factor, topic_configs=t.configs())
+                for t in to_create
+            ]
+            try:
+                response = await self._admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                response = None  # raced with another creator; treated as existing below
+            for name, code, message in getattr(response, "topic_errors", []):
+                if code == 0:
+                    results[name] = CreateResult(name, created=True)
+                elif code != TopicAlreadyExistsError.errno:
+                    raise RuntimeError(f"creating {name} failed: error {code} {message}")
+        for topic in wanted:
+            if topic.name not in results:
+                results[topic.name] = CreateResult(topic.name, created=False,
+                                                   drift=tuple(await self._drift(topic)))
+        return [results[t.name] for t in wanted]
+
+    async def _drift(self, topic: Topic) -> list[str]:
+        described = (await self.describe([topic.name]))[0]
+        drift = []
+        if len(described.partitions) != topic.partitions:
+            drift.append(
+                f"partitions: cluster has {len(described.partitions)}, registry wants {topic.partitions}"
+            )
+        for key, want in topic.configs().items():
+            have = described.configs.get(key)
+            if have != want:
+                drift.append(f"{key}: cluster has {have}, registry wants {want}")
+        return drift
+
+    async def list_topics(self, include_internal: bool = False) -> list[str]:
+        """Topic names, sorted; internal ``__*`` topics only on request."""
+        names = await self._admin.list_topics()
+        return sorted(n for n in names if include_internal or not n.startswith("__"))
+
+    async def describe(self, names: list[str]) -> list[TopicDescription]:
+        """Partitions (leader, replicas, ISR, begin/end offsets) and configs of each topic.
+
+        Raises:
+            KeyError: a named topic does not exist.
+        """
+        metadata = await self._admin.describe_topics(names)
+        by_name = {m["topic"]: m for m in metadata}
+        configs = await self.configs(names)
+        out = []
+        for name in names:
+            meta = by_name.get(name)
+            if meta is None or meta["error_code"] != 0:
+                raise KeyError(f"topic {name!r} does not exist")
+            tps = [TopicPartition(name, p["partition"]) for p in meta["partitions"]]
+            begins = await self._offsets.beginning_offsets(tps) if tps else {}
+            ends = await self._offsets.end_offsets(tps) if tps else {}
+            parts = tuple(
+                PartitionInfo(
+                    p["partition"], p["leader"], tuple(p["replicas"]), tuple(p["isr"]),
+                    begins[TopicPartition(name, p["partition"])], ends[TopicPartition(name, p["partition"])],
+                )
+                for p in sorted(meta["partitions"], key=lambda p: p["partition"])
+            )
+            out.append(TopicDescription(name, parts, configs.get(name, {}), self.registry.by_name(name)))
+        return out
+
+    async def configs(self, names: list[str]) -> dict[str, dict[str, str]]:
+        """Effective configs per topic."""
+        responses = await self._admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, n) for n in names]
+        )
+        out: dict[str, dict[str, str]] = {}
+        for response in responses:
+            for resource in response.resources:
+                _, _, _, name, entries = resource[:5]
+                out[name] = {e[0]: e[1] for e in entries}
+        return out
+
+    async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """High watermarks of ``partitions``."""
+        return dict(await self._offsets.end_offsets(partitions)) if partitions else {}
+
+    async def partitions(self, name: str) -> list[TopicPartition]:
+        """All partitions of one topic.
+
+        Raises:
+            KeyError: the topic does not exist.
+        """
+        metadata = await self._admin.describe_topics([name])
+        if not metadata or metadata[0]["error_code"] != 0:
+            raise KeyError(f"topic {name!r} does not exist")
+        return sorted(TopicPartition(name, p["partition"]) for p in metadata[0]["partitions"])
+
+    async def groups(self) -> list[str]:
+        """Consumer groups the cluster knows."""
+        return sorted(g[0] for g in await self._admin.list_consumer_groups())
+
+    async def lag(self, group: str | None = None) -> list[LagRow]:
+        """Each group's committed offset, end offset and lag per partition it committed on."""
+        groups = [group] if group else await self.groups()
+        rows: list[LagRow] = []
+        for g in groups:
+            committed: dict[TopicPartition, Any] = await self._admin.list_consumer_group_offsets(g)
+            ends = await self.end_offsets(list(committed))
+            for tp in sorted(committed):
+                offset = committed[tp].offset
+                rows.append(LagRow(g, tp.topic, tp.partition, offset if offset >= 0 else None, ends[tp]))
+        return rows

@@ -1,0 +1,294 @@
+"""Operator tooling over topics: tail, and replay to a topic or a JSONL file and back.
+
+Records are handled as raw bytes end to end, so a replay is byte-exact (keys,
+values and headers) whatever the records hold, including undecodable ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
+
+from schemas import DecodeError, EventBase, PackedArray, decode
+from stream.admin import KafkaAdmin
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """A record as stored in Kafka, independent of its content."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+    @classmethod
+    def from_consumer(cls, record: ConsumerRecord[bytes, bytes]) -> RawRecord:
+        """Copy what matters out of an aiokafka record."""
+        return cls(record.topic, record.partition, record.offset, record.timestamp, record.key,
+                   record.value, tuple((k, v) for k, v in (record.headers or ())))
+
+    def header(self, name: str) -> str | None:
+        """The first header ``name`` as text, if present."""
+        for key, value in self.headers:
+            if key == name:
+                return value.decode("utf-8", "replace")
+        return None
+
+    def decode(self) -> EventBase:
+        """Decode through the schema registry (raises ``DecodeError``)."""
+        return decode(self.headers, self.value if self.value is not None else b"")
+
+    def to_json_line(self) -> bytes:
+        """One JSONL line; text stays readable, other bytes go as base64."""
+        doc: dict[str, Any] = {
+            "topic": self.topic, "partition": self.partition, "offset": self.offset,
+            "timestamp_ms": self.timestamp_ms,
+            "key": _pack_bytes(self.key), "value": _pack_bytes(self.value),
+            "headers": [[k, _pack_bytes(v)] for k, v in self.headers],
+        }
+        return orjson.dumps(doc) + b"\n"
+
+    @classmethod
+    def from_json_line(cls, line: bytes | str) -> RawRecord:
+        """Parse a line written by :meth:`to_json_line`.
+
+        Raises:
+            ValueError: the line is not such a record (message says which field).
+        """
+        try:
+            doc = orjson.loads(line)
+            return cls(
+                str(doc.get("topic", "")), int(doc.get("partition", -1)), int(doc.get("offset", -1)),
+                int(doc.get("timestamp_ms", 0)), _unpack_bytes(doc.get("key")),
+                _unpack_bytes(doc.get("value")),
+                tuple((str(k), _unpack_bytes(v) or b"") for k, v in doc.get("headers", [])),
+            )
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a replay record: {exc}") from exc
+
+
+def _pack_bytes(data: bytes | None) -> str | dict[str, str] | None:
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"b64": base64.b64encode(data).decode()}
+
+
+def _unpack_bytes(doc: Any) -> bytes | None:
+    if doc is None:
+        return None
+    if isinstance(doc, str):
+        return doc.encode("utf-8")
+    if isinstance(doc, dict) and isinstance(doc.get("b64"), str):
+        return base64.b64decode(doc["b64"], validate=True)
+    raise ValueError(f"bad bytes field {doc!r}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """Which records of a topic to read. Offsets are inclusive start, exclusive stop."""
+
+    partitions: tuple[int, ...] | None = None
+    from_offset: int | None = None
+    to_offset: int | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    last: int | None = None
+    """Only the newest ``last`` records of each partition (tail's default view)."""
+
+
+async def read_topic(
+    settings: KafkaSettings, topic: str, rng: Range = Range(), *, follow: bool = False,
+    isolation_level: str = "read_committed", stop: asyncio.Event | None = None,
+) -> AsyncIterator[RawRecord]:
+    """Yield the records of ``topic`` in ``rng``, partition by partition in offset order.
+
+    Without ``follow`` it stops at the end offsets seen at start (or ``to_offset``,
+    ``until``); with ``follow`` it keeps waiting for new records until ``stop`` is set.
+
+    Raises:
+        KeyError: the topic does not exist.
+    """
+    async with KafkaAdmin(settings) as admin:
+        tps = await admin.partitions(topic)
+    if rng.partitions is not None:
+        tps = [tp for tp in tps if tp.partition in rng.partitions]
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers, client_id=f"{settings.client_id}-tooling",
+        enable_auto_commit=False, isolation_level=isolation_level,
+        max_partition_fetch_bytes=64 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
+    )
+    await consumer.start()
+    await asyncio.sleep(0)  # see KafkaAdmin.start: lets aiokafka's background task begin
+    try:
+        consumer.assign(tps)
+        begins = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        starts, stops = dict(begins), dict(ends)
+        if rng.since is not None:
+            found = await consumer.offsets_for_times({tp: int(rng.since.timestamp() * 1000) for tp in tps})
+            starts = {tp: (found[tp].offset if found.get(tp) else ends[tp]) for tp in tps}
+        if rng.until is not None:
+            found = await consumer.offsets_for_times({tp: int(rng.until.timestamp() * 1000) for tp in tps})
+            stops = {tp: (found[tp].offset if found.get(tp) else ends[tp]) for tp in tps}
+        if rng.from_offset is not None:
+            starts = {tp: max(begins[tp], rng.from_offset) for tp in tps}
+        if rng.to_offset is not None:
+            stops = {tp: min(stops[tp], rng.to_offset) for tp in tps}
+        if rng.last is not None:
+            starts = {tp: max(starts[tp], stops[tp] - rng.last) for tp in tps}
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        bounded = not follow or rng.to_offset is not None or rng.until is not None
+        active = {tp for tp in tps if not bounded or starts[tp] < stops[tp]}
+        while active and not (stop is not None and stop.is_set()):
+            if bounded:
+                # Control records (transaction markers) take offsets too: ask where we are.
+                for tp in list(active):
+                    if await consumer.position(tp) >= stops[tp]:
+                        active.discard(tp)
+                if not active:
+                    break
+            batches = await consumer.getmany(*active, timeout_ms=500, max_records=500)
+            for tp, records in batches.items():
+                for record in records:
+                    if bounded and record.offset >= stops[tp]:
+                        active.discard(tp)
+                        break
+                    yield RawRecord.from_consumer(record)
+    finally:
+        await consumer.stop()
+
+
+def _readable(value: Any, full: bool) -> Any:
+    """Packed arrays become lists (shortened unless ``full``); long text is shortened too."""
+    if isinstance(value, PackedArray):
+        items = list(value)
+        if full or len(items) <= 12:
+            return items
+        return [*items[:8], f"… {len(items):,} {type(value).__name__} in all"]
+    if isinstance(value, dict):
+        return {k: _readable(v, full) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_readable(v, full) for v in value]
+    if isinstance(value, bytes):
+        return _pack_bytes(value)
+    if isinstance(value, str) and not full and len(value) > 400:
+        return value[:300] + f"… ({len(value):,} chars)"
+    return value
+
+
+def format_record(record: RawRecord, *, full: bool = False) -> str:
+    """Human-readable rendering: a header line, then the event as indented JSON."""
+    when = datetime.fromtimestamp(record.timestamp_ms / 1000).astimezone().isoformat(timespec="milliseconds")
+    key = record.key.decode("utf-8", "replace") if record.key is not None else "-"
+    head = f"{record.topic}[{record.partition}]@{record.offset}  key={key}  {when}"
+    try:
+        event = record.decode()
+    except DecodeError as exc:
+        preview = (record.value or b"")[:200]
+        return f"{head}  UNDECODABLE ({exc.kind}): {exc.reason}\n  {preview!r}"
+    body = _readable(event.model_dump(), full)
+    text = orjson.dumps(body, option=orjson.OPT_INDENT_2).decode()
+    return f"{head}  {type(event).SCHEMA} v{type(event).VERSION}\n{text}"
+
+
+def record_matches(record: RawRecord, *, key: str | None, schema: str | None) -> bool:
+    """Filter used by tail: record key equals ``key``; schema header equals ``schema``."""
+    if key is not None and (record.key or b"").decode("utf-8", "replace") != key:
+        return False
+    return schema is None or record.header("schema") == schema
+
+
+async def replay_to_topic(
+    settings: KafkaSettings, records: AsyncIterator[RawRecord] | Iterator[RawRecord], dest: str,
+    *, keep_partition: bool = False, progress: Callable[[int], None] | None = None,
+) -> int:
+    """Produce ``records`` unchanged (key, value, headers) to ``dest``; return the count.
+
+    Partitioning follows the key as for any producer, unless ``keep_partition``.
+    """
+    count = 0
+    async with EventProducer(settings) as producer:
+        pending = []
+        async for record in _aiter(records):
+            pending.append(await producer.send_raw(
+                dest, record.value, key=record.key, headers=record.headers,
+                partition=record.partition if keep_partition else None,
+            ))
+            count += 1
+            if len(pending) >= 1000:
+                await asyncio.gather(*pending)
+                pending.clear()
+                if progress:
+                    progress(count)
+        await asyncio.gather(*pending)
+    if progress:
+        progress(count)
+    return count
+
+
+async def _aiter(records: AsyncIterator[RawRecord] | Iterator[RawRecord]) -> AsyncIterator[RawRecord]:
+    if hasattr(records, "__aiter__"):
+        async for record in records:
+            yield record
+    else:
+        for record in records:
+            yield record
+
+
+async def write_jsonl(records: AsyncIterator[RawRecord], out: IO[bytes],
+                      progress: Callable[[int], None] | None = None) -> int:
+    """Write records as JSONL; return the count."""
+    count = 0
+    async for record in records:
+        out.write(record.to_json_line())
+        count += 1
+        if progress and count % 1000 == 0:
+            progress(count)
+    if progress:
+        progress(count)
+    return count
+
+
+def read_jsonl(path: Path) -> Iterator[RawRecord]:
+    """Read a JSONL file written by :func:`write_jsonl`.
+
+    Raises:
+        ValueError: a line is malformed; the message names the file and line number.
+    """
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield RawRecord.from_json_line(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from exc
+
+
+__all__ = [
+    "Range", "RawRecord", "format_record", "read_jsonl", "read_topic", "record_matches",
+    "replay_to_topic", "write_jsonl",
+]
+

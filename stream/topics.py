@@ -1,0 +1,148 @@
+"""The topic registry: every topic OpenForge uses, declared once.
+
+Names, partition counts, retention, compaction and size limits live here and
+nowhere else; `openforge topics create` materializes them and the producer
+checks event sizes and types against them before anything reaches the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from stream.settings import KafkaSettings
+
+_MIB = 1024 * 1024
+_DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One declared topic, before the experiment prefix is applied."""
+
+    base_name: str
+    """Name without prefix, e.g. ``openforge.calls.v1``."""
+    partitions: int
+    """Default partition count; the unit of scale-out of its consumers."""
+    schemas: tuple[str, ...]
+    """Event schema names allowed on the topic; anything else is refused on produce
+    and dead-lettered on consume."""
+    key: str
+    """Which event field keys the topic (documentation; events compute it)."""
+    max_message_bytes: int = 1 * _MIB
+    """Largest record (after compression) the topic accepts."""
+    retention_ms: int | None = 7 * _DAY_MS
+    """How long records are kept; None keeps them forever."""
+    compacted: bool = False
+    """Keep only the latest record per key (checkpoints: latest per model)."""
+    description: str = ""
+
+    def configs(self) -> dict[str, str]:
+        """Topic-level configs sent on creation."""
+        configs = {
+            "max.message.bytes": str(self.max_message_bytes),
+            "cleanup.policy": "compact" if self.compacted else "delete",
+        }
+        configs["retention.ms"] = "-1" if self.retention_ms is None else str(self.retention_ms)
+        return configs
+
+
+TASKS = TopicSpec(
+    "openforge.tasks.v1", 3, ("task",), "task_id",
+    description="Tasks to run; one task becomes group_size rollouts.",
+)
+CALLS = TopicSpec(
+    "openforge.calls.v1", 6, ("model_call",), "rollout_id",
+    # A 100k-token prompt is ~0.5 MiB of packed ids plus its text; leave ample room.
+    max_message_bytes=16 * _MIB,
+    description="Every model call seen by the proxy, token-exact.",
+)
+ROLLOUTS = TopicSpec(
+    "openforge.rollouts.v1", 6, ("rollout",), "rollout_id",
+    description="Rollout lifecycle from the launcher and pod watcher.",
+)
+REWARDS = TopicSpec(
+    "openforge.rewards.v1", 6, ("reward",), "rollout_id",
+    description="Rewards posted by verifiers, never by agents.",
+)
+TRAJECTORIES = TopicSpec(
+    "openforge.trajectories.v1", 3, ("trajectory",), "task_id",
+    # Many calls of long prompts; merged samples keep most trajectories far smaller.
+    max_message_bytes=32 * _MIB,
+    description="Token-exact training samples, written transactionally by the assembler.",
+)
+CHECKPOINTS = TopicSpec(
+    "openforge.checkpoints.v1", 1, ("checkpoint", "checkpoint_applied"), "model",
+    retention_ms=None, compacted=True,
+    description="Checkpoints written and applied; compacted to the latest per model.",
+)
+DEAD_LETTERS = TopicSpec(
+    "openforge.dlq.v1", 1, ("dead_letter",), "original key",
+    # Holds a base64 copy of the largest record any other topic accepts.
+    max_message_bytes=48 * _MIB, retention_ms=30 * _DAY_MS,
+    description="Events a consumer could not decode or handle, with the reason.",
+)
+
+ALL_TOPICS: tuple[TopicSpec, ...] = (
+    TASKS, CALLS, ROLLOUTS, REWARDS, TRAJECTORIES, CHECKPOINTS, DEAD_LETTERS,
+)
+
+
+@dataclass(frozen=True)
+class Topic:
+    """A registry topic resolved for one deployment: prefixed name and partitions."""
+
+    name: str
+    partitions: int
+    spec: TopicSpec
+
+    def configs(self) -> dict[str, str]:
+        """Topic-level configs sent on creation."""
+        return self.spec.configs()
+
+
+class TopicRegistry:
+    """Resolves the declared topics under a prefix and partition override."""
+
+    def __init__(self, prefix: str = "", partitions: int | None = None,
+                 specs: tuple[TopicSpec, ...] = ALL_TOPICS) -> None:
+        self.prefix = prefix
+        self._topics = {
+            spec.base_name: Topic(prefix + spec.base_name, partitions or spec.partitions, spec)
+            for spec in specs
+        }
+        self._by_name = {topic.name: topic for topic in self._topics.values()}
+
+    @classmethod
+    def from_settings(cls, settings: KafkaSettings) -> TopicRegistry:
+        """The registry as configured by ``OPENFORGE_KAFKA_*``."""
+        return cls(settings.topic_prefix, settings.partitions)
+
+    def __iter__(self) -> Iterator[Topic]:
+        return iter(self._topics.values())
+
+    def __getitem__(self, spec: TopicSpec) -> Topic:
+        return self._topics[spec.base_name]
+
+    def by_name(self, name: str) -> Topic | None:
+        """The registry topic with this full (prefixed) name, if any."""
+        return self._by_name.get(name)
+
+    def resolve(self, name: str) -> Topic:
+        """Accept a full name, a base name or a short alias (``calls``, ``dlq``).
+
+        Raises:
+            KeyError: the name matches no registry topic; the message lists them.
+        """
+        if topic := self._by_name.get(name):
+            return topic
+        if topic := self._topics.get(name):
+            return topic
+        for topic in self:
+            if topic.spec.base_name.split(".")[1] == name:
+                return topic
+        known = ", ".join(t.spec.base_name.split(".")[1] for t in self)
+        raise KeyError(f"unknown topic {name!r}; registry topics: {known}")
+
+    def __len__(self) -> int:
+        return len(self._topics)

@@ -1,0 +1,91 @@
+"""Session-wide real parts: one real Kafka broker for the whole run.
+
+The broker is started through the same code as `openforge kafka up`, on free
+ports and in a temporary folder. ``--kafka HOST:PORT`` points the suite at an
+existing cluster instead. A test that needs Kafka and cannot reach it fails.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from stream.admin import KafkaAdmin
+from stream.broker import LocalBroker
+from stream.settings import BrokerSettings, KafkaSettings
+from stream.topics import TopicRegistry
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--kafka", default=None, metavar="HOST:PORT",
+                     help="use this Kafka cluster instead of starting a local broker")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P+1 are both free (client and controller listener)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+@pytest.fixture(scope="session")
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker | None]:
+    """The session's local broker (None when --kafka names an existing cluster)."""
+    if request.config.getoption("--kafka"):
+        yield None
+        return
+    port = free_port_pair()
+    local = LocalBroker(BrokerSettings(
+        port=port, controller_port=port + 1, data_dir=str(tmp_path_factory.mktemp("kafka")),
+    ))
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(request: pytest.FixtureRequest, broker: LocalBroker | None) -> str:
+    """``host:port`` of the Kafka cluster under test."""
+    return str(request.config.getoption("--kafka") or (broker.bootstrap if broker else ""))
+
+
+@pytest.fixture
+def kafka_settings(kafka_bootstrap: str) -> KafkaSettings:
+    """Settings with a topic prefix unique to the test, so tests never see each other's records."""
+    return KafkaSettings(
+        bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"t{uuid.uuid4().hex[:10]}.",
+        partitions=2,
+        linger_ms=0,
+    )
+
+
+@pytest.fixture
+def registry(kafka_settings: KafkaSettings) -> TopicRegistry:
+    return TopicRegistry.from_settings(kafka_settings)
+
+
+@pytest.fixture
+async def topics(kafka_settings: KafkaSettings, registry: TopicRegistry) -> TopicRegistry:
+    """The registry's topics, created on the real broker under the test's prefix."""
+    async with KafkaAdmin(kafka_settings, registry) as admin:
+        await admin.create_topics()
+    return registry

@@ -1,0 +1,190 @@
+"""`openforge topics …` and `openforge kafka …` on real topics of the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+from factories import model_call, reward
+
+from schemas import decode
+from stream.admin import KafkaAdmin
+from stream.consumer import ConsumerSettings, EventConsumer, Received
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+from stream.topics import CALLS, CHECKPOINTS, REWARDS, TopicRegistry
+
+pytestmark = pytest.mark.kafka
+
+
+def openforge(settings: KafkaSettings, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+           "OPENFORGE_KAFKA_TOPIC_PREFIX": settings.topic_prefix,
+           "OPENFORGE_KAFKA_PARTITIONS": str(settings.partitions or 2)}
+    proc = subprocess.run([sys.executable, "-m", "openforge", "--log-level", "WARNING", *args],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"openforge {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+async def test_create_is_idempotent_and_list_describe_show_the_registry(kafka_settings, registry) -> None:
+    first = await asyncio.to_thread(openforge, kafka_settings, "topics", "create")
+    assert first.stdout.count("created") == len(registry)
+    second = await asyncio.to_thread(openforge, kafka_settings, "topics", "create")
+    assert second.stdout.count("exists") == len(registry) and "created" not in second.stdout
+    assert "drift" not in second.stderr
+    listed = (await asyncio.to_thread(openforge, kafka_settings, "topics", "list")).stdout
+    for topic in registry:
+        assert topic.name in listed
+    described = (await asyncio.to_thread(openforge, kafka_settings, "topics", "describe", "checkpoints")).stdout
+    assert f"{registry[CHECKPOINTS].name}: 2 partitions" in described
+    assert "cleanup.policy=compact" in described
+    missing = await asyncio.to_thread(openforge, kafka_settings, "topics", "describe", "no-such-topic", check=False)
+    assert missing.returncode != 0 and "does not exist" in missing.stderr
+
+
+async def test_create_reports_drift_of_an_existing_topic(kafka_settings, registry) -> None:
+    async with KafkaAdmin(kafka_settings, registry) as admin:
+        await admin.create_topics()
+    other = kafka_settings.model_copy(update={"partitions": 3})
+    out = await asyncio.to_thread(openforge, other, "topics", "create")
+    assert "drift: partitions: cluster has 2, registry wants 3" in out.stderr
+
+
+async def test_tail_decodes_and_filters_by_key_and_type(kafka_settings, topics: TopicRegistry) -> None:
+    async with EventProducer(kafka_settings) as producer:
+        await producer.publish(REWARDS, reward("r-alpha", 0.25))
+        await producer.publish(REWARDS, reward("r-beta", 0.75))
+        await producer.publish(CALLS, model_call(prompt_tokens=5000, rollout_id="r-alpha"))
+        await producer.send_raw(topics[REWARDS].name, b"garbage", key=b"r-alpha")
+        await producer.flush()
+    out = (await asyncio.to_thread(openforge, kafka_settings, "topics", "tail", "rewards", "--key", "r-alpha")).stdout
+    assert '"value": 0.25' in out and "r-beta" not in out
+    assert "UNDECODABLE (missing_schema)" in out  # shown with its reason, not hidden
+    typed = (await asyncio.to_thread(openforge, kafka_settings, "topics", "tail", "rewards", "--type", "reward")).stdout
+    assert typed.count("reward v1") == 2 and "UNDECODABLE" not in typed
+    calls = (await asyncio.to_thread(openforge, kafka_settings, "topics", "tail", "calls")).stdout
+    assert "model_call v1" in calls and "5,000 TokenIds in all" in calls  # packed ids summarized
+    assert len(calls) < 20_000
+
+
+async def test_tail_follow_prints_new_events_until_interrupted(kafka_settings, topics: TopicRegistry) -> None:
+    env = {**os.environ, "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+           "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka_settings.topic_prefix}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openforge", "topics", "tail", "rewards", "-f",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        await asyncio.sleep(3)  # let it reach the end of the (empty) topic
+        async with EventProducer(kafka_settings) as producer:
+            await producer.publish(REWARDS, reward("r-follow", 0.5))
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert b"r-follow" in line
+    finally:
+        proc.send_signal(2)
+        await asyncio.wait_for(proc.wait(), 30)
+    assert proc.returncode == 0
+
+
+async def test_replay_topic_to_file_and_back_is_byte_exact(kafka_settings, topics: TopicRegistry,
+                                                           tmp_path: Path) -> None:
+    events = [reward(f"r-{i % 3}", float(i)) for i in range(10)]
+    async with EventProducer(kafka_settings) as producer:
+        for e in events:
+            await producer.send(REWARDS, e)
+        await producer.send_raw(topics[REWARDS].name, b"\xff\x00binary", key=b"\x01\x02")
+        await producer.flush()
+    dump = tmp_path / "rewards.jsonl"
+    await asyncio.to_thread(openforge, kafka_settings, "topics", "replay", "--from-topic", "rewards",
+                            "--to-file", str(dump))
+    lines = dump.read_bytes().splitlines()
+    assert len(lines) == 11
+    docs = [orjson.loads(x) for x in lines]
+    assert all(d["topic"] == topics[REWARDS].name for d in docs)
+    assert sum(isinstance(d["value"], str) for d in docs) == 10  # events stay readable text
+    assert [d["value"] for d in docs if isinstance(d["value"], dict)] == [{"b64": "/wBiaW5hcnk="}]
+    # Offset range: only offsets 1..2 of each partition.
+    ranged = tmp_path / "ranged.jsonl"
+    await asyncio.to_thread(openforge, kafka_settings, "topics", "replay", "--from-topic", "rewards",
+                            "--to-file", str(ranged), "--from-offset", "1", "--to-offset", "3")
+    assert {orjson.loads(x)["offset"] for x in ranged.read_bytes().splitlines()} == {1, 2}
+    # Back into a fresh topic: same keys, values and headers, byte for byte.
+    dest = f"{kafka_settings.topic_prefix}replayed"
+    from stream.topics import Topic
+    async with KafkaAdmin(kafka_settings, topics) as admin:
+        await admin.create_topics([Topic(dest, 1, REWARDS)])
+    await asyncio.to_thread(openforge, kafka_settings, "topics", "replay", "--from-file", str(dump),
+                            "--to-topic", dest)
+    consumer = AIOKafkaConsumer(dest, bootstrap_servers=kafka_settings.bootstrap_servers,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    got = []
+    try:
+        while len(got) < 11:
+            for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                got.extend(batch)
+    finally:
+        await consumer.stop()
+    original = {d["value"].encode() for d in docs if isinstance(d["value"], str)}
+    assert {r.value for r in got if r.value != b"\xff\x00binary"} == original
+    binary = [r for r in got if r.value == b"\xff\x00binary"]
+    assert len(binary) == 1 and binary[0].key == b"\x01\x02"
+    decoded = sorted((decode(r.headers, r.value) for r in got if r.key != b"\x01\x02"),
+                     key=lambda e: e.value)
+    assert decoded == events
+
+
+async def test_replay_time_range(kafka_settings, topics: TopicRegistry, tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+    async with EventProducer(kafka_settings) as producer:
+        await producer.publish(REWARDS, reward("r-early", 1.0))
+        await asyncio.sleep(1.2)
+        middle = datetime.now(UTC)
+        await asyncio.sleep(0.2)
+        await producer.publish(REWARDS, reward("r-late", 2.0))
+    out = tmp_path / "late.jsonl"
+    await asyncio.to_thread(openforge, kafka_settings, "topics", "replay", "--from-topic", "rewards",
+                            "--to-file", str(out), "--since", middle.isoformat())
+    keys = [orjson.loads(x)["key"] for x in out.read_bytes().splitlines()]
+    assert keys == ["r-late"]
+
+
+async def test_replay_rejects_a_malformed_file_naming_the_line(kafka_settings, topics, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"topic": "x", "value": "ok"}\n{not json\n')
+    out = await asyncio.to_thread(openforge, kafka_settings, "topics", "replay", "--from-file", str(bad),
+                                  "--to-topic", topics[REWARDS].name, check=False)
+    assert out.returncode != 0 and "bad.jsonl:2" in out.stderr
+
+
+async def test_lag_shows_each_group_per_partition(kafka_settings, topics: TopicRegistry) -> None:
+    async with EventProducer(kafka_settings) as producer:
+        for i in range(8):
+            await producer.send(REWARDS, reward(f"r-{i}", float(i)), )
+        await producer.flush()
+    seen: list[Received] = []
+
+    async def handle(received: Received) -> None:
+        seen.append(received)
+
+    group = f"{kafka_settings.topic_prefix}lagger"
+    consumer = EventConsumer([REWARDS], handle, group_id=group, kafka=kafka_settings,
+                             settings=ConsumerSettings(commit_interval_s=0.1))
+    async with consumer:
+        while len(seen) < 8:
+            await asyncio.sleep(0.05)
+    async with EventProducer(kafka_settings) as producer:
+        for i in range(3):
+            await producer.send(REWARDS, reward("r-0", float(i)))
+        await producer.flush()
+    out = (await asyncio.to_thread(openforge, kafka_settings, "topics", "lag", "--group", group)).stdout
+    assert f"{group}: total lag 3" in out
+    assert out.count(topics[REWARDS].name) == 2  # one row per partition
