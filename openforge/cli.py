@@ -9,6 +9,7 @@ import click
 import orjson
 
 from openforge import __version__
+from proxy.cli import proxy_command, token_command
 from stream.cli import kafka_group, topics_group
 
 
@@ -52,3 +53,5 @@ def demo(keep_broker: bool) -> None:
 main.add_command(kafka_group)
 main.add_command(topics_group)
 main.add_command(schemas_group)
+main.add_command(proxy_command)
+main.add_command(token_command)

@@ -36,6 +36,31 @@ class WrongTopicError(ValueError):
     """An event's schema is not declared for the topic it was sent to."""
 
 
+def encode_record(
+    topic: Topic, event: EventBase, *, key: str | bytes | None = None
+) -> tuple[bytes | None, bytes, Headers]:
+    """Encode and check one event for ``topic``; returns key, value and headers.
+
+    Raises:
+        WrongTopicError: the event's schema is not declared for the topic.
+        EventTooLargeError: the encoded event exceeds the topic's limit.
+    """
+    schema = type(event).SCHEMA
+    if schema not in topic.spec.schemas:
+        raise WrongTopicError(
+            f"{schema!r} events do not belong on {topic.name} (it carries {', '.join(topic.spec.schemas)})"
+        )
+    value, headers = encode(event)
+    if len(value) > topic.spec.max_message_bytes:
+        raise EventTooLargeError(
+            f"{schema} event of {len(value):,} bytes exceeds {topic.name}'s "
+            f"max.message.bytes={topic.spec.max_message_bytes:,}"
+        )
+    record_key = event.kafka_key() if key is None else key
+    inject_trace_context(headers)
+    return (record_key.encode() if isinstance(record_key, str) else record_key), value, headers
+
+
 class EventProducer:
     """Publish registry events to their topics.
 
@@ -113,28 +138,8 @@ class EventProducer:
     def encode(
         self, topic: Topic, event: EventBase, *, key: str | bytes | None = None
     ) -> tuple[bytes | None, bytes, Headers]:
-        """Encode and check one event for ``topic``; returns key, value and headers.
-
-        Raises:
-            WrongTopicError: the event's schema is not declared for the topic.
-            EventTooLargeError: the encoded event exceeds the topic's limit.
-        """
-        schema = type(event).SCHEMA
-        if schema not in topic.spec.schemas:
-            raise WrongTopicError(
-                f"{schema!r} events do not belong on {topic.name} "
-                f"(it carries {', '.join(topic.spec.schemas)})"
-            )
-        value, headers = encode(event)
-        if len(value) > topic.spec.max_message_bytes:
-            raise EventTooLargeError(
-                f"{schema} event of {len(value):,} bytes exceeds {topic.name}'s "
-                f"max.message.bytes={topic.spec.max_message_bytes:,}"
-            )
-        record_key = event.kafka_key() if key is None else key
-        headers = list(headers)
-        inject_trace_context(headers)
-        return (record_key.encode() if isinstance(record_key, str) else record_key), value, headers
+        """Encode and check one event for ``topic`` (see :func:`encode_record`)."""
+        return encode_record(topic, event, key=key)
 
     async def send(
         self,

@@ -7,11 +7,11 @@ existing cluster instead. A test that needs Kafka and cannot reach it fails.
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from netutil import free_port, free_port_pair
 
 from stream.admin import KafkaAdmin
 from stream.broker import LocalBroker
@@ -22,26 +22,28 @@ from stream.topics import TopicRegistry
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--kafka", default=None, metavar="HOST:PORT",
                      help="use this Kafka cluster instead of starting a local broker")
+    parser.addoption("--vllm", default=None, metavar="URL",
+                     help="use this vLLM server (serving the tiny model) instead of starting one")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+@pytest.fixture(scope="session")
+def vllm_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real vLLM (CPU build) serving the tiny local model; installed and made once, cached."""
+    given = request.config.getoption("--vllm")
+    if given:
+        yield str(given).rstrip("/")
+        return
+    from openforge.engine import LocalEngine, install_vllm, make_tiny_model
+    from stream.broker import cache_root
 
-
-def free_port_pair() -> int:
-    """A port P such that P and P+1 are both free (client and controller listener)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports")
+    python = install_vllm()
+    model = make_tiny_model(python, cache_root() / "models" / "tiny-qwen2-seed0")
+    engine = LocalEngine(model, free_port(), python, tmp_path_factory.mktemp("vllm") / "vllm.log")
+    engine.start()
+    try:
+        yield engine.url
+    finally:
+        engine.stop()
 
 
 @pytest.fixture(scope="session")

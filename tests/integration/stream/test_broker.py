@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port_pair
 from factories import reward
+from netutil import free_port_pair
 
 from stream.admin import KafkaAdmin
 from stream.broker import BrokerError, LocalBroker

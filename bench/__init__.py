@@ -1,0 +1,1 @@
+"""Benchmarks of OpenForge's hot paths; run each as ``python -m bench.<name>``."""

@@ -1,0 +1,181 @@
+"""Publish so that nothing is lost: Kafka's acknowledgement, or the disk spool.
+
+``publish`` returns only when the event is durable: acknowledged by Kafka
+(acks=all) or fsynced into the spool. While Kafka is unreachable every event goes
+to the spool, in order; a background drainer re-sends spooled records oldest
+first and switches back to direct publishing only once the spool is empty, so a
+rollout's events never overtake each other. A spool left by a crashed or stopped
+process is drained after restart.
+
+A record whose acknowledgement timed out is spooled too; if the client still
+delivers it later, Kafka holds it twice with the same ``event_id``, which the
+assembler drops. Duplicates are recoverable; a lost call is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+from producers.spool import DiskSpool
+from schemas import EventBase
+from stream import EventProducer, TopicRegistry, TopicSpec
+from stream.producer import encode_record
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["kafka", "spool"]
+
+
+class DurablePublisher:
+    """Kafka first, disk when Kafka cannot take it; drains the disk in the background."""
+
+    def __init__(
+        self,
+        producer_factory: Callable[[], EventProducer],
+        spool: DiskSpool,
+        registry: TopicRegistry,
+        *,
+        ack_timeout_s: float = 5.0,
+        drain_interval_s: float = 1.0,
+    ) -> None:
+        self._factory = producer_factory
+        self._producer: EventProducer | None = None
+        self.spool = spool
+        self.registry = registry
+        self.ack_timeout_s = ack_timeout_s
+        self.drain_interval_s = drain_interval_s
+        self._direct = False
+        self._order = asyncio.Lock()  # spool appends vs. the switch back to direct mode
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.publish_errors = 0
+        """Sends that failed or timed out and were spooled instead."""
+
+    @property
+    def direct(self) -> bool:
+        """True while events go straight to Kafka (healthy, spool empty)."""
+        return self._direct
+
+    @property
+    def accepting(self) -> bool:
+        """False when the spool is full: the proxy answers 503 instead of taking work."""
+        return self._direct or not self.spool.full
+
+    async def start(self) -> None:
+        """Connect to Kafka if it is there; either way begin draining any old spool."""
+        await self._connect()
+        self._direct = self._producer is not None and len(self.spool) == 0
+        if len(self.spool):
+            logger.info("spool holds %d records from before; draining", len(self.spool))
+        self._task = asyncio.create_task(self._drain_forever(), name="spool-drainer")
+
+    async def _connect(self) -> bool:
+        if self._producer is not None:
+            return True
+        producer = self._factory()
+        try:
+            await asyncio.wait_for(producer.start(), self.ack_timeout_s * 2)
+        except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
+            logger.warning("Kafka unreachable (%s); spooling to %s", exc, self.spool.directory)
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            return False
+        self._producer = producer
+        return True
+
+    async def publish(self, topic: TopicSpec, event: EventBase) -> Outcome:
+        """Make ``event`` durable; say where it went.
+
+        Admission is the caller's job (check :attr:`accepting` before doing the work
+        the event records): once the work is done its event is kept even if that
+        overshoots the spool's bound by a record, because dropping it would lose data.
+
+        Raises:
+            ValueError: the event does not fit its topic (wrong type or too large).
+        """
+        resolved = self.registry[topic]
+        key, value, headers = encode_record(resolved, event)
+        if self._direct and self._producer is not None:
+            try:
+                future = await asyncio.wait_for(
+                    self._producer.send_raw(resolved.name, value, key=key, headers=headers),
+                    self.ack_timeout_s,
+                )
+                await asyncio.wait_for(future, self.ack_timeout_s)
+                return "kafka"
+            except Exception as exc:  # noqa: BLE001 - any send failure falls back to the spool
+                self.publish_errors += 1
+                logger.warning("publishing %s failed (%s); switching to the spool", event.event_id, exc)
+                self._direct = False
+                await self._spool(resolved.name, key, value, headers, force=True)
+                return "spool"
+        await self._spool(resolved.name, key, value, headers, force=True)
+        return "spool"
+
+    async def _spool(self, topic: str, key: bytes | None, value: bytes,
+                     headers: list[tuple[str, bytes]], *, force: bool) -> None:
+        async with self._order:
+            await asyncio.to_thread(self.spool.append, topic, key, value, tuple(headers), force=force)
+        self._wake.set()
+
+    async def _drain_forever(self) -> None:
+        backoff = self.drain_interval_s
+        while not self._stopped:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), backoff)
+            self._wake.clear()
+            if self._direct and len(self.spool) == 0:
+                continue
+            try:
+                drained = await self._drain_once()
+            except Exception as exc:  # noqa: BLE001 - keep trying; Kafka may be restarting
+                logger.info("spool drain paused: %s", exc)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            backoff = self.drain_interval_s
+            if drained:
+                self._wake.set()  # more may be waiting: go again at once
+
+    async def _drain_once(self) -> int:
+        if not await self._connect():
+            raise ConnectionError("Kafka unreachable")
+        assert self._producer is not None
+        batch = await asyncio.to_thread(self.spool.oldest, 256)
+        if not batch:
+            async with self._order:
+                if len(self.spool) == 0:
+                    if not self._direct:
+                        logger.info("spool drained; publishing directly again")
+                    self._direct = True
+            return 0
+        futures = [
+            await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers) for r in batch
+        ]
+        await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout_s * 4)
+        for record in batch:
+            await asyncio.to_thread(self.spool.remove, record)
+        logger.info("drained %d spooled records (%d left)", len(batch), len(self.spool))
+        return len(batch)
+
+    async def stop(self) -> None:
+        """Stop draining and flush Kafka; what is still spooled stays on disk. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._producer.stop(), self.ack_timeout_s * 2)
+            self._producer = None
+
+
+__all__ = ["DurablePublisher", "Outcome"]

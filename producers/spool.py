@@ -1,0 +1,167 @@
+"""A bounded on-disk spool of encoded Kafka records.
+
+When Kafka is unreachable the proxy must neither drop a model call nor block the
+harness indefinitely, so events go to local disk and drain when the broker is
+back. One file per record, written to a temporary name, fsynced and renamed, so
+a crash leaves either a whole record or none; names sort in arrival order, which
+keeps each rollout's events in the order they happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+_MAGIC = b"OFSPOOL1"
+_U32 = struct.Struct("<I")
+
+
+class SpoolFullError(Exception):
+    """The spool holds its configured maximum; the caller must refuse new work (503)."""
+
+
+@dataclass(frozen=True)
+class SpooledRecord:
+    """One record waiting for Kafka."""
+
+    path: Path
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def _pack(topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> bytes:
+    parts = [_MAGIC]
+
+    def field(data: bytes) -> None:
+        parts.append(_U32.pack(len(data)))
+        parts.append(data)
+
+    field(topic.encode())
+    parts.append(b"\x01" if key is not None else b"\x00")
+    field(key or b"")
+    parts.append(_U32.pack(len(headers)))
+    for name, data in headers:
+        field(name.encode())
+        field(data)
+    field(value)
+    return b"".join(parts)
+
+
+def _unpack(path: Path, blob: bytes) -> SpooledRecord:
+    if not blob.startswith(_MAGIC):
+        raise ValueError(f"{path} is not a spool record")
+    pos = len(_MAGIC)
+
+    def field() -> bytes:
+        nonlocal pos
+        (size,) = _U32.unpack_from(blob, pos)
+        pos += 4
+        data = blob[pos:pos + size]
+        if len(data) != size:
+            raise ValueError(f"{path} is truncated")
+        pos += size
+        return data
+
+    topic = field().decode()
+    has_key = blob[pos:pos + 1] == b"\x01"
+    pos += 1
+    key = field()
+    (count,) = _U32.unpack_from(blob, pos)
+    pos += 4
+    headers = tuple((field().decode(), field()) for _ in range(count))
+    value = field()
+    return SpooledRecord(path, topic, key if has_key else None, value, headers)
+
+
+class DiskSpool:
+    """Append-and-drain spool in one folder, bounded by total bytes."""
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        directory.mkdir(parents=True, exist_ok=True)
+        for leftover in directory.glob("*.tmp"):  # a crash mid-write: never acknowledged
+            leftover.unlink(missing_ok=True)
+        self._lock = threading.Lock()
+        files = sorted(directory.glob("*.rec"))
+        self._bytes = sum(f.stat().st_size for f in files)
+        self._count = len(files)
+        self._seq = int(files[-1].stem) + 1 if files else 0
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes currently spooled."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def full(self) -> bool:
+        """True when nothing more should be accepted."""
+        return self._bytes >= self.max_bytes
+
+    def append(self, topic: str, key: bytes | None, value: bytes,
+               headers: tuple[tuple[str, bytes], ...], *, force: bool = False) -> Path:
+        """Write one record durably (fsync) before returning.
+
+        Args:
+            topic: Full topic name.
+            key: Record key.
+            value: Encoded value.
+            headers: Record headers.
+            force: Accept even when full. Used for a call already answered by the
+                engine: losing it would be worse than overshooting the bound once.
+
+        Raises:
+            SpoolFullError: the spool is full and ``force`` is false.
+        """
+        blob = _pack(topic, key, value, headers)
+        with self._lock:
+            if not force and self._bytes + len(blob) > self.max_bytes:
+                raise SpoolFullError(f"spool holds {self._bytes:,} of {self.max_bytes:,} bytes")
+            seq = self._seq
+            self._seq += 1
+            self._bytes += len(blob)
+            self._count += 1
+        final = self.directory / f"{seq:020d}.rec"
+        tmp = final.with_suffix(".tmp")
+        with tmp.open("wb") as handle:
+            handle.write(blob)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.rename(final)
+        return final
+
+    def oldest(self, limit: int) -> list[SpooledRecord]:
+        """Up to ``limit`` records in arrival order (corrupt files are set aside)."""
+        out = []
+        for path in sorted(self.directory.glob("*.rec"))[:limit]:
+            try:
+                out.append(_unpack(path, path.read_bytes()))
+            except (ValueError, struct.error, FileNotFoundError):
+                size = path.stat().st_size if path.exists() else 0
+                with contextlib.suppress(OSError):
+                    path.rename(path.with_suffix(".corrupt"))
+                self._forget(path, size)
+        return out
+
+    def remove(self, record: SpooledRecord) -> None:
+        """Delete a record once Kafka acknowledged it."""
+        try:
+            size = record.path.stat().st_size
+            record.path.unlink()
+        except FileNotFoundError:
+            return
+        self._forget(record.path, size)
+
+    def _forget(self, _path: Path, size: int) -> None:
+        with self._lock:
+            self._bytes = max(0, self._bytes - size)
+            self._count = max(0, self._count - 1)

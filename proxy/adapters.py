@@ -1,0 +1,118 @@
+"""What differs between the three harness protocols, behind one small interface.
+
+Every protocol reaches the engine as a chat completion; an adapter translates the
+harness's request to that form and the engine's answer (whole or streamed) back.
+The call pipeline in :mod:`proxy.service` is the same for all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from proxy.errors import InvalidRequestError
+from schemas.call.v1 import ApiProtocol
+
+#: What the proxy adds to engine answers for capture; stripped unless the harness asked.
+_CAPTURE_RESPONSE_KEYS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
+_CAPTURE_CHOICE_KEYS = ("token_ids", "weight_versions")
+
+
+class StreamSession(Protocol):
+    """Translates one streamed answer, chunk by chunk."""
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        """Bytes to send the harness for this engine chunk (may be empty)."""
+
+    def finish(self) -> bytes:
+        """Closing bytes (terminal events); sent only after the call's event is durable."""
+
+    def fail(self, message: str) -> bytes:
+        """An in-stream error event, for an engine that fails mid-stream."""
+
+
+class Adapter(Protocol):
+    """One harness protocol."""
+
+    protocol: ApiProtocol
+    content_type: str
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat-completions request for the engine (raises InvalidRequestError)."""
+
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+        """The harness-facing answer for a whole chat completion."""
+
+    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
+        """A translator for a streamed answer."""
+
+    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+        """The protocol's error body."""
+
+
+def strip_capture(payload: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    """Remove what the proxy asked the engine for and the harness did not."""
+    if not asked.get("return_token_ids"):
+        for key in _CAPTURE_RESPONSE_KEYS:
+            payload.pop(key, None)
+    for choice in payload.get("choices") or ():
+        if not asked.get("return_token_ids"):
+            choice.pop("token_ids", None)
+        if not asked.get("return_weight_versions"):
+            choice.pop("weight_versions", None)
+        if not asked.get("logprobs"):
+            choice.pop("logprobs", None)
+    return payload
+
+
+class ChatAdapter:
+    """OpenAI Chat Completions: passed through, with capture fields stripped."""
+
+    protocol = ApiProtocol.OPENAI_CHAT
+    content_type = "application/json"
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Validate the minimum the engine needs; the rest is the engine's to judge."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InvalidRequestError("messages must be a non-empty list")
+        if not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequestError("every entry of messages must be an object")
+        return dict(body)
+
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+        """The engine's answer minus the capture fields, under the model name asked for."""
+        if "model" in body:
+            chat["model"] = body["model"]
+        return strip_capture(chat, asked)
+
+    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
+        """Chunks pass through one by one."""
+        return _ChatStream(body.get("model"), asked)
+
+    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+        """OpenAI's error shape."""
+        return {"error": {"message": message, "type": error_type, "param": None, "code": status}}
+
+
+class _ChatStream:
+    def __init__(self, model: str | None, asked: dict[str, Any]) -> None:
+        self.model = model
+        self.asked = asked
+        self.want_usage = bool((asked.get("stream_options") or {}).get("include_usage"))
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        if not chunk.get("choices") and chunk.get("usage") and not self.want_usage:
+            return b""  # the usage-only chunk the proxy asked for
+        if not self.want_usage and "usage" in chunk:
+            chunk.pop("usage")
+        if self.model is not None:
+            chunk["model"] = self.model
+        return b"data: " + orjson.dumps(strip_capture(chunk, self.asked)) + b"\n\n"
+
+    def finish(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def fail(self, message: str) -> bytes:
+        return b"data: " + orjson.dumps({"error": {"message": message, "type": "api_error"}}) + b"\n\n"

@@ -1,0 +1,53 @@
+"""Anthropic Messages as a proxy adapter (translation lives in :mod:`proxy.anthropic.translate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.adapters import StreamSession
+from proxy.anthropic.translate import (
+    StreamTranslator,
+    error_body,
+    error_event,
+    from_chat_response,
+    sse_encode,
+    to_chat_request,
+)
+from schemas.call.v1 import ApiProtocol
+
+
+class AnthropicAdapter:
+    """``POST /v1/messages`` (also ``?beta=true``)."""
+
+    protocol = ApiProtocol.ANTHROPIC_MESSAGES
+    content_type = "application/json"
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Messages request → chat request."""
+        return to_chat_request(body)
+
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+        """Chat completion → Message, under the model name the harness asked for."""
+        return from_chat_response(chat, model=str(body.get("model") or chat.get("model") or ""))
+
+    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
+        """Chat chunks → Messages stream events."""
+        return _AnthropicStream(StreamTranslator(model=str(body.get("model") or "")))
+
+    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+        """Anthropic's error shape."""
+        return error_body(status, message, error_type)
+
+
+class _AnthropicStream:
+    def __init__(self, translator: StreamTranslator) -> None:
+        self.translator = translator
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        return b"".join(sse_encode(name, data) for name, data in self.translator.feed(chunk))
+
+    def finish(self) -> bytes:
+        return b"".join(sse_encode(name, data) for name, data in self.translator.finish())
+
+    def fail(self, message: str) -> bytes:
+        return sse_encode(*error_event(message))

@@ -1,0 +1,936 @@
+"""Translation between the Anthropic Messages API and OpenAI chat completions.
+
+The engine (vLLM) returns prompt and completion token ids, logprobs and weight versions only on its
+chat-completions endpoint, so a harness that speaks the Messages API (Claude Code always streams
+``POST /v1/messages``) is served by translating its request to a chat-completions request, and the
+engine's answer (a completion or a stream of chunks) back into a Message or Anthropic's SSE events.
+
+Everything here is pure: JSON-like dicts in, JSON-like dicts out, no I/O. Malformed requests raise
+:class:`~proxy.errors.InvalidRequestError`; requests that are well formed but ask for something the
+engine cannot do (images, server tools, MCP servers) raise
+:class:`~proxy.errors.UnsupportedFeatureError` naming the JSON path, so a harness author sees at once
+what to turn off.
+
+Decisions worth knowing (each is explained where it is made):
+
+* Extended-thinking configuration (``thinking``) is ignored, and ``thinking`` / ``redacted_thinking``
+  blocks in assistant history are dropped.
+* ``tool_result`` blocks become ``role: tool`` messages; ``is_error`` leaves the text unchanged.
+* Tool-call arguments from the engine that are not valid JSON objects are handed to the harness as
+  ``{"_raw": "<arguments>"}``.
+* Unknown top-level request fields are ignored so that a harness upgrade adding a new optional field
+  does not break every call; unknown *content block* types are refused, because dropping content
+  would silently change what the model sees.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Final
+
+import orjson
+
+from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
+
+__all__ = [
+    "SSEEvent",
+    "StreamTranslator",
+    "error_body",
+    "error_event",
+    "from_chat_response",
+    "sse_encode",
+    "to_chat_request",
+]
+
+SSEEvent = tuple[str, dict[str, Any]]
+"""One Anthropic server-sent event: the ``event:`` name and the ``data:`` object."""
+
+EMPTY_ERROR_RESULT_TEXT: Final = "Error"
+"""Text of a ``tool_result`` that has ``is_error`` set but no content.
+
+An empty tool message would leave the model no way to tell that the call failed; this is the only
+case in which the translation adds words the harness did not write.
+"""
+
+RAW_ARGUMENTS_KEY: Final = "_raw"
+"""Key under which tool-call arguments that are not a JSON object reach the harness."""
+
+# Top-level fields that ask for work only Anthropic's servers can do. Ignoring them would make the
+# harness believe e.g. remote MCP tools were offered to the model, so the call is refused instead.
+_UNHONOURABLE_FIELDS: Final = {
+    "mcp_servers": "remote MCP servers are run by Anthropic's servers; the engine cannot reach them",
+    "container": "code-execution containers are run by Anthropic's servers; the engine has none",
+}
+
+# Content block types that carry content the engine cannot take (no vision, no document parsing) or
+# results of server tools that never ran here.
+_UNSUPPORTED_BLOCKS: Final = {
+    "image": "the engine takes text only",
+    "document": "the engine takes text only",
+    "search_result": "search-result blocks with citations are not supported",
+    "container_upload": "code-execution containers are not supported",
+    "server_tool_use": "server tools are not supported",
+    "web_search_tool_result": "server tools are not supported",
+    "web_fetch_tool_result": "server tools are not supported",
+    "code_execution_tool_result": "server tools are not supported",
+    "bash_code_execution_tool_result": "server tools are not supported",
+    "text_editor_code_execution_tool_result": "server tools are not supported",
+    "tool_search_tool_result": "server tools are not supported",
+    "mcp_tool_use": "remote MCP servers are not supported",
+    "mcp_tool_result": "remote MCP servers are not supported",
+}
+
+_THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
+
+_STATUS_ERROR_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON (no spaces, UTF-8 kept), the form OpenAI-style tool-call arguments take."""
+    return orjson.dumps(value).decode()
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _expect_dict(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRequestError(f"{path} must be an object, got {_type_name(value)}")
+    return value
+
+
+def _expect_list(value: Any, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidRequestError(f"{path} must be an array, got {_type_name(value)}")
+    return value
+
+
+def _expect_str(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{path} must be a string, got {_type_name(value)}")
+    return value
+
+
+def _expect_number(value: Any, path: str) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequestError(f"{path} must be a number, got {_type_name(value)}")
+    return value
+
+
+def _block_type(block: Any, path: str) -> str:
+    block = _expect_dict(block, path)
+    kind = block.get("type")
+    if not isinstance(kind, str):
+        raise InvalidRequestError(f"{path}.type must be a string, got {_type_name(kind)}")
+    return kind
+
+
+def _refuse_block(kind: str, path: str) -> UnsupportedFeatureError:
+    detail = _UNSUPPORTED_BLOCKS.get(kind, f"unknown content block type {kind!r}")
+    return UnsupportedFeatureError(f"{path}.type", detail)
+
+
+def _join_text(parts: list[str]) -> str:
+    """Join several text blocks of one message into one string.
+
+    A newline is what vLLM itself puts between text parts when it flattens list content for a chat
+    template, so the engine sees the same prompt whichever way the harness split its text.
+    """
+    return "\n".join(parts)
+
+
+def _text_only(content: Any, path: str) -> str:
+    """Text of a ``system`` field or system-role message: a string or a list of text blocks.
+
+    ``cache_control`` and ``citations`` on the blocks are ignored: the engine's prefix cache works
+    without hints, and citations are metadata about the text, not part of it.
+    """
+    if isinstance(content, str):
+        return content
+    blocks = _expect_list(content, path)
+    parts: list[str] = []
+    for j, block in enumerate(blocks):
+        block_path = f"{path}[{j}]"
+        kind = _block_type(block, block_path)
+        if kind != "text":
+            if kind in _THINKING_BLOCKS or kind in {"tool_use", "tool_result"}:
+                raise InvalidRequestError(f"{block_path}.type must be 'text' here, got {kind!r}")
+            raise _refuse_block(kind, block_path)
+        parts.append(_expect_str(block.get("text"), f"{block_path}.text"))
+    return _join_text(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# request: Messages -> chat completions
+
+
+def _tool_result_message(block: dict[str, Any], path: str) -> dict[str, Any]:
+    """A ``tool_result`` block as a ``role: tool`` chat message.
+
+    ``is_error`` has no counterpart in chat completions and chat templates have no slot for it. The
+    text is passed on unchanged rather than prefixed: harnesses already say what went wrong in the
+    text (Claude Code wraps failures in ``<tool_use_error>`` or reports the exit code), and a marker
+    the harness never wrote would be a proxy invention the trained policy learns to depend on. Only
+    an error result with no content at all gets :data:`EMPTY_ERROR_RESULT_TEXT`, so the failure is
+    not invisible.
+    """
+    tool_use_id = _expect_str(block.get("tool_use_id"), f"{path}.tool_use_id")
+    is_error = block.get("is_error")
+    if is_error is not None and not isinstance(is_error, bool):
+        raise InvalidRequestError(f"{path}.is_error must be a boolean, got {_type_name(is_error)}")
+    content = block.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        parts: list[str] = []
+        for k, inner in enumerate(_expect_list(content, f"{path}.content")):
+            inner_path = f"{path}.content[{k}]"
+            kind = _block_type(inner, inner_path)
+            if kind != "text":
+                raise _refuse_block(kind, inner_path)
+            parts.append(_expect_str(inner.get("text"), f"{inner_path}.text"))
+        text = _join_text(parts)
+    if is_error and not text:
+        text = EMPTY_ERROR_RESULT_TEXT
+    return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
+
+
+def _user_messages(content: Any, path: str) -> list[dict[str, Any]]:
+    """A user turn as chat messages, keeping block order.
+
+    Chat completions carry tool results as separate ``role: tool`` messages, so a user turn is cut
+    into runs: each ``tool_result`` becomes a tool message and each run of text blocks between them a
+    user message. The usual Anthropic shape (results first, then text) thus becomes the tool
+    messages followed by one user message, which is what chat templates expect after an assistant
+    turn with tool calls.
+    """
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    blocks = _expect_list(content, f"{path}.content")
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for j, block in enumerate(blocks):
+        block_path = f"{path}.content[{j}]"
+        kind = _block_type(block, block_path)
+        if kind == "text":
+            pending.append(_expect_str(block.get("text"), f"{block_path}.text"))
+        elif kind == "tool_result":
+            if pending:
+                out.append({"role": "user", "content": _join_text(pending)})
+                pending = []
+            out.append(_tool_result_message(block, block_path))
+        elif kind == "tool_use" or kind in _THINKING_BLOCKS:
+            raise InvalidRequestError(f"{block_path}.type {kind!r} is only allowed in assistant messages")
+        else:
+            raise _refuse_block(kind, block_path)
+    if pending or not out:
+        out.append({"role": "user", "content": _join_text(pending)})
+    return out
+
+
+def _tool_call(block: dict[str, Any], path: str) -> dict[str, Any]:
+    tool_id = _expect_str(block.get("id"), f"{path}.id")
+    name = _expect_str(block.get("name"), f"{path}.name")
+    tool_input = _expect_dict(block.get("input"), f"{path}.input")
+    return {"id": tool_id, "type": "function", "function": {"name": name, "arguments": _dumps(tool_input)}}
+
+
+def _assistant_message(content: Any, path: str) -> dict[str, Any]:
+    """An assistant turn as one chat message with text and ``tool_calls``.
+
+    ``thinking`` and ``redacted_thinking`` blocks are dropped. The engine has no extended thinking,
+    so such blocks were written by another model (they carry Anthropic's signatures, or are
+    encrypted) and cannot be rendered faithfully; open models' chat templates also strip reasoning
+    from earlier turns, so the engine would not see them anyway.
+
+    Text and tool calls go into separate fields of the chat message, so text written after a tool
+    call is moved before it. The engine's tool-call parsers produce that order in the first place.
+    """
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    blocks = _expect_list(content, f"{path}.content")
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        block_path = f"{path}.content[{j}]"
+        kind = _block_type(block, block_path)
+        if kind == "text":
+            texts.append(_expect_str(block.get("text"), f"{block_path}.text"))
+        elif kind == "tool_use":
+            tool_calls.append(_tool_call(block, block_path))
+        elif kind in _THINKING_BLOCKS:
+            continue
+        elif kind == "tool_result":
+            raise InvalidRequestError(f"{block_path}.type 'tool_result' is only allowed in user messages")
+        else:
+            raise _refuse_block(kind, block_path)
+    message: dict[str, Any] = {"role": "assistant"}
+    if tool_calls:
+        message["content"] = _join_text(texts) if texts else None
+        message["tool_calls"] = tool_calls
+    else:
+        message["content"] = _join_text(texts)
+    return message
+
+
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        text = _text_only(system, "system")
+        if text:
+            out.append({"role": "system", "content": text})
+    raw = _expect_list(body.get("messages"), "messages")
+    if not raw:
+        raise InvalidRequestError("messages must contain at least one message")
+    for i, message in enumerate(raw):
+        path = f"messages[{i}]"
+        message = _expect_dict(message, path)
+        role = message.get("role")
+        if "content" not in message:
+            raise InvalidRequestError(f"{path}.content is required")
+        content = message["content"]
+        if role == "user":
+            out.extend(_user_messages(content, path))
+        elif role == "assistant":
+            out.append(_assistant_message(content, path))
+        elif role == "system":
+            # Not part of the public API, but Claude Code sends it; it means what it says.
+            out.append({"role": "system", "content": _text_only(content, f"{path}.content")})
+        else:
+            raise InvalidRequestError(f"{path}.role must be 'user', 'assistant' or 'system', got {role!r}")
+    return out
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """Client tools as chat ``function`` tools.
+
+    Server tools (``web_search_20250305``, ``bash_20250124``, ``text_editor_…``, ``computer_…``, …)
+    are executed by Anthropic's servers or follow schemas only Claude was trained on; the engine can
+    do neither, so they are refused rather than passed on as if they were ordinary functions.
+    """
+    out: list[dict[str, Any]] = []
+    for k, tool in enumerate(_expect_list(tools, "tools")):
+        path = f"tools[{k}]"
+        tool = _expect_dict(tool, path)
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            raise UnsupportedFeatureError(
+                f"{path}.type", f"server tool {kind!r} cannot run on the engine; offer a custom tool instead"
+            )
+        name = _expect_str(tool.get("name"), f"{path}.name")
+        schema = _expect_dict(tool.get("input_schema"), f"{path}.input_schema")
+        function: dict[str, Any] = {"name": name}
+        description = tool.get("description")
+        if description is not None:
+            function["description"] = _expect_str(description, f"{path}.description")
+        function["parameters"] = schema
+        strict = tool.get("strict")
+        if isinstance(strict, bool):
+            function["strict"] = strict
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _apply_tool_choice(choice: Any, has_tools: bool, chat: dict[str, Any]) -> None:
+    """Map ``tool_choice``: auto→"auto", any→"required", tool→named function, none→"none"."""
+    choice = _expect_dict(choice, "tool_choice")
+    kind = choice.get("type")
+    mapped: Any
+    if kind == "auto":
+        mapped = "auto"
+    elif kind == "any":
+        mapped = "required"
+    elif kind == "none":
+        mapped = "none"
+    elif kind == "tool":
+        name = _expect_str(choice.get("name"), "tool_choice.name")
+        mapped = {"type": "function", "function": {"name": name}}
+    else:
+        raise InvalidRequestError(
+            f"tool_choice.type must be 'auto', 'any', 'tool' or 'none', got {kind!r}"
+        )
+    disable_parallel = choice.get("disable_parallel_tool_use")
+    if disable_parallel is not None and not isinstance(disable_parallel, bool):
+        raise InvalidRequestError(
+            f"tool_choice.disable_parallel_tool_use must be a boolean, got {_type_name(disable_parallel)}"
+        )
+    if not has_tools:
+        if kind in ("any", "tool"):
+            raise InvalidRequestError(f"tool_choice.type {kind!r} requires tools")
+        return  # "auto" or "none" without tools means no tools: nothing to say upstream
+    chat["tool_choice"] = mapped
+    if disable_parallel:
+        chat["parallel_tool_calls"] = False
+
+
+def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Structured output (``output_format`` or ``output_config.format``) as a chat ``response_format``.
+
+    ``output_config.effort`` is ignored: it tunes how hard Claude thinks, and the engine has no such
+    knob.
+    """
+    path = "output_format"
+    fmt = body.get("output_format")
+    if fmt is None:
+        config = body.get("output_config")
+        if config is None:
+            return None
+        fmt = _expect_dict(config, "output_config").get("format")
+        path = "output_config.format"
+        if fmt is None:
+            return None
+    fmt = _expect_dict(fmt, path)
+    if fmt.get("type") != "json_schema":
+        raise UnsupportedFeatureError(
+            f"{path}.type", f"only 'json_schema' is supported, got {fmt.get('type')!r}"
+        )
+    schema = _expect_dict(fmt.get("schema"), f"{path}.schema")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+
+
+def _max_tokens(body: dict[str, Any]) -> int:
+    value = body.get("max_tokens")
+    if value is None:
+        raise InvalidRequestError("max_tokens is required")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError(f"max_tokens must be a positive integer, got {value!r}")
+    return value
+
+
+def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
+    """Translate an Anthropic Messages request into a chat-completions request for the engine.
+
+    Fields that are ignored, and why:
+
+    * ``thinking``: the engine has no extended thinking. Recent Claude Code versions send a
+      ``thinking`` configuration (``adaptive`` or ``enabled``) on every call by default, so refusing
+      it would make the harness unusable; the model simply answers without a thinking block.
+    * ``context_management``: Claude Code sends it to have old thinking blocks cleared, which this
+      translation does anyway; other edits (clearing old tool results) only save Anthropic-side
+      context, and the engine is given the full history the harness sent.
+    * ``metadata``, ``service_tier``, ``cache_control``, ``output_config.effort`` and any unknown
+      field: accounting and hints with no effect on the answer.
+
+    ``mcp_servers`` and ``container`` are refused, since the model would be told about tools or a
+    sandbox that do not exist.
+
+    When the last message is from the assistant, Anthropic continues that text (prefill). vLLM does
+    the same with ``continue_final_message``, so that is asked for.
+
+    Args:
+        body: The parsed JSON body of ``POST /v1/messages``.
+
+    Returns:
+        The chat-completions request body (``model``, ``messages``, sampling, tools, streaming).
+
+    Raises:
+        InvalidRequestError: A field is missing or has the wrong type.
+        UnsupportedFeatureError: A field asks for something the engine cannot do; ``field`` names it.
+    """
+    body = _expect_dict(body, "request body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError(f"model must be a non-empty string, got {model!r}")
+    max_tokens = _max_tokens(body)
+    for field, why in _UNHONOURABLE_FIELDS.items():
+        if body.get(field) not in (None, [], {}):
+            raise UnsupportedFeatureError(field, why)
+
+    messages = _chat_messages(body)
+    chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
+
+    last = messages[-1]
+    if last["role"] == "assistant" and "tool_calls" not in last and last["content"]:
+        chat["add_generation_prompt"] = False
+        chat["continue_final_message"] = True
+
+    for name in ("temperature", "top_p"):
+        if body.get(name) is not None:
+            chat[name] = _expect_number(body[name], name)
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise InvalidRequestError(f"top_k must be an integer, got {_type_name(top_k)}")
+        chat["top_k"] = top_k
+    stop = body.get("stop_sequences")
+    if stop is not None:
+        sequences = [
+            _expect_str(s, f"stop_sequences[{k}]") for k, s in enumerate(_expect_list(stop, "stop_sequences"))
+        ]
+        if sequences:
+            chat["stop"] = sequences
+
+    tools = body.get("tools")
+    chat_tools = _chat_tools(tools) if tools is not None else []
+    if chat_tools:
+        chat["tools"] = chat_tools
+    if body.get("tool_choice") is not None:
+        _apply_tool_choice(body["tool_choice"], bool(chat_tools), chat)
+
+    response_format = _response_format(body)
+    if response_format is not None:
+        chat["response_format"] = response_format
+
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequestError(f"stream must be a boolean, got {_type_name(stream)}")
+    if stream:
+        chat["stream"] = True
+        # Anthropic reports token counts in the stream; chat completions only when asked to.
+        chat["stream_options"] = {"include_usage": True}
+    else:
+        chat["stream"] = False
+    return chat
+
+
+# --------------------------------------------------------------------------------------------------
+# response: chat completion -> Message
+
+
+def _stop_reason(finish_reason: Any, engine_stop: Any, has_tool_use: bool) -> tuple[str | None, str | None]:
+    """Map a chat ``finish_reason`` (and vLLM's ``stop_reason``) to ``(stop_reason, stop_sequence)``.
+
+    vLLM puts the matched stop string in the choice's ``stop_reason`` (a token id when a stop token
+    ended generation), which is how ``stop_sequence`` is told apart from a natural end. When the
+    engine is forced to call a tool (``tool_choice`` required or named) it may finish with ``stop``
+    while returning tool calls; Anthropic says ``tool_use`` whenever the answer holds tool calls, so
+    the presence of tool calls wins over the finish reason. Conversely ``tool_calls`` without any
+    parsed call becomes ``end_turn``: a harness told ``tool_use`` would look for a call to run.
+    """
+    if finish_reason is None:
+        return None, None
+    if finish_reason == "length":
+        return "max_tokens", None
+    if finish_reason == "content_filter":
+        return "refusal", None
+    if has_tool_use:
+        return "tool_use", None
+    if finish_reason == "stop" and isinstance(engine_stop, str):
+        return "stop_sequence", engine_stop
+    return "end_turn", None
+
+
+def _parse_arguments(arguments: Any) -> dict[str, Any]:
+    """Tool-call arguments from the engine as a tool_use ``input`` object.
+
+    Anthropic's ``input`` must be an object, but a model can emit arguments that are not valid JSON
+    or not an object. Refusing the whole answer would lose a sample the learner needs (a malformed
+    call is exactly what RL should learn not to make), so the text goes to the harness as
+    ``{"_raw": "<arguments>"}``; the harness's own input validation then reports the error back to
+    the model as a tool result.
+    """
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments is None or arguments == "":
+        return {}
+    if isinstance(arguments, str):
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+        return {RAW_ARGUMENTS_KEY: arguments}
+    return {RAW_ARGUMENTS_KEY: _dumps(arguments)}
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    """Chat ``usage`` as Anthropic usage.
+
+    Anthropic counts prompt tokens served from cache separately (``input_tokens`` excludes them); when
+    the engine reports ``prompt_tokens_details.cached_tokens`` the same split is made, so the sum a
+    harness shows as context size stays the prompt length.
+    """
+    usage = usage if isinstance(usage, dict) else {}
+    prompt = usage.get("prompt_tokens")
+    prompt = prompt if isinstance(prompt, int) else 0
+    completion = usage.get("completion_tokens")
+    completion = completion if isinstance(completion, int) else 0
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = cached if isinstance(cached, int) and 0 <= cached <= prompt else 0
+    return {
+        "input_tokens": prompt - cached,
+        "output_tokens": completion,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def _message_id(chat_id: Any) -> str:
+    if isinstance(chat_id, str) and chat_id:
+        return f"msg_{chat_id}"
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def from_chat_response(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
+    """Translate a (non-streaming) chat completion into an Anthropic Message.
+
+    The message id is ``"msg_" + chat id``, so the Message can be matched to the engine's record.
+    Tool calls keep the engine's ids, since the harness sends them back as ``tool_use_id``. A
+    ``reasoning_content`` field (vLLM's reasoning parser) is not turned into a thinking block: such a
+    block needs an Anthropic signature, and the harness would send it back only to have it dropped.
+
+    Args:
+        chat: The engine's chat-completion JSON.
+        model: The model name to report (the one the harness asked for).
+
+    Returns:
+        The Message JSON.
+
+    Raises:
+        ProxyError: The completion has no choice or no message (an engine fault, status 500).
+    """
+    choices = chat.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ProxyError("the engine's answer has no choices")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise ProxyError("the engine's answer has no message")
+    message_id = _message_id(chat.get("id"))
+
+    content: list[dict[str, Any]] = []
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        content.append({"type": "text", "text": text})
+    tool_calls = message.get("tool_calls")
+    for position, call in enumerate(tool_calls if isinstance(tool_calls, list) else []):
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        name = function.get("name")
+        call_id = call.get("id")
+        content.append(
+            {
+                "type": "tool_use",
+                "id": call_id if isinstance(call_id, str) and call_id else f"toolu_{message_id}_{position}",
+                "name": name if isinstance(name, str) else "",
+                "input": _parse_arguments(function.get("arguments")),
+            }
+        )
+    has_tool_use = any(block["type"] == "tool_use" for block in content)
+    stop_reason, stop_sequence = _stop_reason(
+        choice.get("finish_reason"), choice.get("stop_reason"), has_tool_use
+    )
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": _usage(chat.get("usage")),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# streaming: chat completion chunks -> Anthropic SSE events
+
+
+def sse_encode(event: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event as Anthropic frames it: an ``event:`` line, a ``data:`` line, a blank line."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def error_event(message: str) -> SSEEvent:
+    """Anthropic's ``error`` event, sent when a stream fails after it has started.
+
+    Once the HTTP status (200) is out, this event is the only way left to tell the harness that the
+    answer is broken; SDKs raise it as an API error.
+    """
+    return "error", error_body(500, message, "api_error")
+
+
+def error_body(status: int, message: str, error_type: str | None = None) -> dict[str, Any]:
+    """Anthropic's error JSON: ``{"type": "error", "error": {"type": ..., "message": ...}}``.
+
+    Args:
+        status: The HTTP status the error goes out with; picks the error type when none is given.
+        message: Human-readable explanation.
+        error_type: Anthropic's error type (``invalid_request_error``, ``api_error``, …).
+
+    Returns:
+        The error body.
+    """
+    if not error_type:
+        fallback = "invalid_request_error" if 400 <= status < 500 else "api_error"
+        error_type = _STATUS_ERROR_TYPES.get(status, fallback)
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+class _PendingTool:
+    """A streamed tool call whose ``content_block_start`` may still wait for its name."""
+
+    __slots__ = ("arguments", "block_index", "call_id", "key", "name")
+
+    def __init__(self, key: int) -> None:
+        self.key = key  # the chat tool-call index
+        self.call_id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []  # fragments received before the block could start
+        self.block_index: int | None = None  # set once content_block_start is out
+
+
+class StreamTranslator:
+    """Turns the engine's chat-completion chunks into Anthropic's Messages stream events.
+
+    Anthropic streams ``message_start``; then per content block ``content_block_start``,
+    ``content_block_delta`` events and ``content_block_stop`` (text first, then one block per tool call);
+    then ``message_delta`` with the stop reason and output token count; then ``message_stop``. Feed
+    every parsed ``data:`` chunk to :meth:`feed` and call :meth:`finish` when the upstream stream ends
+    (after ``[DONE]`` or early); each returns the events to send, in order.
+
+    vLLM sends the finish reason in one chunk and the token counts in a last chunk with no choices,
+    so ``message_delta`` waits for that usage chunk (or for :meth:`finish`) to carry both.
+
+    A tool call's ``content_block_start`` needs its name; vLLM sends it in the call's first delta,
+    but should a delta come without one, argument fragments are held back until the name arrives.
+    ``reasoning_content`` deltas are not forwarded (see :func:`from_chat_response`).
+    """
+
+    def __init__(self, *, model: str, message_id: str | None = None) -> None:
+        self.model = model
+        self.message_id = message_id
+        self._started = False
+        self._done = False
+        self._next_index = 0
+        self._open: int | None = None  # index of the content block now open
+        self._text_open = False
+        self._tools: dict[int, _PendingTool] = {}
+        self._has_tool_use = False
+        self._finish_reason: str | None = None
+        self._engine_stop: Any = None
+        self._usage: dict[str, Any] | None = None
+
+    @property
+    def upstream_finished(self) -> bool:
+        """Whether the engine sent a finish reason (False when its stream ended early)."""
+        return self._finish_reason is not None
+
+    @property
+    def done(self) -> bool:
+        """Whether ``message_stop`` (or an ``error`` event) has been emitted."""
+        return self._done
+
+    # ---- block bookkeeping
+
+    def _start(self, chunk: dict[str, Any] | None) -> list[SSEEvent]:
+        if self._started:
+            return []
+        self._started = True
+        if self.message_id is None:
+            self.message_id = _message_id(chunk.get("id") if chunk else None)
+        usage = chunk.get("usage") if chunk else None
+        if isinstance(usage, dict):
+            self._usage = usage
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(self._usage) | {"output_tokens": 0},
+        }
+        return [("message_start", {"type": "message_start", "message": message})]
+
+    def _close(self) -> list[SSEEvent]:
+        if self._open is None:
+            return []
+        index, self._open, self._text_open = self._open, None, False
+        return [("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def _open_block(self, block: dict[str, Any]) -> list[SSEEvent]:
+        events = self._close()
+        index = self._next_index
+        self._next_index += 1
+        self._open = index
+        start = {"type": "content_block_start", "index": index, "content_block": block}
+        events.append(("content_block_start", start))
+        return events
+
+    def _text(self, text: str) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        if not self._text_open:
+            events = self._open_block({"type": "text", "text": ""})
+            self._text_open = True
+        assert self._open is not None
+        delta = {"type": "text_delta", "text": text}
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
+        )
+        return events
+
+    @staticmethod
+    def _json_delta(index: int, partial: str) -> SSEEvent:
+        delta = {"type": "input_json_delta", "partial_json": partial}
+        return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+
+    def _start_tool(self, tool: _PendingTool) -> list[SSEEvent]:
+        call_id = tool.call_id or f"toolu_{self.message_id}_{tool.key}"
+        block = {"type": "tool_use", "id": call_id, "name": tool.name or "", "input": {}}
+        events = self._open_block(block)
+        tool.block_index = self._open
+        self._has_tool_use = True
+        assert tool.block_index is not None
+        if tool.arguments:
+            events.append(self._json_delta(tool.block_index, "".join(tool.arguments)))
+            tool.arguments = []
+        return events
+
+    def _tool_delta(self, call: dict[str, Any], position: int) -> list[SSEEvent]:
+        index = call.get("index")
+        key = index if isinstance(index, int) and not isinstance(index, bool) else position
+        tool = self._tools.get(key)
+        events: list[SSEEvent] = []
+        if tool is None:
+            tool = self._tools[key] = _PendingTool(key)
+            # A new tool call ends whatever block is open, even if its own block must wait for a name.
+            events += self._close()
+        call_id = call.get("id")
+        if isinstance(call_id, str) and call_id and tool.call_id is None:
+            tool.call_id = call_id
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        name = function.get("name")
+        if isinstance(name, str) and name and tool.name is None:
+            tool.name = name
+        arguments = function.get("arguments")
+        fragment = arguments if isinstance(arguments, str) else (_dumps(arguments) if arguments else "")
+        if tool.block_index is None:
+            if fragment:
+                tool.arguments.append(fragment)
+            if tool.name is not None:
+                events += self._start_tool(tool)
+        elif fragment:
+            # Fragments for a call whose block is no longer open (engines do not interleave calls,
+            # but should one) still go to that call's block, which SDKs address by index.
+            events.append(self._json_delta(tool.block_index, fragment))
+        return events
+
+    def _flush_pending_tools(self) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        for tool in self._tools.values():
+            if tool.block_index is None:
+                events += self._start_tool(tool)
+        return events
+
+    def _end(self) -> list[SSEEvent]:
+        events = self._flush_pending_tools() + self._close()
+        stop_reason, stop_sequence = _stop_reason(self._finish_reason, self._engine_stop, self._has_tool_use)
+        usage = _usage(self._usage)
+        delta_usage: dict[str, Any] = {"output_tokens": usage["output_tokens"]}
+        if self._usage is not None:
+            # Cumulative totals; SDKs overwrite message_start's counts with them.
+            delta_usage |= {k: v for k, v in usage.items() if k != "output_tokens"}
+        events.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                    "usage": delta_usage,
+                },
+            )
+        )
+        events.append(("message_stop", {"type": "message_stop"}))
+        self._done = True
+        return events
+
+    # ---- public
+
+    def feed(self, chunk: dict[str, Any]) -> list[SSEEvent]:
+        """Translate one parsed chat-completion chunk.
+
+        Args:
+            chunk: One ``data:`` object of the engine's stream (``chat.completion.chunk``, or an
+                ``error`` object the engine sends when generation fails mid-stream).
+
+        Returns:
+            The Anthropic events this chunk produces, in order (possibly none). An engine error
+            becomes an ``error`` event that ends the stream; later calls return nothing.
+        """
+        if self._done:
+            return []
+        error = chunk.get("error")
+        if error is not None or chunk.get("object") == "error":
+            detail = error.get("message") if isinstance(error, dict) else (error or chunk.get("message"))
+            self._done = True
+            return [error_event(str(detail or "the engine failed while streaming"))]
+        events = self._start(chunk)
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices:
+            if self._finish_reason is not None and isinstance(usage, dict):
+                events += self._end()  # the usage chunk that closes vLLM's stream
+            return events
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta")
+            delta = delta if isinstance(delta, dict) else {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                events += self._text(text)
+            tool_calls = delta.get("tool_calls")
+            if isinstance(tool_calls, list):
+                for position, call in enumerate(tool_calls):
+                    if isinstance(call, dict):
+                        events += self._tool_delta(call, position)
+            finish_reason = choice.get("finish_reason")
+            if finish_reason is not None:
+                self._finish_reason = str(finish_reason)
+                self._engine_stop = choice.get("stop_reason")
+                events += self._flush_pending_tools() + self._close()
+        return events
+
+    def finish(self) -> list[SSEEvent]:
+        """Close the stream: open blocks, then ``message_delta`` and ``message_stop``, exactly once.
+
+        When the engine's stream ended without a finish reason, ``stop_reason`` is null: the answer
+        did not end normally and no reason would be true. :attr:`upstream_finished` tells a caller
+        that prefers to send :func:`error_event` instead.
+
+        Returns:
+            The closing events (none if the stream was already closed).
+        """
+        if self._done:
+            return []
+        return [*self._start(None), *self._end()]

@@ -1,0 +1,226 @@
+"""The proxy's FastAPI application: routes, lifespan, and the shared state behind them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from producers.durable import DurablePublisher
+from producers.spool import DiskSpool
+from proxy import telemetry
+from proxy.adapters import Adapter, ChatAdapter
+from proxy.anthropic.adapter import AnthropicAdapter
+from proxy.auth import Authenticator, UnauthorizedError
+from proxy.errors import InvalidRequestError, ProxyError
+from proxy.responses.adapter import ResponsesAdapter
+from proxy.service import Caller, CallService
+from proxy.settings import ProxySettings
+from proxy.upstream import UpstreamPool
+from schemas import RewardV1
+from schemas.credentials import Role
+from stream import REWARDS, EventProducer, TopicRegistry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AppState:
+    """Everything the routes share, typed (instead of loose ``app.state`` attributes)."""
+
+    settings: ProxySettings
+    auth: Authenticator
+    upstream: UpstreamPool
+    publisher: DurablePublisher
+    calls: CallService
+    adapters: dict[str, Adapter]
+
+
+def _adapters() -> dict[str, Adapter]:
+    return {"chat": ChatAdapter(), "messages": AnthropicAdapter(), "responses": ResponsesAdapter()}
+
+
+def build_app(settings: ProxySettings | None = None) -> FastAPI:
+    """Create the proxy app; Kafka and the engines are connected in its lifespan."""
+    settings = settings or ProxySettings()
+    auth = Authenticator(settings)  # fails fast on a missing key
+    registry = TopicRegistry.from_settings(settings.kafka)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        upstream = UpstreamPool(settings.upstreams, timeout_s=settings.upstream_timeout_s)
+        kafka = settings.kafka.model_copy(update={"linger_ms": 0})  # latency over batching
+        publisher = DurablePublisher(
+            lambda: EventProducer(kafka, registry=registry, client_id="openforge-proxy"),
+            DiskSpool(settings.spool_dir, settings.spool_max_bytes), registry,
+            ack_timeout_s=settings.publish_timeout_s,
+        )
+        await publisher.start()
+        telemetry.observe_spool(lambda: len(publisher.spool))
+        calls = CallService(settings, upstream, publisher)
+        app.state.openforge = AppState(settings, auth, upstream, publisher, calls, _adapters())
+        try:
+            yield
+        finally:
+            await calls.drain(timeout_s=10.0)
+            await publisher.stop()
+            await upstream.aclose()
+
+    app = FastAPI(title="OpenForge proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    def state(request: Request) -> AppState:
+        result: AppState = request.app.state.openforge
+        return result
+
+    @app.exception_handler(ProxyError)
+    async def proxy_error(request: Request, exc: ProxyError) -> Response:
+        body: dict[str, Any] = {"error": {"message": exc.message, "type": exc.error_type}}
+        if "/v1/messages" in request.url.path:
+            body = {"type": "error", "error": {"type": exc.error_type, "message": exc.message}}
+        return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
+
+    async def read_body(request: Request, limit: int) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLargeError(f"request body of {int(declared):,} bytes exceeds {limit:,}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError(f"request body exceeds {limit:,} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def call(request: Request, kind: str, rollout_id: str | None) -> Response:
+        st = state(request)
+        adapter = st.adapters.get(kind)
+        if adapter is None:
+            raise InvalidRequestError(f"this proxy does not serve the {kind} API")
+        credential = st.auth.authenticate(request, rollout_id)
+        if not st.publisher.accepting:
+            return Response(orjson.dumps(adapter.error(503, "call log is full; retry later", "overloaded_error")),
+                            status_code=503, media_type="application/json", headers={"retry-after": "5"})
+        raw = await read_body(request, st.settings.max_body_bytes)
+        return await st.calls.handle(request, adapter, Caller(credential.rollout_id, credential.task_id), raw)
+
+    for prefix in ("", "/rollouts/{rollout_id}"):
+        def routes(prefix: str = prefix) -> None:
+            @app.post(prefix + "/v1/chat/completions", include_in_schema=False)
+            async def chat(request: Request, rollout_id: str | None = None) -> Response:
+                return await call(request, "chat", rollout_id)
+
+            @app.post(prefix + "/v1/messages", include_in_schema=False)
+            async def messages(request: Request, rollout_id: str | None = None) -> Response:
+                return await call(request, "messages", rollout_id)
+
+            @app.post(prefix + "/v1/responses", include_in_schema=False)
+            async def responses(request: Request, rollout_id: str | None = None) -> Response:
+                return await call(request, "responses", rollout_id)
+
+            @app.post(prefix + "/v1/messages/count_tokens", include_in_schema=False)
+            async def count_tokens(request: Request, rollout_id: str | None = None) -> Response:
+                st = state(request)
+                st.auth.authenticate(request, rollout_id)
+                adapter = st.adapters.get("messages")
+                if adapter is None:
+                    raise InvalidRequestError("this proxy does not serve the messages API")
+                try:
+                    body = orjson.loads(await read_body(request, st.settings.max_body_bytes))
+                except orjson.JSONDecodeError as exc:
+                    raise InvalidRequestError(f"malformed JSON: {exc}") from exc
+                if not isinstance(body, dict):
+                    raise InvalidRequestError("the request body must be a JSON object")
+                body.setdefault("max_tokens", 1)
+                chat = adapter.to_chat(body)
+                replica = st.upstream.order(rollout_id or "count")[0]
+                payload: dict[str, Any] = {"model": await st.calls.served_model(replica),
+                                           "messages": chat["messages"], "add_generation_prompt": True}
+                if chat.get("tools"):
+                    payload["tools"] = chat["tools"]
+                answer = await st.upstream.client.post(f"{replica}/tokenize", content=orjson.dumps(payload),
+                                                       headers={"content-type": "application/json"})
+                if answer.status_code != 200:
+                    raise UpstreamFailedError(f"engine could not count tokens: {answer.text[:500]}")
+                return Response(orjson.dumps({"input_tokens": int(answer.json()["count"])}),
+                                media_type="application/json")
+
+            @app.get(prefix + "/v1/models", include_in_schema=False)
+            async def models(request: Request, rollout_id: str | None = None) -> Response:
+                st = state(request)
+                st.auth.authenticate(request, rollout_id)
+                replica = st.upstream.order(rollout_id or "models")[0]
+                name = await st.calls.served_model(replica)
+                if "anthropic-version" in request.headers:
+                    body: dict[str, Any] = {
+                        "data": [{"type": "model", "id": name, "display_name": name,
+                                  "created_at": "2026-01-01T00:00:00Z"}],
+                        "has_more": False, "first_id": name, "last_id": name}
+                else:
+                    body = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "openforge",
+                                                        "created": 0}]}
+                return Response(orjson.dumps(body), media_type="application/json")
+
+        routes()
+
+    @app.post("/rollouts/{rollout_id}/reward", include_in_schema=False)
+    async def reward(request: Request, rollout_id: str) -> Response:
+        st = state(request)
+        credential = st.auth.authenticate(request, rollout_id, need=Role.VERIFIER)
+        try:
+            body = orjson.loads(await read_body(request, 1024 * 1024))
+            if not isinstance(body, dict):
+                raise InvalidRequestError("the reward body must be a JSON object")
+            event = RewardV1(rollout_id=credential.rollout_id, task_id=credential.task_id,
+                             value=body.get("value"), info=body.get("info") or {},
+                             verifier_id=f"verifier:{credential.rollout_id}")
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequestError(f"malformed JSON: {exc}") from exc
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+            raise InvalidRequestError(f"invalid reward: {problems}") from exc
+        if not st.publisher.accepting:
+            return Response(b'{"error":{"message":"event log is full; retry later"}}', status_code=503,
+                            media_type="application/json", headers={"retry-after": "5"})
+        outcome = await st.publisher.publish(REWARDS, event)
+        return Response(orjson.dumps({"event_id": event.event_id, "stored": outcome}), status_code=202,
+                        media_type="application/json")
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    @app.get("/ready", include_in_schema=False)
+    async def ready(request: Request) -> Response:
+        st = state(request)
+        engine = await st.upstream.ready()
+        body = {"engine": engine, "kafka": st.publisher.direct, "spooled": len(st.publisher.spool),
+                "accepting": st.publisher.accepting}
+        # Spooling is degraded but serving; no engine or a full spool is not ready.
+        ok = engine and st.publisher.accepting
+        return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")
+
+    return app
+
+
+class PayloadTooLargeError(ProxyError):
+    """The body exceeds ``max_body_bytes`` (413)."""
+
+    status_code = 413
+    error_type = "request_too_large"
+
+
+class UpstreamFailedError(ProxyError):
+    """The engine failed a helper request (502)."""
+
+    status_code = 502
+    error_type = "api_error"
+
+
+__all__ = ["AppState", "UnauthorizedError", "build_app"]

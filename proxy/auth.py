@@ -1,0 +1,75 @@
+"""Who may call: per-rollout bearer tokens, verified without state."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from proxy.errors import ProxyError
+from proxy.settings import ProxySettings
+from schemas.credentials import Credential, CredentialError, Role, verify_token
+
+#: Header a harness may use to name its rollout when the path does not.
+ROLLOUT_HEADER = "x-openforge-rollout-id"
+
+
+class UnauthorizedError(ProxyError):
+    """Missing, forged, expired or mismatched credential (401)."""
+
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class ForbiddenError(ProxyError):
+    """A valid credential asking for something its role may not do (403)."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
+def bearer(request: Request) -> str | None:
+    """The token, from ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic)."""
+    header = request.headers.get("authorization")
+    if header and header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+class Authenticator:
+    """Checks a request's credential against the rollout it addresses."""
+
+    def __init__(self, settings: ProxySettings) -> None:
+        self.key = settings.signing_key()
+        self.allow_anonymous = settings.allow_anonymous
+        if self.key is None and not self.allow_anonymous:
+            raise ValueError(
+                "set OPENFORGE_PROXY_CREDENTIAL_KEY (or _FILE), or allow anonymous calls explicitly"
+            )
+
+    def authenticate(
+        self, request: Request, path_rollout: str | None, *, need: Role = Role.AGENT
+    ) -> Credential:
+        """The caller's verified credential.
+
+        Raises:
+            UnauthorizedError: no valid token, or one for another rollout.
+            ForbiddenError: the token's role may not do this (an agent posting a reward).
+        """
+        named = path_rollout or request.headers.get(ROLLOUT_HEADER)
+        token = bearer(request)
+        if self.key is None or (token is None and self.allow_anonymous):
+            if not self.allow_anonymous or need is Role.VERIFIER:
+                raise UnauthorizedError("a rollout token is required")
+            return Credential.model_validate({"r": named or "anonymous", "role": Role.AGENT, "exp": 2**62})
+        if not token:
+            raise UnauthorizedError(
+                "missing credential: send the rollout token as a bearer token or x-api-key"
+            )
+        try:
+            credential = verify_token(self.key, token)
+        except CredentialError as exc:
+            raise UnauthorizedError(str(exc)) from exc
+        if named is not None and named != credential.rollout_id:
+            raise UnauthorizedError("the token belongs to another rollout")
+        if need is Role.VERIFIER and credential.role is not Role.VERIFIER:
+            raise ForbiddenError("only the rollout's verifier may post its reward")
+        return credential

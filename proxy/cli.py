@@ -1,0 +1,61 @@
+"""`openforge proxy` and `openforge token`."""
+
+from __future__ import annotations
+
+import click
+
+from schemas.credentials import Role, mint_token
+
+
+@click.command("proxy")
+@click.option("--host", default=None, help="Listen address (default $OPENFORGE_PROXY_HOST or 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Listen port (default $OPENFORGE_PROXY_PORT or 8100).")
+@click.option("--upstream", "upstreams", multiple=True, help="vLLM base URL; repeat for several replicas.")
+def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]) -> None:
+    """Serve the harness-facing proxy in front of vLLM, capturing every call to Kafka."""
+    import uvicorn
+
+    from proxy.app import build_app
+    from proxy.settings import ProxySettings
+
+    updates: dict[str, object] = {}
+    if host:
+        updates["host"] = host
+    if port is not None:
+        updates["port"] = port
+    if upstreams:
+        updates["upstreams"] = [u.rstrip("/") for u in upstreams]
+    settings = ProxySettings().model_copy(update=updates)
+    try:
+        app = build_app(settings)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+
+
+@click.command("token")
+@click.argument("rollout_id")
+@click.option(
+    "--role", type=click.Choice([r.value for r in Role]), default=Role.AGENT.value, show_default=True
+)
+@click.option("--ttl", "ttl_s", type=float, default=3600.0, show_default=True, help="Seconds of validity.")
+@click.option("--task", "task_id", default=None, help="Task id to stamp on the rollout's events.")
+@click.option(
+    "--key",
+    envvar="OPENFORGE_PROXY_CREDENTIAL_KEY",
+    required=True,
+    help="Signing key (default $OPENFORGE_PROXY_CREDENTIAL_KEY).",
+)
+def token_command(rollout_id: str, role: str, ttl_s: float, task_id: str | None, key: str) -> None:
+    """Mint a rollout token (what the launcher gives each rollout) for manual use."""
+    try:
+        click.echo(mint_token(key.encode(), rollout_id, Role(role), ttl_s, task_id=task_id))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc

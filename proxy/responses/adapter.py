@@ -1,0 +1,67 @@
+"""OpenAI Responses as a proxy adapter (translation lives in :mod:`proxy.responses.translate`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.adapters import StreamSession
+from proxy.errors import ProxyError
+from proxy.responses.translate import (
+    StreamTranslator,
+    UpstreamFormatError,
+    error_body,
+    from_chat_response,
+    sse_encode,
+    to_chat_request,
+)
+from schemas.call.v1 import ApiProtocol
+
+
+class EngineAnswerError(ProxyError):
+    """The engine's answer could not be expressed as a response (502)."""
+
+    status_code = 502
+    error_type = "api_error"
+
+
+class ResponsesAdapter:
+    """``POST /v1/responses``."""
+
+    protocol = ApiProtocol.OPENAI_RESPONSES
+    content_type = "application/json"
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Responses request → chat request."""
+        return to_chat_request(body)
+
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+        """Chat completion → response object."""
+        try:
+            return from_chat_response(chat, request=body)
+        except UpstreamFormatError as exc:
+            raise EngineAnswerError(str(exc)) from exc
+
+    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
+        """Chat chunks → Responses stream events."""
+        return _ResponsesStream(StreamTranslator(request=body))
+
+    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+        """OpenAI's error shape."""
+        return error_body(status, message, error_type)
+
+
+class _ResponsesStream:
+    def __init__(self, translator: StreamTranslator) -> None:
+        self.translator = translator
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        try:
+            return b"".join(sse_encode(name, data) for name, data in self.translator.feed(chunk))
+        except UpstreamFormatError as exc:
+            return self.fail(str(exc))
+
+    def finish(self) -> bytes:
+        return b"".join(sse_encode(name, data) for name, data in self.translator.finish())
+
+    def fail(self, message: str) -> bytes:
+        return b"".join(sse_encode(name, data) for name, data in self.translator.failed_event(message))

@@ -1,0 +1,300 @@
+"""The call pipeline shared by every protocol.
+
+Admit, translate, call the engine, capture, make the event durable, answer.
+
+The event of a call is durable (acknowledged by Kafka or fsynced to the spool)
+before the harness sees the end of its answer: for a whole answer, before the
+response is sent; for a stream, before the closing events. Content tokens stream
+through as the engine produces them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from producers.capture import CAPTURE_KEYS, CallCapture, normalize_request, session_headers
+from producers.durable import DurablePublisher
+from proxy import telemetry
+from proxy.adapters import Adapter
+from proxy.errors import InvalidRequestError, ProxyError
+from proxy.retries import RetryTracker
+from proxy.settings import ProxySettings
+from proxy.upstream import UpstreamPool
+from schemas.call.v1 import CallStatus, NormalizedRequest
+from stream import CALLS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the rollout (from token, path or header) and its task."""
+
+    rollout_id: str
+    task_id: str | None
+
+
+class CallService:
+    """Runs calls for the routers; owns nothing it does not need per call."""
+
+    def __init__(self, settings: ProxySettings, upstream: UpstreamPool, publisher: DurablePublisher) -> None:
+        self.settings = settings
+        self.upstream = upstream
+        self.publisher = publisher
+        self.retries = RetryTracker(settings.retry_window_s)
+        self._served_model: str | None = settings.served_model
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for events still being recorded (of disconnected streams) at shutdown."""
+        if self._background:
+            await asyncio.wait(self._background, timeout=timeout_s)
+
+    async def served_model(self, replica: str) -> str:
+        """The engine's model name (asked once), used whatever name the harness sent."""
+        if self._served_model is None:
+            response = await self.upstream.client.get(f"{replica}/v1/models", timeout=10.0)
+            response.raise_for_status()
+            self._served_model = str(response.json()["data"][0]["id"])
+        return self._served_model
+
+    async def handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes) -> Response:
+        """One harness call, end to end."""
+        span = telemetry.tracer.start_span(f"{request.method} {request.url.path}", kind=SpanKind.SERVER,
+                                           attributes={"openforge.rollout_id": caller.rollout_id,
+                                                       "openforge.protocol": adapter.protocol.value})
+        with trace.use_span(span, end_on_exit=False):
+            try:
+                return await self._handle(request, adapter, caller, raw, span)
+            except BaseException:
+                span.end()
+                raise
+
+    async def _handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes,
+                      span: trace.Span) -> Response:
+        headers = session_headers(request.headers)
+        body: Any = None
+        try:
+            body = orjson.loads(raw)
+            if not isinstance(body, dict):
+                raise InvalidRequestError("the request body must be a JSON object")
+            chat = adapter.to_chat(body)
+        except (orjson.JSONDecodeError, ProxyError) as exc:
+            error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
+            capture = CallCapture(rollout_id=caller.rollout_id, call_id=self.retries.begin(
+                caller.rollout_id, self.retries.fingerprint(raw))[0], protocol=adapter.protocol,
+                model=str(self._served_model or "unknown"), request=_untranslated(body),
+                streamed=False, task_id=caller.task_id, headers=headers)
+            await self._record(capture, CallStatus.INVALID_REQUEST, error_message=error.message,
+                               upstream_status_code=None)
+            span.set_status(Status(StatusCode.ERROR, error.message))
+            span.end()
+            return _json(adapter.error(error.status_code, error.message, error.error_type), error.status_code)
+
+        asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
+        streamed = bool(chat.get("stream"))
+        fingerprint = self.retries.fingerprint(orjson.dumps(chat, option=orjson.OPT_SORT_KEYS))
+        call_id, attempt, retry_of = self.retries.begin(caller.rollout_id, fingerprint)
+        replicas = self.upstream.order(caller.rollout_id)
+        capture = CallCapture(
+            rollout_id=caller.rollout_id, call_id=call_id, protocol=adapter.protocol,
+            model=self._served_model or str(chat.get("model") or "unknown"),
+            request=normalize_request(chat, asked), streamed=streamed, task_id=caller.task_id,
+            attempt=attempt, retry_of=retry_of, headers=headers,
+        )
+        span.set_attribute("openforge.call_id", call_id)
+        # Ask the engine for everything capture needs.
+        chat["logprobs"] = True
+        chat["return_token_ids"] = True
+        chat["return_weight_versions"] = True
+        if streamed:
+            chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
+
+        last_error = "no replica configured"
+        for replica in replicas:
+            try:
+                chat["model"] = await self.served_model(replica)
+                capture.model = chat["model"]
+                upstream_request = self.upstream.client.build_request(
+                    "POST", f"{replica}/v1/chat/completions", content=orjson.dumps(chat),
+                    headers={"content-type": "application/json"},
+                )
+                client_span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
+                                                          attributes={"server.address": replica})
+                upstream_t0 = time.perf_counter()
+                upstream_response = await self.upstream.client.send(upstream_request, stream=True)
+            except httpx.TimeoutException as exc:
+                with contextlib.suppress(UnboundLocalError):
+                    client_span.end()
+                return await self._fail(adapter, capture, span, self.retries, fingerprint, 504,
+                                        CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}", replica)
+            except httpx.HTTPError as exc:
+                with contextlib.suppress(UnboundLocalError):
+                    client_span.end()
+                self.upstream.mark_down(replica)
+                last_error = f"{replica}: {exc!r}"
+                continue
+            self.upstream.mark_up(replica)
+            if upstream_response.status_code >= httpx.codes.BAD_REQUEST:
+                detail = (await upstream_response.aread()).decode("utf-8", "replace")[:2000]
+                await upstream_response.aclose()
+                client_span.end()
+                return await self._fail(adapter, capture, span, self.retries, fingerprint,
+                                        upstream_response.status_code, CallStatus.UPSTREAM_ERROR,
+                                        _engine_message(detail), replica)
+            if streamed:
+                return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
+                                    client_span, fingerprint)
+            try:
+                payload = orjson.loads(await upstream_response.aread())
+            except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+                client_span.end()
+                return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                        CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}", replica)
+            finally:
+                await upstream_response.aclose()
+            upstream_s = time.perf_counter() - upstream_t0
+            client_span.end()
+            capture.on_response(payload)
+            await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status_code,
+                               replica=replica)
+            self.retries.end(caller.rollout_id, fingerprint, call_id, ok=True)
+            answer = adapter.from_chat(payload, body, asked)
+            telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
+                                           {"protocol": adapter.protocol.value, "streamed": False})
+            span.end()
+            return _json(answer, 200)
+        return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                CallStatus.UPSTREAM_UNREACHABLE,
+                                f"no engine replica reachable; last error: {last_error}", None)
+
+    def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
+                upstream: httpx.Response, replica: str, span: trace.Span, client_span: trace.Span,
+                fingerprint: bytes) -> StreamingResponse:
+        session = adapter.stream(body, asked)
+
+        async def relay() -> AsyncIterator[bytes]:
+            held: list[bytes] = []  # closing events wait until the event is durable
+            finished = False
+            status = CallStatus.CLIENT_DISCONNECTED
+            error: str | None = None
+            try:
+                async for line in upstream.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = orjson.loads(data)
+                    if "error" in chunk and not chunk.get("choices"):
+                        error = str(chunk["error"])
+                        status = CallStatus.UPSTREAM_ERROR
+                        held.append(session.fail(_engine_message(error)))
+                        break
+                    capture.on_chunk(chunk)
+                    finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
+                    out = session.feed(chunk)
+                    if out:
+                        if finished:
+                            held.append(out)
+                        else:
+                            yield out
+                else:
+                    if not finished:
+                        raise httpx.RemoteProtocolError("engine stream ended without [DONE]")
+                if error is None:
+                    status = CallStatus.OK
+                    held.append(session.finish())
+            except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+                status, error = CallStatus.UPSTREAM_ERROR, f"engine stream broke: {exc!r}"
+                held.append(session.fail(error))
+            except BaseException:
+                # The harness went away (the task is being cancelled): cancel the engine
+                # request by closing it, and still record what was sampled.
+                await upstream.aclose()
+                client_span.end()
+                task = asyncio.create_task(self._finish_stream(capture, CallStatus.CLIENT_DISCONNECTED,
+                                                               None, replica, span, fingerprint))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+                raise
+            await upstream.aclose()
+            client_span.end()
+            await self._finish_stream(capture, status, error, replica, span, fingerprint)
+            for out in held:
+                yield out
+
+        return StreamingResponse(relay(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def _finish_stream(self, capture: CallCapture, status: CallStatus, error: str | None,
+                             replica: str, span: trace.Span, fingerprint: bytes) -> None:
+        with trace.use_span(span, end_on_exit=True):
+            await self._record(capture, status, error_message=error, upstream_status_code=200, replica=replica)
+            self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=status is CallStatus.OK)
+            if status is not CallStatus.OK:
+                span.set_status(Status(StatusCode.ERROR, status.value))
+
+    async def _fail(self, adapter: Adapter, capture: CallCapture, span: trace.Span, retries: RetryTracker,
+                    fingerprint: bytes, http_status: int, status: CallStatus, message: str,
+                    replica: str | None) -> Response:
+        await self._record(capture, status, error_message=message, upstream_status_code=(
+            http_status if status is CallStatus.UPSTREAM_ERROR else None), replica=replica)
+        retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
+        span.set_status(Status(StatusCode.ERROR, message))
+        span.end()
+        kind = "api_error" if http_status >= httpx.codes.INTERNAL_SERVER_ERROR else "invalid_request_error"
+        return _json(adapter.error(http_status, message, kind), http_status)
+
+    async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,
+                      upstream_status_code: int | None = None, replica: str | None = None) -> None:
+        event = capture.build(status, upstream_status_code=upstream_status_code,
+                              error_message=error_message, upstream_replica=replica)
+        outcome = await self.publisher.publish(CALLS, event)
+        if outcome == "spool":
+            telemetry.publish_errors.add(1)
+        attrs = {"protocol": capture.protocol.value, "status": event.status.value}
+        telemetry.calls.add(1, attrs)
+        telemetry.tokens.add(len(event.prompt_token_ids), {"kind": "prompt"})
+        telemetry.tokens.add(sum(len(c.completion_token_ids) for c in event.choices), {"kind": "completion"})
+        if event.timings.time_to_first_token_s is not None:
+            telemetry.time_to_first_token.record(event.timings.time_to_first_token_s,
+                                                 {"protocol": capture.protocol.value})
+
+
+def _untranslated(body: Any) -> NormalizedRequest:
+    """What a refused request asked for, kept whole so the refusal can be studied later."""
+    if not isinstance(body, dict):
+        return NormalizedRequest(messages=[])
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    return NormalizedRequest(messages=[m for m in messages if m is not None] if messages else [],
+                             extra={"untranslated": body})
+
+
+def _engine_message(detail: str) -> str:
+    """The engine's own error message when it sent JSON, else the text."""
+    with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+        parsed = orjson.loads(detail)
+        error = parsed.get("error", parsed)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if parsed.get("message"):
+            return str(parsed["message"])
+    return detail
+
+
+def _json(payload: dict[str, Any], status: int) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")

@@ -1,0 +1,78 @@
+"""Settings of the proxy process (``OPENFORGE_PROXY_*``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from stream import KafkaSettings
+
+
+class ProxySettings(BaseSettings):
+    """Where the proxy listens, which engines it fronts, and how it keeps every call."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENFORGE_PROXY_", frozen=True, extra="ignore")
+
+    host: str = "127.0.0.1"
+    """Listen address. Rollout pods reach it through a Service on a cluster."""
+
+    port: int = Field(default=8100, ge=0, le=65535)
+    """Listen port."""
+
+    upstreams: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    """vLLM OpenAI-compatible servers (comma-separated in the environment). Requests of
+    one rollout stick to one of them, so its growing prompt hits the prefix cache."""
+
+    served_model: str | None = None
+    """Model name sent upstream whatever the harness asked for (harnesses hard-code names
+    like ``claude-sonnet-4``); None passes the harness's name through."""
+
+    credential_key: SecretStr | None = None
+    """HMAC key that signs rollout tokens (at least 16 bytes). Without it the proxy refuses
+    to start unless ``allow_anonymous`` is set."""
+
+    credential_key_file: Path | None = None
+    """Read the key from this file instead (a mounted Kubernetes Secret)."""
+
+    allow_anonymous: bool = False
+    """Accept calls without a token, attributed to the rollout in the path or header
+    (one-machine experiments only; rewards still need a verifier token)."""
+
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest an engine call may take, end to end."""
+
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    """Largest request body accepted; larger ones get 413."""
+
+    spool_dir: Path = Path("./.openforge-spool")
+    """Where call events wait while Kafka is unreachable."""
+
+    spool_max_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
+    """Spool bound; when reached the proxy answers 503 with Retry-After instead of taking calls."""
+
+    publish_timeout_s: float = Field(default=5.0, gt=0)
+    """How long to wait for Kafka's acknowledgement before spooling the event instead."""
+
+    retry_window_s: float = Field(default=600.0, gt=0)
+    """How long a failed call is remembered, so an identical re-send is linked as its retry."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    """Kafka connection (``OPENFORGE_KAFKA_*``)."""
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
+        return value
+
+    def signing_key(self) -> bytes | None:
+        """The credential key's bytes, from the setting or the file."""
+        if self.credential_key is not None:
+            return self.credential_key.get_secret_value().encode()
+        if self.credential_key_file is not None:
+            return self.credential_key_file.read_bytes().strip()
+        return None

@@ -1,0 +1,67 @@
+"""The engine replicas behind the proxy, and which one serves which rollout.
+
+A rollout's prompts grow turn by turn; sending all of them to one replica lets
+vLLM's prefix cache reuse the shared part. Rendezvous hashing picks that replica
+from the rollout id alone, so every proxy instance agrees without coordination,
+and when a replica is down its rollouts move to their next choice while the
+others stay put.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+
+class UpstreamPool:
+    """Replica choice with a short memory of failures, and one shared HTTP client."""
+
+    def __init__(self, urls: list[str], *, timeout_s: float, down_for_s: float = 5.0) -> None:
+        if not urls:
+            raise ValueError("at least one upstream URL is needed")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.down_for_s = down_for_s
+        self._down_until: dict[str, float] = {}
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
+
+    def order(self, rollout_id: str) -> list[str]:
+        """Replicas in preference order for this rollout: healthy first, by rendezvous score."""
+        def score(url: str) -> bytes:
+            return hashlib.blake2b(f"{url}|{rollout_id}".encode(), digest_size=8).digest()
+
+        ranked = sorted(self.urls, key=score, reverse=True)
+        now = time.monotonic()
+        return [u for u in ranked if self._down_until.get(u, 0) <= now] + \
+            [u for u in ranked if self._down_until.get(u, 0) > now]
+
+    def mark_down(self, url: str) -> None:
+        """Skip ``url`` for a while after a connection failure."""
+        logger.warning("upstream %s unreachable; trying others for %.0fs", url, self.down_for_s)
+        self._down_until[url] = time.monotonic() + self.down_for_s
+
+    def mark_up(self, url: str) -> None:
+        """Forget an earlier failure."""
+        self._down_until.pop(url, None)
+
+    async def ready(self) -> bool:
+        """True when at least one replica answers its health check."""
+        for url in self.urls:
+            try:
+                response = await self.client.get(f"{url}/health", timeout=2.0)
+            except httpx.HTTPError:
+                continue
+            if response.status_code == httpx.codes.OK:
+                return True
+        return False
+
+    async def aclose(self) -> None:
+        """Close the shared client."""
+        await self.client.aclose()

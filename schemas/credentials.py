@@ -1,0 +1,106 @@
+"""Per-rollout credentials: signed, self-contained, verified without state.
+
+The launcher mints two tokens per rollout: one for the agent (it may make model
+calls for its own rollout and nothing else) and one for the verifier (it may
+also post that rollout's reward). The proxy verifies them with the shared key
+alone, so any number of proxy replicas agree without a database. The format is a
+contract between launcher and proxy, which is why it lives beside the event
+schemas; it does no I/O.
+
+Token: ``of1.<base64url(claims JSON)>.<base64url(HMAC-SHA256(key, "of1." + claims))>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from enum import StrEnum
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = ["Credential", "CredentialError", "Role", "mint_token", "verify_token"]
+
+_PREFIX = "of1."
+_MIN_KEY_BYTES = 16
+
+
+class Role(StrEnum):
+    """What a credential may do."""
+
+    AGENT = "agent"
+    """Model calls for its rollout."""
+    VERIFIER = "verifier"
+    """Model calls and the reward of its rollout."""
+
+
+class Credential(BaseModel):
+    """The claims a token carries."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rollout_id: str = Field(min_length=1, max_length=200, alias="r")
+    """The only rollout this token may act for."""
+    role: Role = Field(alias="role")
+    """Agent or verifier."""
+    expires_at: int = Field(alias="exp")
+    """Unix time (seconds) after which the token is refused."""
+    task_id: str | None = Field(default=None, alias="t")
+    """Task of the rollout, so the proxy can stamp it on events without a lookup."""
+
+
+class CredentialError(Exception):
+    """The token is malformed, forged, expired or for another purpose (answer 401)."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _check_key(key: bytes) -> None:
+    if len(key) < _MIN_KEY_BYTES:
+        raise ValueError(f"the credential signing key must be at least {_MIN_KEY_BYTES} bytes")
+
+
+def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id: str | None = None,
+               now: float | None = None) -> str:
+    """Sign a token for ``rollout_id`` and ``role`` valid for ``ttl_s`` seconds."""
+    _check_key(key)
+    claims = {"r": rollout_id, "role": role.value, "exp": int((now or time.time()) + ttl_s)}
+    if task_id is not None:
+        claims["t"] = task_id
+    body = _PREFIX + _b64(orjson.dumps(claims))
+    signature = hmac.new(key, body.encode(), hashlib.sha256).digest()
+    return f"{body}.{_b64(signature)}"
+
+
+def verify_token(key: bytes, token: str, *, now: float | None = None) -> Credential:
+    """Check signature and expiry; return the claims.
+
+    Raises:
+        CredentialError: anything is wrong; the message says what, never the key.
+    """
+    _check_key(key)
+    if not token.startswith(_PREFIX) or token.count(".") != 2:
+        raise CredentialError("not an OpenForge rollout token")
+    body, _, signature = token.rpartition(".")
+    expected = hmac.new(key, body.encode(), hashlib.sha256).digest()
+    try:
+        given = _unb64(signature)
+    except ValueError as exc:
+        raise CredentialError("malformed token signature") from exc
+    if not hmac.compare_digest(expected, given):
+        raise CredentialError("token signature does not match")
+    try:
+        credential = Credential.model_validate(orjson.loads(_unb64(body[len(_PREFIX):])))
+    except (ValueError, ValidationError) as exc:
+        raise CredentialError("malformed token claims") from exc
+    if credential.expires_at < (now or time.time()):
+        raise CredentialError("token expired")
+    return credential

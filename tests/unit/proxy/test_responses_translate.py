@@ -1,0 +1,753 @@
+"""Responses API <-> chat completions translation, checked against the openai SDK's own models.
+
+Tests whose names end in ``_against_sdk_parser`` serve translated events through
+``httpx.MockTransport`` to the official openai client: the transport is simulated, the
+SDK's request building and stream parsing are real.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import Response
+
+from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+from proxy.responses.translate import (
+    StreamTranslator,
+    UpstreamFormatError,
+    error_body,
+    from_chat_response,
+    sse_encode,
+    to_chat_request,
+)
+
+SHELL_TOOL = {
+    "type": "function",
+    "name": "shell",
+    "description": "Runs a shell command and returns its output.",
+    "strict": False,
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "command": {"type": "array", "items": {"type": "string"}},
+            "workdir": {"type": "string"},
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    },
+}
+PLAN_TOOL = {
+    "type": "function",
+    "name": "update_plan",
+    "description": "Updates the task plan.",
+    "strict": False,
+    "parameters": {"type": "object", "properties": {"plan": {"type": "array"}}, "required": ["plan"]},
+}
+APPLY_PATCH_TOOL = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Use the apply_patch tool to edit files.",
+    "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" LF'},
+}
+SHELL_ARGS = '{"command": ["bash", "-lc", "ls -la"], "workdir": "/repo"}'
+
+
+def codex_request(**overrides: Any) -> dict[str, Any]:
+    """A request shaped like Codex CLI's second call of a turn."""
+    body: dict[str, Any] = {
+        "model": "qwen-tiny",
+        "instructions": "You are a coding agent running in the Codex CLI.",
+        "input": [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "<permissions instructions>sandbox off"}],
+            },
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "List the files in the repo."}],
+            },
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [{"type": "summary_text", "text": "Listing files."}],
+                "encrypted_content": "gAAAA-opaque",
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Let me look."}],
+            },
+            {"type": "function_call", "name": "shell", "arguments": SHELL_ARGS, "call_id": "call_a"},
+            {
+                "type": "function_call",
+                "name": "update_plan",
+                "arguments": '{"plan": []}',
+                "call_id": "call_b",
+            },
+            {"type": "function_call_output", "call_id": "call_a", "output": "README.md\nsrc\n"},
+            {"type": "function_call_output", "call_id": "call_b", "output": "Plan updated"},
+        ],
+        "tools": [SHELL_TOOL, PLAN_TOOL],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0198-session",
+        "text": {"verbosity": "medium"},
+    }
+    body.update(overrides)
+    return body
+
+
+def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {k: tool[k] for k in ("name", "description", "parameters", "strict")},
+    }
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def test_codex_like_request_becomes_the_expected_chat_body() -> None:
+    assert to_chat_request(codex_request()) == {
+        "model": "qwen-tiny",
+        "messages": [
+            {"role": "system", "content": "You are a coding agent running in the Codex CLI."},
+            {"role": "system", "content": "<permissions instructions>sandbox off"},
+            {"role": "user", "content": "List the files in the repo."},
+            {
+                "role": "assistant",
+                "content": "Let me look.",
+                "tool_calls": [
+                    {"id": "call_a", "type": "function", "function": {"name": "shell", "arguments": SHELL_ARGS}},
+                    {
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "update_plan", "arguments": '{"plan": []}'},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_a", "content": "README.md\nsrc\n"},
+            {"role": "tool", "tool_call_id": "call_b", "content": "Plan updated"},
+        ],
+        "tools": [chat_tool(SHELL_TOOL), chat_tool(PLAN_TOOL)],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_tool_choice_required_and_named_function() -> None:
+    assert to_chat_request(codex_request(tool_choice="required"))["tool_choice"] == "required"
+    named = to_chat_request(codex_request(tool_choice={"type": "function", "name": "shell"}))
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "shell"}}
+    with pytest.raises(InvalidRequestError, match="tool_choice names function tool 'nope'"):
+        to_chat_request(codex_request(tool_choice={"type": "function", "name": "nope"}))
+
+
+def test_function_call_without_assistant_text_starts_an_assistant_message() -> None:
+    chat = to_chat_request(
+        {
+            "model": "m",
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"},
+                {
+                    "type": "function_call_output",
+                    "call_id": "c1",
+                    "output": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+                },
+            ],
+        }
+    )
+    assert chat["messages"] == [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+        },
+    ]
+    assert chat["stream"] is False and "stream_options" not in chat and "tools" not in chat
+
+
+def test_plain_string_input_and_sampling_fields() -> None:
+    chat = to_chat_request(
+        {
+            "model": "m",
+            "input": "Say hi",
+            "max_output_tokens": 64,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "tool_choice": "auto",
+            "metadata": {"k": "v"},
+            "user": "u",
+            "service_tier": "auto",
+            "truncation": "disabled",
+        }
+    )
+    assert chat == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Say hi"}],
+        "max_tokens": 64,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "stream": False,
+    }
+
+
+def test_custom_tool_becomes_a_function_with_one_string_argument() -> None:
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch"
+    chat = to_chat_request(
+        codex_request(
+            tools=[SHELL_TOOL, APPLY_PATCH_TOOL],
+            tool_choice={"type": "custom", "name": "apply_patch"},
+            input=[
+                {"role": "user", "content": "add a file"},
+                {"type": "custom_tool_call", "call_id": "c9", "name": "apply_patch", "input": patch},
+                {"type": "custom_tool_call_output", "call_id": "c9", "output": "Done!"},
+            ],
+        )
+    )
+    function = chat["tools"][1]["function"]
+    assert function["name"] == "apply_patch"
+    assert function["parameters"]["required"] == ["input"]
+    assert function["parameters"]["properties"]["input"]["type"] == "string"
+    assert 'start: "*** Begin Patch" LF' in function["parameters"]["properties"]["input"]["description"]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    call = chat["messages"][2]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"input": patch}
+    assert chat["messages"][3] == {"role": "tool", "tool_call_id": "c9", "content": "Done!"}
+
+
+def test_json_schema_text_format_becomes_response_format() -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    chat = to_chat_request(
+        codex_request(text={"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}})
+    )
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "out", "schema": schema, "strict": True},
+    }
+    assert "response_format" not in to_chat_request(codex_request(text={"format": {"type": "text"}}))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"tools": [SHELL_TOOL, {"type": "web_search"}]}, "tools[1].type"),
+        ({"tools": [{"type": "local_shell"}]}, "tools[0].type"),
+        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
+        ({"previous_response_id": "resp_123"}, "previous_response_id"),
+        ({"conversation": "conv_1"}, "conversation"),
+        (
+            {
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "what is this?"},
+                            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+                        ],
+                    }
+                ]
+            },
+            "input[0].content[1].type",
+        ),
+        ({"input": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_1"}]}, "input[1].type"),
+        ({"input": [{"type": "web_search_call", "id": "ws", "status": "completed"}]}, "input[0].type"),
+        (
+            {
+                "input": [
+                    {
+                        "type": "function_call_output",
+                        "call_id": "c",
+                        "output": [{"type": "input_image", "image_url": "x"}],
+                    }
+                ]
+            },
+            "input[0].output[0].type",
+        ),
+        ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice.type"),
+    ],
+)
+def test_unsupported_features_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(UnsupportedFeatureError) as caught:
+        to_chat_request(codex_request(**overrides))
+    assert caught.value.field == field
+    assert field in caught.value.message
+
+
+def test_previous_response_id_message_says_the_proxy_is_stateless() -> None:
+    with pytest.raises(UnsupportedFeatureError, match="stateless"):
+        to_chat_request(codex_request(previous_response_id="resp_1"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"model": None}, "model is required"),
+        ({"input": 42}, "input must be a string or a list"),
+        ({"input": [], "instructions": None}, "input is required"),
+        ({"input": ["hello"]}, r"input\[0\] must be an object"),
+        ({"input": [{"role": "robot", "content": "x"}]}, r"input\[0\]\.role must be one of"),
+        ({"input": [{"type": "function_call", "name": "shell", "arguments": "{}"}]}, r"input\[0\]\.call_id"),
+        ({"max_output_tokens": "100"}, "max_output_tokens must be a positive integer"),
+        ({"temperature": "hot"}, "temperature must be a number"),
+        ({"stream": "yes"}, "stream must be a boolean"),
+        ({"tools": [{"type": "function", "description": "no name"}]}, r"tools\[0\]\.name"),
+        ({"tools": [SHELL_TOOL, SHELL_TOOL]}, r"tools\[1\]\.name: tool name 'shell' is used twice"),
+        ({"tools": [], "tool_choice": "required"}, 'tool_choice "required" needs at least one tool'),
+    ],
+)
+def test_invalid_requests_name_the_field(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=message) as caught:
+        to_chat_request(codex_request(**overrides))
+    assert not isinstance(caught.value, UnsupportedFeatureError)
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def chat_completion(message: dict[str, Any], finish_reason: str = "stop") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-7f3a",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "/models/policy-step-12",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150},
+    }
+
+
+def test_text_answer_validates_as_an_sdk_response() -> None:
+    request = codex_request(stream=False)
+    body = from_chat_response(chat_completion({"role": "assistant", "content": "Hello there."}), request=request)
+    response = Response.model_validate(body)
+    assert response.id == "resp_7f3a"
+    assert response.model == "qwen-tiny" and response.created_at == 1_700_000_000
+    assert response.status == "completed"
+    assert response.output_text == "Hello there."
+    assert response.output[0].id == "msg_7f3a"
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens, response.usage.total_tokens) == (120, 30, 150)
+    assert response.usage.input_tokens_details.cached_tokens == 0
+    assert response.usage.output_tokens_details.reasoning_tokens == 0
+    assert response.parallel_tool_calls is False
+    assert [tool.type for tool in response.tools] == ["function", "function"]
+    assert (
+        from_chat_response(chat_completion({"role": "assistant", "content": "x"}), request=request)["id"] == body["id"]
+    )
+
+
+def test_tool_call_answer_gives_function_call_items() -> None:
+    message = {
+        "role": "assistant",
+        "content": "Checking.",
+        "tool_calls": [
+            {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "shell", "arguments": SHELL_ARGS}},
+            {"id": "chatcmpl-tool-2", "type": "function", "function": {"name": "update_plan", "arguments": "{}"}},
+        ],
+    }
+    body = from_chat_response(chat_completion(message, "tool_calls"), request=codex_request())
+    response = Response.model_validate(body)
+    assert response.output_text == "Checking."
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(c.call_id, c.name, c.arguments, c.id, c.status) for c in calls] == [
+        ("chatcmpl-tool-1", "shell", SHELL_ARGS, "fc_7f3a_0", "completed"),
+        ("chatcmpl-tool-2", "update_plan", "{}", "fc_7f3a_1", "completed"),
+    ]
+
+
+def test_length_finish_is_incomplete_with_max_output_tokens() -> None:
+    body = from_chat_response(chat_completion({"role": "assistant", "content": "Once upon"}, "length"), request={})
+    response = Response.model_validate(body)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[0].status == "incomplete"
+
+
+def test_custom_tool_answer_gives_custom_tool_call_item() -> None:
+    patch = "*** Begin Patch\n*** End Patch"
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_p",
+                "type": "function",
+                "function": {"name": "apply_patch", "arguments": json.dumps({"input": patch})},
+            }
+        ],
+    }
+    request = codex_request(tools=[SHELL_TOOL, APPLY_PATCH_TOOL])
+    response = Response.model_validate(from_chat_response(chat_completion(message, "tool_calls"), request=request))
+    (item,) = response.output
+    assert item.type == "custom_tool_call"
+    assert (item.call_id, item.name, item.input, item.id) == ("call_p", "apply_patch", patch, "ctc_7f3a_0")
+
+
+def test_answer_without_choices_is_an_upstream_error() -> None:
+    with pytest.raises(UpstreamFormatError):
+        from_chat_response({"id": "chatcmpl-1", "choices": []}, request={})
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def chunk(delta: dict[str, Any] | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-9b1c",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_001,
+        "model": "qwen-tiny",
+        "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def usage_chunk() -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-9b1c",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_001,
+        "model": "qwen-tiny",
+        "choices": [],
+        "usage": {"prompt_tokens": 200, "completion_tokens": 25, "total_tokens": 225},
+    }
+
+
+def tool_call_chunks() -> list[dict[str, Any]]:
+    """What the engine streams for text followed by one tool call split over chunks."""
+    return [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": "Let me "}),
+        chunk({"content": "check."}),
+        chunk(
+            {"tool_calls": [{"index": 0, "id": "chatcmpl-tool-5", "type": "function", "function": {"name": "shell"}}]}
+        ),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"command": ["bash", '}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"-lc", "ls -la"], '}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"workdir": "/repo"}'}}]}),
+        chunk({}, "tool_calls"),
+        usage_chunk(),
+    ]
+
+
+def translate(chunks: list[dict[str, Any]], request: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    translator = StreamTranslator(request=request)
+    events = [event for c in chunks for event in translator.feed(c)]
+    return events + translator.finish()
+
+
+def test_stream_event_order_and_sequence_numbers() -> None:
+    events = translate(tool_call_chunks(), codex_request())
+    assert [name for name, _ in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert all(data["type"] == name for name, data in events)
+
+    arguments_deltas = "".join(d["delta"] for n, d in events if n == "response.function_call_arguments.delta")
+    (done,) = [d for n, d in events if n == "response.function_call_arguments.done"]
+    assert arguments_deltas == done["arguments"] == SHELL_ARGS
+    assert done["output_index"] == 1 and done["item_id"] == "fc_9b1c_0"
+
+    final = Response.model_validate(events[-1][1]["response"])
+    assert final.status == "completed"
+    assert final.output_text == "Let me check."
+    assert final.usage is not None and final.usage.total_tokens == 225
+    assert final.output[1].type == "function_call"
+    assert (final.output[1].call_id, final.output[1].arguments) == ("chatcmpl-tool-5", SHELL_ARGS)
+    # The terminal event comes with the usage chunk, so finish() has nothing left to say.
+    translator = StreamTranslator(request=codex_request())
+    for c in tool_call_chunks():
+        translator.feed(c)
+    assert translator.terminated and translator.finish() == []
+
+
+def test_streamed_and_unstreamed_answers_agree() -> None:
+    events = translate(tool_call_chunks(), codex_request())
+    streamed = events[-1][1]["response"]
+    message = {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {"id": "chatcmpl-tool-5", "type": "function", "function": {"name": "shell", "arguments": SHELL_ARGS}}
+        ],
+    }
+    chat = chat_completion(message, "tool_calls") | {"id": "chatcmpl-9b1c", "created": 1_700_000_001}
+    unstreamed = from_chat_response(chat, request=codex_request())
+    assert streamed["output"] == unstreamed["output"]
+    assert streamed["id"] == unstreamed["id"] == "resp_9b1c"
+
+
+def test_every_stream_event_validates_against_the_sdk_union() -> None:
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    for name, data in translate(tool_call_chunks(), codex_request()):
+        assert adapter.validate_python(data).type == name
+
+
+def test_parallel_tool_calls_close_one_after_another() -> None:
+    chunks = [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"tool_calls": [{"index": 0, "id": "c0", "type": "function", "function": {"name": "shell"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"command": ["pwd"]}'}}]}),
+        chunk({"tool_calls": [{"index": 1, "id": "c1", "type": "function", "function": {"name": "update_plan"}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"plan": []}'}}]}),
+        chunk({}, "tool_calls"),
+    ]
+    events = translate(chunks, codex_request())  # no usage chunk: finish() ends it
+    names = [name for name, _ in events]
+    assert names[2:] == [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    final = Response.model_validate(events[-1][1]["response"])
+    assert [(item.type, getattr(item, "call_id", None)) for item in final.output] == [
+        ("function_call", "c0"),
+        ("function_call", "c1"),
+    ]
+    assert final.usage is None
+
+
+def test_tool_call_continuing_after_the_next_started_is_an_upstream_error() -> None:
+    translator = StreamTranslator(request={})
+    translator.feed(chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "x"}}]}))
+    translator.feed(chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "y"}}]}))
+    with pytest.raises(UpstreamFormatError, match="tool call 0"):
+        translator.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}))
+
+
+def test_length_finish_streams_response_incomplete() -> None:
+    events = translate([chunk({"content": "Once upon"}), chunk({}, "length"), usage_chunk()], codex_request())
+    name, data = events[-1]
+    assert name == "response.incomplete"
+    response = Response.model_validate(data["response"])
+    assert response.incomplete_details is not None and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[0].status == "incomplete"
+
+
+def test_upstream_ending_early_still_gives_one_terminal_event() -> None:
+    translator = StreamTranslator(request=codex_request())
+    events = translator.feed(chunk({"content": "Partial"}))
+    events += translator.feed(chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "shell"}}]}))
+    events += translator.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"comm'}}]}))
+    tail = translator.finish()
+    assert [name for name, _ in tail] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.failed",
+    ]
+    assert tail[1][1]["item"]["status"] == "incomplete"
+    failed = Response.model_validate(tail[-1][1]["response"])
+    assert failed.status == "failed"
+    assert failed.error is not None and "ended before" in failed.error.message
+    assert [item.type for item in failed.output] == ["message", "function_call"]
+    sequence = [data["sequence_number"] for _, data in events + tail]
+    assert sequence == list(range(len(sequence)))
+    assert translator.finish() == []
+    assert translator.feed(usage_chunk()) == []
+    assert translator.failed_event("again") == []
+
+
+def test_stream_with_no_chunks_at_all_is_well_formed() -> None:
+    translator = StreamTranslator(request={"model": "m"}, response_id="resp_given")
+    events = translator.finish()
+    assert [name for name, _ in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert {data["response"]["id"] for _, data in events} == {"resp_given"}
+
+
+def test_engine_error_chunk_becomes_response_failed() -> None:
+    translator = StreamTranslator(request=codex_request())
+    translator.feed(chunk({"content": "Hi"}))
+    events = translator.feed({"error": {"message": "engine overloaded", "type": "InternalServerError"}})
+    assert [name for name, _ in events] == ["response.failed"]
+    assert events[0][1]["response"]["error"] == {"code": "server_error", "message": "engine overloaded"}
+    assert translator.finish() == []
+
+
+def test_failed_event_mid_stream_is_the_only_terminal_event() -> None:
+    translator = StreamTranslator(request=codex_request())
+    translator.feed(chunk({"content": "Hi"}))
+    (failed,) = translator.failed_event("upstream connection reset")
+    assert failed[0] == "response.failed"
+    assert Response.model_validate(failed[1]["response"]).status == "failed"
+    assert translator.finish() == []
+
+
+def test_custom_tool_call_streams_its_decoded_input() -> None:
+    patch = '*** Begin Patch\n*** Add File: "q.txt"\n+hi\n*** End Patch'
+    encoded = json.dumps({"input": patch})
+    chunks = [
+        chunk({"tool_calls": [{"index": 0, "id": "call_p", "function": {"name": "apply_patch", "arguments": ""}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": encoded[:20]}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": encoded[20:]}}]}),
+        chunk({}, "tool_calls"),
+        usage_chunk(),
+    ]
+    events = translate(chunks, codex_request(tools=[SHELL_TOOL, APPLY_PATCH_TOOL]))
+    assert [name for name, _ in events][2:] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert events[2][1]["item"]["type"] == "custom_tool_call"
+    assert events[3][1]["delta"] == events[4][1]["input"] == patch
+    final = Response.model_validate(events[-1][1]["response"])
+    (item,) = final.output
+    assert item.type == "custom_tool_call" and item.input == patch
+
+
+# --------------------------------------------------------------------------- through the official SDK
+
+
+def sdk_client(chunks: list[dict[str, Any]], seen: list[dict[str, Any]]) -> openai.OpenAI:
+    """An openai client whose transport translates the request and streams translated events."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/v1/responses"
+        body = json.loads(request.content)
+        seen.append(to_chat_request(body))
+        translator = StreamTranslator(request=body)
+        events = [event for c in chunks for event in translator.feed(c)] + translator.finish()
+        payload = b"".join(sse_encode(name, data) for name, data in events)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=payload)
+
+    http_client = httpx.Client(transport=httpx.MockTransport(handler))
+    return openai.OpenAI(base_url="http://proxy.test/v1", api_key="sk-test", http_client=http_client)
+
+
+def test_stream_get_final_response_against_sdk_parser() -> None:
+    seen: list[dict[str, Any]] = []
+    client = sdk_client(tool_call_chunks(), seen)
+    with client.responses.stream(
+        model="qwen-tiny",
+        instructions="Be brief.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "List files"}]}],
+        tools=[SHELL_TOOL],  # type: ignore[list-item]
+        tool_choice="required",
+    ) as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    client.close()
+
+    assert deltas == ["Let me ", "check."]
+    assert final.output_text == "Let me check."
+    call = final.output[1]
+    assert call.type == "function_call"
+    assert (call.name, call.call_id, json.loads(call.arguments)["command"]) == (
+        "shell",
+        "chatcmpl-tool-5",
+        ["bash", "-lc", "ls -la"],
+    )
+    (chat,) = seen
+    assert chat["stream"] is True and chat["tool_choice"] == "required"
+    assert chat["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+def test_create_stream_events_against_sdk_parser() -> None:
+    seen: list[dict[str, Any]] = []
+    client = sdk_client(tool_call_chunks(), seen)
+    stream = client.responses.create(model="qwen-tiny", input="List files", tools=[SHELL_TOOL], stream=True)  # type: ignore[list-item]
+    events = list(stream)
+    client.close()
+    assert events[0].type == "response.created"
+    assert events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    completed = events[-1].response  # type: ignore[union-attr]
+    assert completed.output_text == "Let me check."
+    assert completed.output[1].type == "function_call"
+    assert completed.output[1].arguments == SHELL_ARGS
+
+
+def test_custom_tool_stream_against_sdk_parser() -> None:
+    patch = "*** Begin Patch\n*** Delete File: old.txt\n*** End Patch"
+    chunks = [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"tool_calls": [{"index": 0, "id": "call_p", "function": {"name": "apply_patch"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": json.dumps({"input": patch})}}]}),
+        chunk({}, "tool_calls"),
+        usage_chunk(),
+    ]
+    client = sdk_client(chunks, [])
+    with client.responses.stream(model="qwen-tiny", input="delete old.txt", tools=[APPLY_PATCH_TOOL]) as stream:  # type: ignore[list-item]
+        final = stream.get_final_response()
+    client.close()
+    (item,) = final.output
+    assert item.type == "custom_tool_call"
+    assert (item.name, item.call_id, item.input) == ("apply_patch", "call_p", patch)
+
+
+def test_early_end_surfaces_as_failed_event_against_sdk_parser() -> None:
+    client = sdk_client([chunk({"content": "Par"})], [])
+    events = list(client.responses.create(model="qwen-tiny", input="hi", stream=True))
+    client.close()
+    assert [e.type for e in events][-1] == "response.failed"
+    assert events[-1].response.error is not None  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- wire helpers
+
+
+def test_sse_encode_frames_one_event() -> None:
+    encoded = sse_encode("response.output_text.delta", {"type": "response.output_text.delta", "delta": "é\n"})
+    assert (
+        encoded
+        == 'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"é\\n"}\n\n'.encode()
+    )
+
+
+def test_error_body_has_openai_shape() -> None:
+    assert error_body(400, "unsupported field tools[0].type: no", "invalid_request_error") == {
+        "error": {
+            "message": "unsupported field tools[0].type: no",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    assert error_body(502, "engine down", "")["error"]["type"] == "api_error"
+    assert error_body(429, "slow down", "")["error"]["type"] == "rate_limit_error"
