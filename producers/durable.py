@@ -173,8 +173,9 @@ class DurablePublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._producer is not None:
+            # Everything unacknowledged is in the spool already, so waiting for Kafka is optional.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._producer.stop(), self.ack_timeout_s * 2)
+                await self._producer.abort(self.ack_timeout_s)
             self._producer = None
 
 

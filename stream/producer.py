@@ -103,7 +103,11 @@ class EventProducer:
         """Connect to the cluster (and register the transactional id, if any)."""
         if self._started:
             return
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()  # a failed start still holds sockets and tasks
+            raise
         self._started = True
 
     async def stop(self) -> None:
@@ -115,6 +119,28 @@ class EventProducer:
         with contextlib.suppress(Exception):
             await self._producer.flush()
         await self._producer.stop()
+
+    async def abort(self, timeout_s: float) -> None:
+        """Stop, giving buffered records at most ``timeout_s`` to be delivered, then drop them.
+
+        For callers that keep their own copy of everything unacknowledged (the proxy's
+        spool): with the brokers gone, aiokafka's ``stop()`` would wait for delivery
+        retries to expire before closing.
+        """
+        if self._stopped or not self._started:
+            self._stopped = True
+            return
+        self._stopped = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._producer.stop()), timeout_s)
+        except TimeoutError:
+            sender = getattr(self._producer, "_sender", None)
+            task = getattr(sender, "sender_task", None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            await self._producer.client.close()
 
     async def __aenter__(self) -> EventProducer:
         await self.start()

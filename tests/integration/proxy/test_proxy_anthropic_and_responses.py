@@ -63,7 +63,8 @@ async def test_anthropic_count_tokens_matches_the_engine(proxy, vllm_url) -> Non
     async with anthropic_client(proxy, "r-count") as client:
         counted = await client.messages.count_tokens(model="claude-opus-4-7",
                                                      messages=[{"role": "user", "content": "Count me"}])
-    models = httpx.get(f"{vllm_url}/v1/models").json()["data"][0]["id"]
+    async with httpx.AsyncClient() as http:
+        models = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]["id"]
     assert counted.input_tokens == len(await tokenize(vllm_url, models, [{"role": "user", "content": "Count me"}]))
 
 

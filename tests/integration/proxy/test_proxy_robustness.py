@@ -1,0 +1,196 @@
+"""Credentials, bad input, engine failures, disconnects, retries, and Kafka going away."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from netutil import free_port, free_port_pair
+from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, serve, shutdown
+from schemas import RewardV1
+from schemas.call.v1 import CallStatus
+from schemas.credentials import Role, mint_token
+from stream import BrokerSettings, KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
+
+pytestmark = pytest.mark.kafka
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+async def get(url: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await client.get(url)
+
+
+async def post(url: str, *, token: str | None = None, json: object = None, content: bytes | None = None,
+               headers: dict[str, str] | None = None) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=60) as client:
+        return await client.post(url, json=json, content=content,
+                                 headers={**(auth(token) if token else {}), **(headers or {})})
+
+
+async def test_credentials_are_checked(proxy: RunningProxy) -> None:
+    url = f"{proxy.base('r-a')}/v1/chat/completions"
+    assert (await post(url, json=CHAT)).status_code == 401
+    assert (await post(url, json=CHAT, token="sk-not-ours")).status_code == 401
+    other = await post(url, json=CHAT, token=proxy.token("r-b"))
+    assert other.status_code == 401 and "another rollout" in other.text
+    expired = await post(url, json=CHAT, token=proxy.token("r-a", ttl_s=-5))
+    assert expired.status_code == 401 and "expired" in expired.text
+    forged = mint_token(b"some-other-signing-key!!", "r-a", Role.AGENT, 600)
+    assert (await post(url, json=CHAT, token=forged)).status_code == 401
+    # The key also works as x-api-key (Anthropic clients), and the rollout may come from the token alone.
+    ok = await post(f"{proxy.url}/v1/chat/completions", json=CHAT, headers={"x-api-key": proxy.token("r-a")})
+    assert ok.status_code == 200
+    [event] = await calls_of(proxy, 1)
+    assert event.rollout_id == "r-a"
+
+
+async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
+    url = f"{proxy.url}/rollouts/r-v/reward"
+    denied = await post(url, json={"value": 1.0}, token=proxy.token("r-v", Role.AGENT))
+    assert denied.status_code == 403
+    other = await post(url, json={"value": 1.0}, token=proxy.token("r-w", Role.VERIFIER))
+    assert other.status_code == 401
+    bad = await post(url, json={"value": "high"}, token=proxy.token("r-v", Role.VERIFIER))
+    assert bad.status_code == 400 and "value" in bad.text
+    nan = await post(url, content=b'{"value": NaN}', token=proxy.token("r-v", Role.VERIFIER),
+                     headers={"content-type": "application/json"})
+    assert nan.status_code == 400
+    accepted = await post(url, json={"value": 0.75, "info": {"passed": 3}},
+                          token=proxy.token("r-v", Role.VERIFIER, task_id="t-9"))
+    assert accepted.status_code == 202
+    [reward] = await rewards_of(proxy, 1)
+    assert isinstance(reward, RewardV1)
+    assert (reward.rollout_id, reward.task_id, reward.value, reward.info) == ("r-v", "t-9", 0.75, {"passed": 3})
+    assert reward.event_id == accepted.json()["event_id"]
+
+
+async def test_malformed_and_mistyped_requests_get_400_and_are_recorded(proxy: RunningProxy) -> None:
+    url = f"{proxy.base('r-bad')}/v1/chat/completions"
+    token = proxy.token("r-bad")
+    garbage = await post(url, content=b"{not json", token=token, headers={"content-type": "application/json"})
+    assert garbage.status_code == 400 and "malformed JSON" in garbage.json()["error"]["message"]
+    wrong = await post(url, json={"model": "m", "messages": "hi"}, token=token)
+    assert wrong.status_code == 400 and "messages" in wrong.json()["error"]["message"]
+    not_object = await post(url, json=[1, 2], token=token)
+    assert not_object.status_code == 400
+    engine_refuses = await post(url, json={**CHAT, "max_tokens": 100_000}, token=token)
+    assert engine_refuses.status_code == 400  # the engine's own verdict, passed on
+    events = await calls_of(proxy, 4)
+    assert [e.status for e in events] == [CallStatus.INVALID_REQUEST] * 3 + [CallStatus.UPSTREAM_ERROR]
+    assert events[3].upstream_status_code == 400 and events[3].error_message
+
+
+async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegistry) -> None:
+    settings = proxy_settings_factory(max_body_bytes=10_000)
+    server, task = await serve(settings)
+    try:
+        big = {**CHAT, "messages": [{"role": "user", "content": "x" * 20_000}]}
+        answer = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-big/v1/chat/completions", json=big,
+                            token=mint_token(KEY, "r-big", Role.AGENT, 60))
+        assert answer.status_code == 413 and "10,000" in answer.text
+    finally:
+        await shutdown(server, task)
+
+
+async def test_engine_down_gets_502_and_is_recorded(proxy_settings_factory, topics: TopicRegistry) -> None:
+    settings = proxy_settings_factory(upstreams=[f"http://127.0.0.1:{free_port()}"], served_model="tiny")
+    server, task = await serve(settings)
+    try:
+        answer = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-down/v1/chat/completions", json=CHAT,
+                            token=mint_token(KEY, "r-down", Role.AGENT, 60))
+        assert answer.status_code == 502 and "no engine replica reachable" in answer.text
+        ready = await get(f"http://127.0.0.1:{settings.port}/ready")
+        assert ready.status_code == 503 and ready.json()["engine"] is False
+    finally:
+        await shutdown(server, task)
+    [event] = await calls_of(RunningProxy("", settings, topics), 1)
+    assert event.status is CallStatus.UPSTREAM_UNREACHABLE and event.request.messages == CHAT["messages"]
+
+
+async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(proxy: RunningProxy) -> None:
+    body = {**CHAT, "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": "Tell a story."}]}
+    url = f"{proxy.base('r-cut')}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=60) as client, \
+            client.stream("POST", url, json=body, headers=auth(proxy.token("r-cut"))) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                break  # the harness goes away after the first token
+    # The harness retries the very same request; this time it reads to the end.
+    again = await post(url, json={**body, "stream": False}, token=proxy.token("r-cut"))
+    retried = await post(url, json={**body, "stream": True}, token=proxy.token("r-cut"))
+    assert again.status_code == 200 and retried.status_code == 200
+    events = await calls_of(proxy, 3)
+    cut = next(e for e in events if e.status is CallStatus.CLIENT_DISCONNECTED)
+    assert 0 < len(cut.choices[0].completion_token_ids) < 400  # what was generated before the cut
+    linked = next(e for e in events if e.retry_of is not None)
+    assert (linked.retry_of, linked.attempt) == (cut.call_id, 1) and linked.streamed
+    # A different body (stream false) is a different request: not linked to the cut one.
+    other = next(e for e in events if not e.streamed)
+    assert other.retry_of is None and other.attempt == 0
+
+
+async def test_kafka_outage_spools_then_delivers_and_a_full_spool_refuses(
+    vllm_url: str, tmp_path: Path
+) -> None:
+    port = free_port_pair()
+    broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
+    broker.start()
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=1, linger_ms=0, request_timeout_ms=5000)
+    registry = TopicRegistry.from_settings(kafka)
+    async with KafkaAdmin(kafka, registry) as admin:
+        await admin.create_topics()
+    from proxy.settings import ProxySettings
+    settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
+                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0)
+    server, task = await serve(settings)
+    url = f"http://127.0.0.1:{settings.port}/rollouts/r-k/v1/chat/completions"
+    token = mint_token(KEY, "r-k", Role.AGENT, 600)
+    try:
+        assert (await post(url, json=CHAT, token=token)).status_code == 200
+        broker.stop()
+        during = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(5)]
+        assert [r.status_code for r in during] == [200] * 5  # harness unaffected
+        ready = (await get(f"http://127.0.0.1:{settings.port}/ready")).json()
+        assert ready["spooled"] == 5 and ready["kafka"] is False
+    finally:
+        await shutdown(server, task)  # the proxy stops with events still spooled
+    assert len(list((tmp_path / "spool").glob("*.rec"))) == 5
+    broker.start()
+    server, task = await serve(settings)  # a restarted proxy drains what was spooled
+    try:
+        for _ in range(100):
+            if (await get(f"http://127.0.0.1:{settings.port}/ready")).json()["spooled"] == 0:
+                break
+            await asyncio.sleep(0.2)
+        events = await read_events(kafka, registry, expect=6)
+        assert len(events) == 6 and len({e.event_id for e in events}) == 6
+        assert sorted(e.request.sampling.get("seed", -1) for e in events) == [-1, 0, 1, 2, 3, 4]
+    finally:
+        await shutdown(server, task)
+    # With Kafka gone and a tiny spool, the proxy refuses new calls instead of losing them.
+    broker.stop()
+    tiny = settings.model_copy(update={"spool_max_bytes": 1, "port": free_port()})
+    server, task = await serve(tiny)
+    try:
+        tiny_url = f"http://127.0.0.1:{tiny.port}/rollouts/r-k/v1/chat/completions"
+        first = await post(tiny_url, json=CHAT, token=token)
+        assert first.status_code == 200  # taken: its event is kept even past the bound
+        refused = await post(tiny_url, json=CHAT, token=token)
+        assert refused.status_code == 503 and refused.headers["retry-after"]
+        refused_reward = await post(f"http://127.0.0.1:{tiny.port}/rollouts/r-k/reward", json={"value": 1},
+                                    token=mint_token(KEY, "r-k", Role.VERIFIER, 60))
+        assert refused_reward.status_code == 503
+    finally:
+        await shutdown(server, task)
+    assert len(list((tmp_path / "spool").glob("*.rec"))) == 1
+
