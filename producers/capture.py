@@ -133,6 +133,8 @@ class CallCapture:
         self.usage: dict[str, Any] | None = None
         self.response_id: str | None = None
         self.response_model: str | None = None
+        self.weight_version: str | None = None
+        """Version the engine served throughout the call, when the proxy could tell."""
 
     def _choice(self, index: int) -> _Choice:
         choice = self._choices.get(index)
@@ -241,7 +243,8 @@ class CallCapture:
                 index=c.index,
                 completion_token_ids=c.token_ids[:n],
                 logprobs=c.logprobs[:n] if c.logprobs else [],
-                weight_versions=_clip_versions(c.weight_versions, n),
+                weight_versions=_clip_versions(c.weight_versions, n) if c.weight_versions else (
+                    [{"version": self.weight_version, "start": 0, "end": n}] if self.weight_version and n else []),
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
             ))

@@ -56,6 +56,7 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstream = UpstreamPool(settings.upstreams, timeout_s=settings.upstream_timeout_s)
+        upstream.start_version_poll(settings.weight_poll_s)
         kafka = settings.kafka.model_copy(update={"linger_ms": 0})  # latency over batching
         publisher = DurablePublisher(
             lambda: EventProducer(kafka, registry=registry, client_id="openforge-proxy"),

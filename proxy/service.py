@@ -73,7 +73,10 @@ class CallService:
 
     async def handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes) -> Response:
         """One harness call, end to end."""
-        span = telemetry.tracer.start_span(f"{request.method} {request.url.path}", kind=SpanKind.SERVER,
+        # The web framework may already have opened the server span; then ours nests inside it.
+        outer = trace.get_current_span().get_span_context().is_valid
+        span = telemetry.tracer.start_span(f"{request.method} {request.url.path}",
+                                           kind=SpanKind.INTERNAL if outer else SpanKind.SERVER,
                                            attributes={"openforge.rollout_id": caller.rollout_id,
                                                        "openforge.protocol": adapter.protocol.value})
         with trace.use_span(span, end_on_exit=False):
@@ -106,7 +109,11 @@ class CallService:
 
         asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
         streamed = bool(chat.get("stream"))
-        fingerprint = self.retries.fingerprint(orjson.dumps(chat, option=orjson.OPT_SORT_KEYS))
+        # A re-send of the same conversation is a retry even if transport details differ:
+        # Claude Code falls back from streaming to a whole answer with a smaller max_tokens.
+        fingerprint = self.retries.fingerprint(orjson.dumps(
+            {k: chat.get(k) for k in ("messages", "tools", "tool_choice", "response_format")},
+            option=orjson.OPT_SORT_KEYS))
         call_id, attempt, retry_of = self.retries.begin(caller.rollout_id, fingerprint)
         replicas = self.upstream.order(caller.rollout_id)
         capture = CallCapture(
@@ -135,6 +142,7 @@ class CallService:
                 client_span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
                                                           attributes={"server.address": replica})
                 upstream_t0 = time.perf_counter()
+                version_before = self.upstream.weight_version(replica)
                 upstream_response = await self.upstream.client.send(upstream_request, stream=True)
             except httpx.TimeoutException as exc:
                 with contextlib.suppress(UnboundLocalError):
@@ -157,7 +165,7 @@ class CallService:
                                         _engine_message(detail), replica)
             if streamed:
                 return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
-                                    client_span, fingerprint)
+                                    client_span, fingerprint, version_before)
             try:
                 payload = orjson.loads(await upstream_response.aread())
             except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
@@ -169,6 +177,7 @@ class CallService:
             upstream_s = time.perf_counter() - upstream_t0
             client_span.end()
             capture.on_response(payload)
+            capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
             await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status_code,
                                replica=replica)
             self.retries.end(caller.rollout_id, fingerprint, call_id, ok=True)
@@ -183,7 +192,7 @@ class CallService:
 
     def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
                 upstream: httpx.Response, replica: str, span: trace.Span, client_span: trace.Span,
-                fingerprint: bytes) -> StreamingResponse:
+                fingerprint: bytes, version_before: str | None) -> StreamingResponse:
         session = adapter.stream(body, asked)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -233,6 +242,7 @@ class CallService:
                 raise
             await upstream.aclose()
             client_span.end()
+            capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
             await self._finish_stream(capture, status, error, replica, span, fingerprint)
             for out in held:
                 yield out
@@ -261,6 +271,8 @@ class CallService:
 
     async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,
                       upstream_status_code: int | None = None, replica: str | None = None) -> None:
+        if not self.settings.capture:
+            return
         event = capture.build(status, upstream_status_code=upstream_status_code,
                               error_message=error_message, upstream_replica=replica)
         outcome = await self.publisher.publish(CALLS, event)
@@ -273,6 +285,11 @@ class CallService:
         if event.timings.time_to_first_token_s is not None:
             telemetry.time_to_first_token.record(event.timings.time_to_first_token_s,
                                                  {"protocol": capture.protocol.value})
+
+
+def _same(before: str | None, after: str | None) -> str | None:
+    """The weight version if it did not change during the call, else unknown."""
+    return before if before is not None and before == after else None
 
 
 def _untranslated(body: Any) -> NormalizedRequest:

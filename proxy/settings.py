@@ -59,6 +59,12 @@ class ProxySettings(BaseSettings):
     retry_window_s: float = Field(default=600.0, gt=0)
     """How long a failed call is remembered, so an identical re-send is linked as its retry."""
 
+    capture: bool = True
+    """Record every call on Kafka. Off only to measure what capture costs (benchmarks)."""
+
+    weight_poll_s: float = Field(default=0.5, gt=0)
+    """How often each engine's weight version is read, to label calls with it."""
+
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     """Kafka connection (``OPENFORGE_KAFKA_*``)."""
 

@@ -9,6 +9,8 @@ others stay put.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -27,6 +29,8 @@ class UpstreamPool:
         self.urls = [u.rstrip("/") for u in urls]
         self.down_for_s = down_for_s
         self._down_until: dict[str, float] = {}
+        self._versions: dict[str, str] = {}
+        self._poller: asyncio.Task[None] | None = None
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
@@ -62,6 +66,33 @@ class UpstreamPool:
                 return True
         return False
 
+    def weight_version(self, url: str) -> str | None:
+        """The weight version ``url`` served at its last poll (None until known)."""
+        return self._versions.get(url)
+
+    def start_version_poll(self, interval_s: float) -> None:
+        """Follow each replica's weight version (``GET /weight_info``) in the background.
+
+        vLLM's chat endpoint does not report the version that sampled each token, so the
+        proxy brackets each call between two readings of this cache: equal readings label
+        the whole completion, differing ones (an update landed during the call) leave the
+        version unknown rather than guessing the boundary.
+        """
+        async def poll() -> None:
+            while True:
+                for url in self.urls:
+                    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                        answer = await self.client.get(f"{url}/weight_info", timeout=2.0)
+                        if answer.status_code == httpx.codes.OK:
+                            self._versions[url] = str(answer.json()["weight_version"])
+                await asyncio.sleep(interval_s)
+
+        self._poller = asyncio.create_task(poll(), name="weight-version-poll")
+
     async def aclose(self) -> None:
-        """Close the shared client."""
+        """Stop polling and close the shared client."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
         await self.client.aclose()

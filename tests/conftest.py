@@ -14,7 +14,7 @@ import pytest
 from netutil import free_port, free_port_pair
 
 from stream.admin import KafkaAdmin
-from stream.broker import LocalBroker
+from stream.broker import BrokerError, LocalBroker
 from stream.settings import BrokerSettings, KafkaSettings
 from stream.topics import TopicRegistry
 
@@ -52,11 +52,19 @@ def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     if request.config.getoption("--kafka"):
         yield None
         return
-    port = free_port_pair()
-    local = LocalBroker(BrokerSettings(
-        port=port, controller_port=port + 1, data_dir=str(tmp_path_factory.mktemp("kafka")),
-    ))
-    local.start()
+    local = None
+    for attempt in range(3):  # a free port can be taken by another process before Kafka binds it
+        port = free_port_pair()
+        local = LocalBroker(BrokerSettings(
+            port=port, controller_port=port + 1, data_dir=str(tmp_path_factory.mktemp("kafka")),
+        ))
+        try:
+            local.start()
+            break
+        except BrokerError:
+            if attempt == 2:
+                raise
+    assert local is not None
     try:
         yield local
     finally:

@@ -1,6 +1,4 @@
 #!/usr/bin/env python3
-# A command-line tool: it reports progress with print; random is seeded data generation.
-# ruff: noqa: T201, S311
 r"""Make a tiny, randomly initialised Qwen2 causal LM with its own tokenizer, fully offline.
 
 The result is a Hugging Face model folder that vLLM serves (``--tool-call-parser hermes``) and that
@@ -63,7 +61,7 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PAD_TOKEN = "<|endoftext|>"  # noqa: S105 - a vocabulary token, not a secret
+PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 # Control tokens: skipped when decoding with skip_special_tokens.

@@ -7,10 +7,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-
 from proxy_helpers import calls_of
-from schemas.call.v1 import ApiProtocol, CallStatus
 from test_proxy_openai_chat import tokenize
+
+from schemas.call.v1 import ApiProtocol, CallStatus
 
 pytestmark = pytest.mark.kafka
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import openai
 import pytest
@@ -47,11 +49,8 @@ async def test_non_streaming_call_is_captured_token_exact(proxy, vllm_url) -> No
     assert list(choice.completion_token_ids) == raw["choices"][0]["token_ids"]
     assert list(choice.logprobs) == [t["logprob"] for t in raw["choices"][0]["logprobs"]["content"]]
     assert len(choice.completion_token_ids) == answer.usage.completion_tokens
-    # vLLM 0.32 reports weight versions on its token-in-token-out endpoint only; when the
-    # engine reports them on chat completions they must cover every sampled token.
-    if choice.weight_versions:
-        assert choice.weight_versions[0].start == 0
-        assert choice.weight_versions[-1].end == len(choice.completion_token_ids)
+    # The engine's version at the time covers every sampled token.
+    assert [(v.start, v.end) for v in choice.weight_versions] == [(0, len(choice.completion_token_ids))]
     assert event.request.messages == messages and event.request.sampling["max_tokens"] == 12
     assert event.session_headers["user-agent"].startswith("AsyncOpenAI")
     assert "authorization" not in event.session_headers
@@ -115,3 +114,20 @@ async def test_tool_requests_reach_the_engine_and_answers_are_relayed_as_sampled
     recorded = event.response["choices"][0]["message"]
     assert (recorded["content"] or "") == text
     assert len(recorded.get("tool_calls") or []) == len({getattr(c, "index", i) for i, c in enumerate(calls)})
+
+
+async def test_calls_carry_the_weight_version_the_engine_serves(proxy, vllm_url) -> None:
+    async with httpx.AsyncClient() as http:
+        before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
+        try:
+            (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "41"})).raise_for_status()
+            await asyncio.sleep(1.2)  # the proxy reads versions twice a second
+            answer = await http.post(f"{proxy.base('r-ver')}/v1/chat/completions",
+                                     headers={"authorization": f"Bearer {proxy.token('r-ver')}"},
+                                     json={"model": "m", "messages": [{"role": "user", "content": "v?"}],
+                                           "max_tokens": 3})
+            assert answer.status_code == 200
+        finally:
+            await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
+    [event] = await calls_of(proxy, 1)
+    assert [v.version for v in event.choices[0].weight_versions] == ["41"]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from netutil import free_port, free_port_pair
 from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, serve, shutdown
+
 from schemas import RewardV1
 from schemas.call.v1 import CallStatus
 from schemas.credentials import Role, mint_token
@@ -125,18 +125,19 @@ async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(prox
         async for line in response.aiter_lines():
             if line.startswith("data:"):
                 break  # the harness goes away after the first token
-    # The harness retries the very same request; this time it reads to the end.
-    again = await post(url, json={**body, "stream": False}, token=proxy.token("r-cut"))
-    retried = await post(url, json={**body, "stream": True}, token=proxy.token("r-cut"))
-    assert again.status_code == 200 and retried.status_code == 200
+    # The harness re-sends the conversation (as Claude Code does after a broken stream: whole
+    # answer this time); it is linked to the cut attempt. Once that succeeded, the next identical
+    # request is a new call.
+    again = await post(url, json={**body, "stream": False, "max_tokens": 300}, token=proxy.token("r-cut"))
+    fresh = await post(url, json=body, token=proxy.token("r-cut"))
+    assert again.status_code == 200 and fresh.status_code == 200
     events = await calls_of(proxy, 3)
     cut = next(e for e in events if e.status is CallStatus.CLIENT_DISCONNECTED)
     assert 0 < len(cut.choices[0].completion_token_ids) < 400  # what was generated before the cut
-    linked = next(e for e in events if e.retry_of is not None)
-    assert (linked.retry_of, linked.attempt) == (cut.call_id, 1) and linked.streamed
-    # A different body (stream false) is a different request: not linked to the cut one.
-    other = next(e for e in events if not e.streamed)
-    assert other.retry_of is None and other.attempt == 0
+    linked = next(e for e in events if not e.streamed)
+    assert (linked.retry_of, linked.attempt, linked.status) == (cut.call_id, 1, CallStatus.OK)
+    new_call = next(e for e in events if e.streamed and e.status is CallStatus.OK)
+    assert (new_call.retry_of, new_call.attempt) == (None, 0)
 
 
 async def test_kafka_outage_spools_then_delivers_and_a_full_spool_refuses(

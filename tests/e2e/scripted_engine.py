@@ -1,0 +1,367 @@
+"""A scripted model server that speaks vLLM's chat-completions contract, for harness end-to-end tests.
+
+Real harnesses only finish a tool task if the model picks a tool, fills its arguments and then
+answers with the tool's output; a tiny random model cannot do that, so these tests put this
+*scripted* engine behind the proxy instead. (The tests against the real vLLM engine live with
+the proxy's integration tests.) It follows a fixed script:
+
+* a request that offers tools and has no tool result yet is answered with one call of the preferred
+  tool (the first offered one whose name is in ``prefer``, else the first offered one), its
+  arguments filled from the tool's JSON schema, with ``command`` going to the command-like property;
+* a request whose messages hold a tool result is answered with final text quoting the last result;
+* anything else (a title or summary request without tools) gets a short plain answer.
+
+Answers honour what the proxy asks vLLM for: top-level ``prompt_token_ids``, per choice
+``token_ids``, ``logprobs.content[].logprob`` and ``weight_versions``, usage; streamed answers send
+``prompt_token_ids`` on the first chunk, ``token_ids`` and logprobs with every chunk, a usage-only
+chunk when ``stream_options.include_usage`` is set, then ``data: [DONE]``. Tokenization is a
+deterministic fake (word pieces hashed into a vocabulary): it only needs to be self-consistent,
+and every request the engine served is kept in :attr:`ScriptedEngine.seen` with the exact ids it
+sent, so a test can compare them with what the proxy recorded.
+
+Faults can be injected: :class:`Fault` answers a matching request with an HTTP error a given
+number of times (harnesses retry 5xx), which exercises the proxy's retry linking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+MODEL = "openforge-scripted"
+VOCAB = 151_000
+EOS_ID = 2
+WEIGHT_VERSION = "scripted-v1"
+_PIECE = re.compile(r"\w+|[^\w\s]|\s+")
+
+#: Tool names that run a shell command, in the order a harness's tools are searched.
+SHELL_TOOLS = ("Bash", "exec_command", "shell_command", "shell", "exec", "bash", "run_command")
+_COMMAND_KEYS = ("command", "cmd", "script")
+
+
+def tokenize(text: str) -> list[int]:
+    """Deterministic fake token ids: each word, punctuation mark or whitespace run hashed into the vocabulary."""
+    return [10 + zlib.crc32(piece.encode()) % (VOCAB - 10) for piece in _PIECE.findall(text)]
+
+
+def logprob_of(token_id: int) -> float:
+    """Deterministic fake behaviour logprob of a token."""
+    return -((token_id % 97) + 1) / 100.0
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(_text_of(p.get("text", "") if isinstance(p, dict) else p) for p in content)
+    return "" if content is None else orjson.dumps(content).decode()
+
+
+def render_prompt(body: dict[str, Any]) -> str:
+    """The prompt text the fake chat template makes of a request (tools first, then each message)."""
+    parts = []
+    if body.get("tools"):
+        parts.append("<|tools|>" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode())
+    for message in body.get("messages") or []:
+        parts.append(f"<|{message.get('role')}|>{_text_of(message.get('content'))}")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            parts.append(f"<tool_call>{function.get('name')} {function.get('arguments')}</tool_call>")
+    if body.get("add_generation_prompt", True):
+        parts.append("<|assistant|>")
+    return "\n".join(parts)
+
+
+@dataclass
+class Fault:
+    """Fail matching requests ``times`` times, then serve them normally.
+
+    By default the engine answers with HTTP ``status`` (harnesses retry 5xx). With ``drop_after``
+    set, a streamed request is answered 200 and its stream is cut after that many chunks, without
+    a finish reason or ``[DONE]``, as when an engine dies mid-answer.
+    """
+
+    match: Callable[[dict[str, Any]], bool]
+    status: int = 503
+    times: int = 1
+    message: str = "scripted engine: injected fault, retry later"
+    drop_after: int | None = None
+    fired: int = 0
+
+
+@dataclass
+class SeenCall:
+    """One chat-completions request as the engine saw and answered it."""
+
+    index: int
+    body: dict[str, Any]
+    status: int
+    kind: str  # "tool_call", "final", "plain", "fault" (an HTTP error) or "dropped" (a cut stream)
+    streamed: bool
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    tool_name: str | None = None
+    tool_arguments: dict[str, Any] | None = None
+
+
+def has_tool_result(body: dict[str, Any]) -> bool:
+    """Whether the conversation already holds a tool result (turn 2 of the script)."""
+    return any(m.get("role") == "tool" for m in body.get("messages") or [] if isinstance(m, dict))
+
+
+def first_turn(body: dict[str, Any]) -> bool:
+    """A request the script answers with a tool call: tools offered, no tool result yet."""
+    return bool(body.get("tools")) and not has_tool_result(body)
+
+
+def _fill(schema: dict[str, Any], command: str) -> Any:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if "default" in schema:
+        return schema["default"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if kind == "object" or "properties" in schema:
+        return _fill_object(schema, command)
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 1)
+    if kind == "boolean":
+        return False
+    return ""
+
+
+def _fill_object(schema: dict[str, Any], command: str) -> dict[str, Any]:
+    properties: dict[str, Any] = schema.get("properties") or {}
+    out: dict[str, Any] = {}
+    for name in _COMMAND_KEYS:
+        if name in properties:
+            kind = properties[name].get("type")
+            out[name] = ["bash", "-lc", command] if kind == "array" else command
+            break
+    for name in schema.get("required") or []:
+        if name not in out and name in properties:
+            out[name] = _fill(properties[name], command)
+    return out
+
+
+def tool_arguments(tool: dict[str, Any], command: str) -> dict[str, Any]:
+    """Arguments for ``tool`` (chat-completions form) filled from its JSON schema."""
+    parameters = (tool.get("function") or {}).get("parameters") or {}
+    return _fill_object(parameters, command)
+
+
+def tool_name(tool: dict[str, Any]) -> str:
+    """The name of a chat-completions tool."""
+    return str((tool.get("function") or {}).get("name") or tool.get("name") or "")
+
+
+class ScriptedEngine:
+    """The scripted server: an ASGI app plus what it saw. Use :meth:`running` to serve it."""
+
+    def __init__(self, *, command: str, prefer: tuple[str, ...] = SHELL_TOOLS, faults: list[Fault] | None = None,
+                 final_prefix: str = "Done. The command printed: ", chunk_pieces: int = 3) -> None:
+        self.command = command
+        self.prefer = prefer
+        self.faults = list(faults or [])
+        self.final_prefix = final_prefix
+        self.chunk_pieces = chunk_pieces
+        self.seen: list[SeenCall] = []
+        self.other_requests: list[str] = []  # non-chat paths asked, for diagnostics
+        self.app = self._build()
+
+    # -- the script ---------------------------------------------------------------------------------
+
+    def _pick_tool(self, tools: list[dict[str, Any]]) -> dict[str, Any]:
+        by_name = {tool_name(t): t for t in tools}
+        for name in self.prefer:
+            if name in by_name:
+                return by_name[name]
+        return tools[0]
+
+    def answer(self, body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
+        """(kind, text, tool call) the script gives for this request."""
+        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        if has_tool_result(body):
+            result = next(_text_of(m.get("content")) for m in reversed(messages) if m.get("role") == "tool")
+            return "final", self.final_prefix + result.strip(), None
+        if body.get("tools"):
+            tool = self._pick_tool(body["tools"])
+            call = {"id": f"call{uuid.uuid4().hex[:20]}", "type": "function",
+                    "function": {"name": tool_name(tool),
+                                 "arguments": orjson.dumps(tool_arguments(tool, self.command)).decode()}}
+            return "tool_call", "", call
+        return "plain", "OpenForge scripted engine reply.", None
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    def _build(self) -> FastAPI:
+        app = FastAPI(docs_url=None, redoc_url=None)
+
+        @app.get("/health")
+        async def health() -> Response:
+            return Response(b"", status_code=200)
+
+        @app.get("/v1/models")
+        async def models() -> Response:
+            return _json({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0,
+                                                      "owned_by": "openforge", "max_model_len": 262144}]})
+
+        @app.post("/tokenize")
+        async def tokenize_route(request: Request) -> Response:
+            body = orjson.loads(await request.body())
+            ids = tokenize(render_prompt(body) if "messages" in body else str(body.get("prompt", "")))
+            return _json({"count": len(ids), "tokens": ids, "max_model_len": 262144})
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return self._chat(orjson.loads(await request.body()))
+
+        @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
+        async def other(path: str, request: Request) -> Response:
+            self.other_requests.append(f"{request.method} /{path}")
+            return _json({"error": {"message": f"scripted engine has no /{path}"}}, 404)
+
+        return app
+
+    def _chat(self, body: dict[str, Any]) -> Response:
+        streamed = bool(body.get("stream"))
+        index = len(self.seen)
+        fault = next((f for f in self.faults if f.fired < f.times and f.match(body)
+                      and (f.drop_after is None or streamed)), None)
+        if fault is not None:
+            fault.fired += 1
+        if fault is not None and fault.drop_after is None:
+            self.seen.append(SeenCall(index, body, fault.status, "fault", streamed))
+            return _json({"error": {"message": fault.message, "type": "ServiceUnavailable",
+                                    "code": fault.status}}, fault.status)
+        kind, text, call = self.answer(body)
+        prompt_ids = tokenize(render_prompt(body))
+        pieces = self._pieces(text, call)
+        completion_ids = [t for _, ids in pieces for t in ids] + [EOS_ID]
+        if fault is not None:  # a stream cut after ``drop_after`` chunks
+            pieces = pieces[:fault.drop_after]
+            kind, completion_ids = "dropped", [t for _, ids in pieces for t in ids]
+        logprobs = [logprob_of(t) for t in completion_ids]
+        seen = SeenCall(index, body, 200, kind, streamed, prompt_ids, completion_ids, logprobs, text,
+                        (call or {}).get("function", {}).get("name"),
+                        orjson.loads(call["function"]["arguments"]) if call else None)
+        self.seen.append(seen)
+        finish = "tool_calls" if call else "stop"
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                 "total_tokens": len(prompt_ids) + len(completion_ids)}
+        chat_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if not streamed:
+            message: dict[str, Any] = {"role": "assistant", "content": text or None, "tool_calls": [call] if call
+                                       else [], "reasoning_content": None}
+            return _json({
+                "id": chat_id, "object": "chat.completion", "created": int(time.time()), "model": MODEL,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "stop_reason": None,
+                             "logprobs": {"content": [_logprob_item(t) for t in completion_ids]},
+                             "token_ids": completion_ids,
+                             "weight_versions": [{"version": WEIGHT_VERSION, "start": 0,
+                                                  "end": len(completion_ids)}]}],
+                "usage": usage, "prompt_token_ids": prompt_ids, "prompt_logprobs": None,
+            })
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return StreamingResponse(self._stream(chat_id, prompt_ids, pieces, completion_ids, finish, usage,
+                                              include_usage, cut=fault is not None),
+                                 media_type="text/event-stream")
+
+    def _pieces(self, text: str, call: dict[str, Any] | None) -> list[tuple[dict[str, Any], list[int]]]:
+        """The answer as (delta, token ids) pieces, one streamed chunk each."""
+        out: list[tuple[dict[str, Any], list[int]]] = []
+        if call is not None:
+            name = call["function"]["name"]
+            head = [{"index": 0, "id": call["id"], "type": "function", "function": {"name": name, "arguments": ""}}]
+            out.append(({"role": "assistant", "tool_calls": head}, tokenize(f"<tool_call>{name} ")))
+            words = _PIECE.findall(call["function"]["arguments"])
+            for i in range(0, len(words), self.chunk_pieces):
+                part = "".join(words[i:i + self.chunk_pieces])
+                out.append(({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}, tokenize(part)))
+            out.append(({}, tokenize("</tool_call>")))
+            return out
+        words = _PIECE.findall(text)
+        for i in range(0, len(words), self.chunk_pieces):
+            part = "".join(words[i:i + self.chunk_pieces])
+            delta: dict[str, Any] = {"content": part}
+            if i == 0:
+                delta["role"] = "assistant"
+            out.append((delta, tokenize(part)))
+        return out or [({"role": "assistant", "content": ""}, [])]
+
+    async def _stream(self, chat_id: str, prompt_ids: list[int], pieces: list[tuple[dict[str, Any], list[int]]],
+                      completion_ids: list[int], finish: str, usage: dict[str, Any],
+                      include_usage: bool, cut: bool = False) -> AsyncIterator[bytes]:
+        created = int(time.time())
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            payload = {"id": chat_id, "object": "chat.completion.chunk", "created": created, "model": MODEL,
+                       "choices": choices, **extra}
+            return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+        for i, (delta, ids) in enumerate(pieces):
+            choice = {"index": 0, "delta": delta, "logprobs": {"content": [_logprob_item(t) for t in ids]},
+                      "finish_reason": None, "token_ids": ids}
+            extra = {"prompt_token_ids": prompt_ids} if i == 0 else {}
+            yield chunk([choice], **extra)
+            await asyncio.sleep(0)
+        if cut:
+            return  # the engine "died": no finish reason, no usage, no [DONE]
+        last = {"index": 0, "delta": {}, "logprobs": {"content": [_logprob_item(EOS_ID)]},
+                "finish_reason": finish, "stop_reason": None, "token_ids": [EOS_ID],
+                "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": len(completion_ids)}]}
+        yield chunk([last])
+        if include_usage:
+            yield chunk([], usage=usage)
+        yield b"data: [DONE]\n\n"
+
+    # -- serving ------------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def running(self, port: int) -> AsyncIterator[str]:
+        """Serve on 127.0.0.1:``port`` in this event loop; yields the base URL."""
+        server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning",
+                                               lifespan="off"))
+        task = asyncio.create_task(server.serve())
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with httpx.AsyncClient() as client:
+                for _ in range(200):
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await client.get(f"{url}/health")).status_code == 200:
+                            break
+                    if task.done():
+                        task.result()
+                    await asyncio.sleep(0.05)
+                else:
+                    raise RuntimeError("scripted engine did not start")
+            yield url
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 30)
+
+
+def _logprob_item(token_id: int) -> dict[str, Any]:
+    return {"token": f"<{token_id}>", "logprob": logprob_of(token_id), "bytes": None, "top_logprobs": []}
+
+
+def _json(payload: dict[str, Any], status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")

@@ -1,0 +1,66 @@
+"""Each call is a server span with an upstream client span, and its event carries the trace."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from stream import CALLS
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="session")
+def spans() -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return exporter
+
+
+async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, proxy) -> None:
+    spans.clear()
+    async with httpx.AsyncClient(timeout=60) as http:
+        for stream in (False, True):
+            answer = await http.post(f"{proxy.base('r-trace')}/v1/chat/completions",
+                                     headers={"authorization": f"Bearer {proxy.token('r-trace')}"},
+                                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                           "max_tokens": 3, "stream": stream})
+            assert answer.status_code == 200
+    consumer = AIOKafkaConsumer(proxy.registry[CALLS].name, bootstrap_servers=proxy.settings.kafka.bootstrap_servers,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    records = []
+    try:
+        while len(records) < 2:
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()
+    await asyncio.sleep(0.2)
+    finished = spans.get_finished_spans()
+    calls = [s for s in finished if "openforge.call_id" in (s.attributes or {})]
+    clients = [s for s in finished if s.kind is SpanKind.CLIENT]
+    assert len(calls) == 2 and len(clients) == 2, [(s.name, s.kind) for s in finished]
+    # The call span is the request's server span, or nests in the framework's server span.
+    by_id = {s.context.span_id: s for s in finished}
+    for span in calls:
+        kinds, node = [span.kind], span
+        while node.parent is not None and node.parent.span_id in by_id:
+            node = by_id[node.parent.span_id]
+            kinds.append(node.kind)
+        assert SpanKind.SERVER in kinds
+    servers = calls
+    for client in clients:
+        assert client.parent is not None and client.parent.span_id in {s.context.span_id for s in servers}
+    carried = {dict(r.headers)["traceparent"].decode().split("-")[1] for r in records}
+    assert carried == {f"{s.context.trace_id:032x}" for s in servers}
