@@ -77,6 +77,14 @@ class EventBase(FrozenModel):
         """
         raise NotImplementedError(f"{type(self).__name__} does not define a partition key")
 
+    def packed_items(self) -> int:
+        """How many packed array items (token ids, logprobs, mask entries) the event holds.
+
+        Lets the encoder pick the faster JSON path for the event's shape; events without
+        packed arrays hold none.
+        """
+        return 0
+
     def kafka_key(self) -> bytes | None:
         """Return the exact bytes to use as the Kafka record key.
 

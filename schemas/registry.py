@@ -185,12 +185,20 @@ class EventRegistry:
             raise _decode_failure(exc, name, version) from exc
 
 
+#: From this many packed items on, orjson's path wins (see ``_to_json``).
+_LARGE_EVENT_ITEMS = 8192
+
+
 def _to_json(event: EventBase) -> bytes:
     serializer = type(event).__pydantic_serializer__
+    if event.packed_items() < _LARGE_EVENT_ITEMS:
+        # Small and message-heavy events: pydantic writes JSON directly, without building
+        # Python objects for every value of the free-form message fields first.
+        return serializer.to_json(event)
     # pydantic's own to_json re-scans every output string for characters to escape, which for
     # the ~0.5 MB base64 string of a 100k-token prompt costs about as much as the base64
     # encoding itself; orjson does that scan with SIMD. Measured on a 100k-token call:
-    # ~1.0 ms here against ~1.5 ms for to_json, with byte-identical output.
+    # ~0.6 ms here against ~1.3 ms for to_json, with byte-identical output.
     try:
         return orjson.dumps(serializer.to_python(event, mode="json"))
     except orjson.JSONEncodeError:

@@ -265,6 +265,10 @@ class ModelCallV1(EventBase):
         """Return ``rollout_id``."""
         return self.rollout_id
 
+    def packed_items(self) -> int:
+        """Prompt ids plus every choice's ids and logprobs."""
+        return len(self.prompt_token_ids) + sum(2 * len(c.completion_token_ids) for c in self.choices)
+
     @property
     def first_choice(self) -> CallChoice | None:
         """The choice with the lowest index (the only one unless ``n > 1``), if any."""

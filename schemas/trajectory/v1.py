@@ -174,6 +174,10 @@ class TrajectoryV1(EventBase):
             raise ValueError(f"group_index {self.group_index} is outside a group of size {self.group_size}")
         return self
 
+    def packed_items(self) -> int:
+        """Every sample's prompt, completion, mask and logprob items."""
+        return sum(len(x.prompt_ids) + 3 * len(x.completion_ids) for x in self.samples)
+
     def partition_key(self) -> str:
         """Return ``task_id``."""
         return self.task_id
