@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench kafka-jars clean
+.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
@@ -21,7 +21,15 @@ install: $(STAMP)
 kafka-jars: $(STAMP)
 	@$(VENV)/bin/openforge kafka fetch
 
-test: install kafka-jars
+# vLLM's CPU build in its own environment (about 3 GiB, once) and the tiny model.
+engine:
+	@bash scripts/vllm/install.sh >/dev/null
+
+# Claude Code, Codex and OpenClaw from npm, for the end-to-end tests (once).
+harnesses:
+	@bash scripts/harnesses/install.sh >/dev/null
+
+test: install kafka-jars engine harnesses
 	@$(PY) -m pytest
 
 # Inner loop: everything that needs no broker.
@@ -37,6 +45,7 @@ demo: install kafka-jars
 
 bench: install kafka-jars
 	@$(PY) -m bench.producer
+	@$(PY) -m bench.proxy
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -230,13 +230,16 @@ class CallService:
             except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
                 status, error = CallStatus.UPSTREAM_ERROR, f"engine stream broke: {exc!r}"
                 held.append(session.fail(error))
-            except BaseException:
-                # The harness went away (the task is being cancelled): cancel the engine
-                # request by closing it, and still record what was sampled.
+            except BaseException as exc:
+                # The harness went away (the task is cancelled or the generator closed): cancel
+                # the engine request by closing it, and still record what was sampled. Anything
+                # else is a fault of the proxy, recorded as such.
+                disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
                 await upstream.aclose()
                 client_span.end()
-                task = asyncio.create_task(self._finish_stream(capture, CallStatus.CLIENT_DISCONNECTED,
-                                                               None, replica, span, fingerprint))
+                task = asyncio.create_task(self._finish_stream(
+                    capture, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
+                    None if disconnected else f"proxy failed mid-stream: {exc!r}", replica, span, fingerprint))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
                 raise
