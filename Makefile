@@ -43,7 +43,7 @@ lint: install
 demo: install kafka-jars
 	@$(VENV)/bin/openforge demo
 
-bench: install kafka-jars
+bench: install kafka-jars engine
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy
 

@@ -33,7 +33,9 @@ class UpstreamPool:
         self._poller: asyncio.Task[None] | None = None
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            # Idle engine connections are kept: rebuilding a pool of dozens after a pause costs
+            # more than the calls themselves (measured by bench/proxy.py).
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=300.0),
         )
 
     def order(self, rollout_id: str) -> list[str]:
