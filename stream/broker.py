@@ -383,8 +383,8 @@ class LocalBroker:
                 f"{libs}/*",
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                # The "=" form: a base64url id may start with "-", which would read as an option.
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(config),
                 "--standalone",

@@ -78,3 +78,17 @@ def test_start_fails_clearly_when_the_port_is_taken(broker: LocalBroker | None, 
                                        data_dir=str(tmp_path)))
     with pytest.raises(BrokerError, match=f"port {broker.settings.port} .* already in use"):
         taken.start()
+
+
+def test_broker_formats_storage_with_a_cluster_id_that_starts_with_a_dash(tmp_path, monkeypatch) -> None:
+    # A base64url cluster id starts with "-" one time in 64; the storage tool must not read it as a flag.
+    import uuid
+
+    from stream.broker import ensure_kafka_jars
+
+    libs = ensure_kafka_jars(BrokerSettings().version)
+    dashed = uuid.UUID(bytes=bytes([0xFB]) + bytes(15))  # base64url of 0xFB... starts with "-"
+    monkeypatch.setattr(uuid, "uuid4", lambda: dashed)
+    broker = LocalBroker(BrokerSettings(port=19999, controller_port=19998, data_dir=str(tmp_path)))
+    broker._format(libs, broker._write_config())
+    assert "cluster.id=-" in (tmp_path / "kraft-logs" / "meta.properties").read_text()

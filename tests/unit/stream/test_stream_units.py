@@ -64,3 +64,4 @@ def test_replay_file_errors_name_file_and_line(tmp_path) -> None:
     path.write_bytes(RawRecord("t", 0, 0, 0, None, b"ok", ()).to_json_line() + b'{"value": {"b64": "%%%"}}\n')
     with pytest.raises(ValueError, match=r"broken\.jsonl:2"):
         list(read_jsonl(path))
+
