@@ -19,6 +19,7 @@ from proxy import telemetry
 from proxy.adapters import Adapter, ChatAdapter
 from proxy.anthropic.adapter import AnthropicAdapter
 from proxy.auth import Authenticator, UnauthorizedError
+from proxy.engine_client import EngineError
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.responses.adapter import ResponsesAdapter
 from proxy.service import Caller, CallService
@@ -145,11 +146,14 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
                                            "messages": chat["messages"], "add_generation_prompt": True}
                 if chat.get("tools"):
                     payload["tools"] = chat["tools"]
-                answer = await st.upstream.client.post(f"{replica}/tokenize", content=orjson.dumps(payload),
-                                                       headers={"content-type": "application/json"})
-                if answer.status_code != 200:
-                    raise UpstreamFailedError(f"engine could not count tokens: {answer.text[:500]}")
-                return Response(orjson.dumps({"input_tokens": int(answer.json()["count"])}),
+                try:
+                    status, answer = await st.upstream.client.post_json(f"{replica}/tokenize", orjson.dumps(payload),
+                                                                        timeout_s=30.0)
+                except EngineError as exc:
+                    raise UpstreamFailedError(f"engine could not count tokens: {exc}") from exc
+                if status != 200:
+                    raise UpstreamFailedError(f"engine could not count tokens: {answer[:500].decode(errors='replace')}")
+                return Response(orjson.dumps({"input_tokens": int(orjson.loads(answer)["count"])}),
                                 media_type="application/json")
 
             @app.get(prefix + "/v1/models", include_in_schema=False)

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -29,6 +28,7 @@ from producers.capture import CAPTURE_KEYS, CallCapture, normalize_request, sess
 from producers.durable import DurablePublisher
 from proxy import telemetry
 from proxy.adapters import Adapter
+from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import InvalidRequestError, ProxyError
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
@@ -66,9 +66,10 @@ class CallService:
     async def served_model(self, replica: str) -> str:
         """The engine's model name (asked once), used whatever name the harness sent."""
         if self._served_model is None:
-            response = await self.upstream.client.get(f"{replica}/v1/models", timeout=10.0)
-            response.raise_for_status()
-            self._served_model = str(response.json()["data"][0]["id"])
+            status, models = await self.upstream.client.get_json(f"{replica}/v1/models", timeout_s=10.0)
+            if status != 200 or not isinstance(models, dict) or not models.get("data"):
+                raise EngineUnreachableError(f"{replica}/v1/models answered {status}")
+            self._served_model = str(models["data"][0]["id"])
         return self._served_model
 
     async def handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes) -> Response:
@@ -135,50 +136,52 @@ class CallService:
             try:
                 chat["model"] = await self.served_model(replica)
                 capture.model = chat["model"]
-                upstream_request = self.upstream.client.build_request(
-                    "POST", f"{replica}/v1/chat/completions", content=orjson.dumps(chat),
-                    headers={"content-type": "application/json"},
-                )
                 client_span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
                                                           attributes={"server.address": replica})
                 upstream_t0 = time.perf_counter()
                 version_before = self.upstream.weight_version(replica)
-                upstream_response = await self.upstream.client.send(upstream_request, stream=True)
-            except httpx.TimeoutException as exc:
+                upstream_response = await self.upstream.client.post(f"{replica}/v1/chat/completions",
+                                                                    orjson.dumps(chat))
+            except EngineTimeoutError as exc:
                 with contextlib.suppress(UnboundLocalError):
                     client_span.end()
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 504,
                                         CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}", replica)
-            except httpx.HTTPError as exc:
+            except EngineError as exc:
                 with contextlib.suppress(UnboundLocalError):
                     client_span.end()
                 self.upstream.mark_down(replica)
                 last_error = f"{replica}: {exc!r}"
                 continue
             self.upstream.mark_up(replica)
-            if upstream_response.status_code >= httpx.codes.BAD_REQUEST:
-                detail = (await upstream_response.aread()).decode("utf-8", "replace")[:2000]
-                await upstream_response.aclose()
+            if upstream_response.status >= 400:
+                try:
+                    detail = (await upstream_response.read()).decode("utf-8", "replace")[:2000]
+                except EngineError as exc:
+                    detail = repr(exc)
+                upstream_response.close(finished=False)
                 client_span.end()
                 return await self._fail(adapter, capture, span, self.retries, fingerprint,
-                                        upstream_response.status_code, CallStatus.UPSTREAM_ERROR,
+                                        upstream_response.status, CallStatus.UPSTREAM_ERROR,
                                         _engine_message(detail), replica)
             if streamed:
                 return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
                                     client_span, fingerprint, version_before)
+            finished = False
             try:
-                payload = orjson.loads(await upstream_response.aread())
-            except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+                payload = orjson.loads(await upstream_response.read())
+                finished = True
+            except (EngineError, orjson.JSONDecodeError) as exc:
                 client_span.end()
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
                                         CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}", replica)
             finally:
-                await upstream_response.aclose()
+                upstream_response.close(finished=finished)
             upstream_s = time.perf_counter() - upstream_t0
             client_span.end()
             capture.on_response(payload)
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-            await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status_code,
+            await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status,
                                replica=replica)
             self.retries.end(caller.rollout_id, fingerprint, call_id, ok=True)
             answer = adapter.from_chat(payload, body, asked)
@@ -191,7 +194,7 @@ class CallService:
                                 f"no engine replica reachable; last error: {last_error}", None)
 
     def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
-                upstream: httpx.Response, replica: str, span: trace.Span, client_span: trace.Span,
+                upstream: EngineResponse, replica: str, span: trace.Span, client_span: trace.Span,
                 fingerprint: bytes, version_before: str | None) -> StreamingResponse:
         session = adapter.stream(body, asked)
 
@@ -201,11 +204,11 @@ class CallService:
             status = CallStatus.CLIENT_DISCONNECTED
             error: str | None = None
             try:
-                async for line in upstream.aiter_lines():
-                    if not line.startswith("data:"):
+                async for line in upstream.lines():
+                    if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
-                    if data == "[DONE]":
+                    if data == b"[DONE]":
                         break
                     chunk = orjson.loads(data)
                     if "error" in chunk and not chunk.get("choices"):
@@ -221,13 +224,16 @@ class CallService:
                             held.append(out)
                         else:
                             yield out
+                            # With the engine ahead of us, reading and writing never suspend; give
+                            # the disconnect listener its turn, or a gone harness goes unnoticed.
+                            await asyncio.sleep(0)
                 else:
                     if not finished:
-                        raise httpx.RemoteProtocolError("engine stream ended without [DONE]")
+                        raise EngineError("engine stream ended without [DONE]")
                 if error is None:
                     status = CallStatus.OK
                     held.append(session.finish())
-            except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+            except (EngineError, orjson.JSONDecodeError) as exc:
                 status, error = CallStatus.UPSTREAM_ERROR, f"engine stream broke: {exc!r}"
                 held.append(session.fail(error))
             except BaseException as exc:
@@ -235,7 +241,7 @@ class CallService:
                 # the engine request by closing it, and still record what was sampled. Anything
                 # else is a fault of the proxy, recorded as such.
                 disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
-                await upstream.aclose()
+                upstream.close(finished=False)
                 client_span.end()
                 task = asyncio.create_task(self._finish_stream(
                     capture, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
@@ -243,7 +249,7 @@ class CallService:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
                 raise
-            await upstream.aclose()
+            upstream.close(finished=status is CallStatus.OK)
             client_span.end()
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
             await self._finish_stream(capture, status, error, replica, span, fingerprint)
@@ -269,7 +275,7 @@ class CallService:
         retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
         span.set_status(Status(StatusCode.ERROR, message))
         span.end()
-        kind = "api_error" if http_status >= httpx.codes.INTERNAL_SERVER_ERROR else "invalid_request_error"
+        kind = "api_error" if http_status >= 500 else "invalid_request_error"
         return _json(adapter.error(http_status, message, kind), http_status)
 
     async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import time
 
-import httpx
+from proxy.engine_client import EngineClient, EngineError
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +31,9 @@ class UpstreamPool:
         self._down_until: dict[str, float] = {}
         self._versions: dict[str, str] = {}
         self._poller: asyncio.Task[None] | None = None
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=5.0),
-            # Idle engine connections are kept: rebuilding a pool of dozens after a pause costs
-            # more than the calls themselves (measured by bench/proxy.py).
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=300.0),
-        )
+        # Idle engine connections are kept: rebuilding a pool of dozens after a pause costs
+        # more than the calls themselves (measured by bench/proxy.py).
+        self.client = EngineClient(timeout_s=timeout_s, keepalive_s=300.0)
 
     def order(self, rollout_id: str) -> list[str]:
         """Replicas in preference order for this rollout: healthy first, by rendezvous score."""
@@ -61,10 +58,10 @@ class UpstreamPool:
         """True when at least one replica answers its health check."""
         for url in self.urls:
             try:
-                response = await self.client.get(f"{url}/health", timeout=2.0)
-            except httpx.HTTPError:
+                status, _ = await self.client.get_json(f"{url}/health", timeout_s=2.0)
+            except EngineError:
                 continue
-            if response.status_code == httpx.codes.OK:
+            if status == 200:
                 return True
         return False
 
@@ -83,10 +80,10 @@ class UpstreamPool:
         async def poll() -> None:
             while True:
                 for url in self.urls:
-                    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                        answer = await self.client.get(f"{url}/weight_info", timeout=2.0)
-                        if answer.status_code == httpx.codes.OK:
-                            self._versions[url] = str(answer.json()["weight_version"])
+                    with contextlib.suppress(EngineError, TypeError, KeyError):
+                        status, info = await self.client.get_json(f"{url}/weight_info", timeout_s=2.0)
+                        if status == 200:
+                            self._versions[url] = str(info["weight_version"])
                 await asyncio.sleep(interval_s)
 
         self._poller = asyncio.create_task(poll(), name="weight-version-poll")

@@ -132,6 +132,7 @@ async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(prox
     fresh = await post(url, json=body, token=proxy.token("r-cut"))
     assert again.status_code == 200 and fresh.status_code == 200
     events = await calls_of(proxy, 3)
+    assert CallStatus.CLIENT_DISCONNECTED in [e.status for e in events], [(e.status, e.streamed, len(e.choices[0].completion_token_ids), e.choices[0].finish_reason) for e in events]
     cut = next(e for e in events if e.status is CallStatus.CLIENT_DISCONNECTED)
     assert 0 < len(cut.choices[0].completion_token_ids) < 400  # what was generated before the cut
     linked = next(e for e in events if not e.streamed)
