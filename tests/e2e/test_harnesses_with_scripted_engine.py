@@ -350,17 +350,8 @@ class UnlinkedRetryError(AssertionError):
     """The harness re-sent a failed call's prompt, but the proxy recorded it as a new call."""
 
 
-# Known gaps of the proxy, pinned so that a fix shows up (strict xfail) rather than going unnoticed.
-KNOWN_PROXY_GAPS: dict[tuple[str, str], str] = {}
-
-
 def _cases() -> list[Any]:
-    cases = []
-    for harness in HARNESSES:
-        for fault in FAULTS:
-            gap = KNOWN_PROXY_GAPS.get((harness.name, fault))
-            marks = [pytest.mark.xfail(raises=UnlinkedRetryError, strict=True, reason=gap)] if gap else []
-            cases.append(pytest.param(harness, fault, id=f"{harness.name}-{fault}", marks=marks))
+    cases = [pytest.param(harness, fault, id=f"{harness.name}-{fault}") for harness in HARNESSES for fault in FAULTS]
     cases += [pytest.param(harness, "clean", id=f"{harness.name}-clean") for harness in OTHER_CLIENTS]
     return cases
 
