@@ -95,7 +95,8 @@ async def _run(settings: KafkaSettings) -> None:
         click.echo(f"    {schema:12} {n:4d}")
     for task, values in sorted(rewards.items()):
         click.echo(f"    mean reward of {task}: {sum(values) / len(values):.2f} over {len(values)} rollouts")
-    click.echo(f"==> one call, as `openforge topics tail calls --key {last_rollout}` shows it")
+    click.echo(f"==> one call, as `OPENFORGE_KAFKA_TOPIC_PREFIX={settings.topic_prefix} "
+               f"openforge topics tail calls --key {last_rollout}` shows it")
     async for record in read_topic(settings, settings.topic_prefix + CALLS.base_name, Range(last=20)):
         if record.key == last_rollout.encode():
             click.echo(format_record(record))
@@ -112,7 +113,9 @@ def run_demo(keep_broker: bool) -> None:
                + (" (already running)" if already else " (starting; the first run fetches its jars)"))
     broker.start()
     try:
-        asyncio.run(_run(KafkaSettings(bootstrap_servers=broker.bootstrap)))
+        # A prefix of its own per run, so what the demo counts is what this run published.
+        prefix = f"demo-{uuid.uuid4().hex[:6]}."
+        asyncio.run(_run(KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=prefix)))
     finally:
         if not already and not keep_broker:
             click.echo("==> stopping Kafka")
