@@ -131,16 +131,17 @@ class EventProducer:
             self._stopped = True
             return
         self._stopped = True
-        try:
-            await asyncio.wait_for(asyncio.shield(self._producer.stop()), timeout_s)
-        except TimeoutError:
+        stopping = asyncio.ensure_future(self._producer.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=timeout_s)
+        if not done:
+            # The sender retries delivery until its own timeout; end it, which lets stop() finish.
             sender = getattr(self._producer, "_sender", None)
             task = getattr(sender, "sender_task", None)
             if task is not None:
                 task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
             await self._producer.client.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(stopping, timeout_s)
 
     async def __aenter__(self) -> EventProducer:
         await self.start()
