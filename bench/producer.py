@@ -51,7 +51,6 @@ import gc
 import json
 import logging
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -68,7 +67,7 @@ from aiokafka import AIOKafkaProducer
 from schemas import ModelCallV1, encode
 from schemas.call.v1 import ApiProtocol, CallChoice, CallStatus, CallTimings, NormalizedRequest
 from stream.admin import KafkaAdmin
-from stream.broker import BROKER_MESSAGE_MAX_BYTES, LocalBroker
+from stream.broker import BROKER_MESSAGE_MAX_BYTES, LocalBroker, free_port_pair
 from stream.producer import EventProducer
 from stream.settings import BrokerSettings, KafkaSettings
 from stream.topics import CALLS
@@ -372,21 +371,6 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def _free_port_pair() -> int:
-    """A port P such that P and P+1 are both free (client and controller listeners)."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.producer", description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
@@ -419,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.bootstrap:
             bootstrap = args.bootstrap
         else:
-            port = _free_port_pair()
+            port = free_port_pair()
             broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=tmp))
             progress(f"starting a private Kafka broker on {broker.bootstrap} ...")
             broker.start()

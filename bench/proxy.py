@@ -79,7 +79,7 @@ import orjson
 from bench.fast_upstream import MODEL
 from schemas.credentials import Role, mint_token
 from stream.admin import KafkaAdmin
-from stream.broker import LocalBroker
+from stream.broker import LocalBroker, free_port, free_port_pair
 from stream.settings import BrokerSettings, KafkaSettings
 from stream.topics import CALLS
 
@@ -468,26 +468,6 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_
 # -- processes ----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
-def _free_port_pair() -> int:
-    """A port P such that P and P+1 are both free (client and controller listeners)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
-
-
 class Process:
     """A server started in its own session, its output kept in a log file."""
 
@@ -805,7 +785,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
         if args.bootstrap:
             bootstrap = args.bootstrap
         else:
-            port = _free_port_pair()
+            port = free_port_pair()
             broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp / "kafka")))
             progress(f"starting a private Kafka broker on {broker.bootstrap} ...")
             started = time.perf_counter()

@@ -425,6 +425,27 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for local brokers, engines, proxies)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P+1 are both free (a broker's client and controller listeners)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise BrokerError("no two adjacent free ports on 127.0.0.1")
+
+
 def _port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
