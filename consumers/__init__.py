@@ -1,0 +1,1 @@
+"""What reads the streams and reacts: rollout launcher, trajectory assembler, checkpoint publisher."""
