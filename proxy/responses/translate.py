@@ -31,9 +31,16 @@ Mapping decisions, with the reasons:
   ``text.verbosity`` is a soft hint with no engine counterpart and is ignored.
 * Stateful features are refused, since the proxy keeps no state between calls:
   ``previous_response_id``, ``conversation``, ``background`` and stored ``prompt``
-  templates. Hosted tools (web search, file search, computer use, code interpreter,
-  image generation, MCP, ``local_shell``) and their call items are refused too: the
-  engine cannot run them. Codex sends ``local_shell`` only for OpenAI's codex-mini
+  templates. Hosted tools (file search, computer use, code interpreter, image generation,
+  MCP, ``local_shell``) and their call items are refused too: the engine cannot run them.
+  Hosted web search is the exception: it is left out of the engine's tool list rather than
+  refused, because harnesses offer it by default as an optional extra (Codex does) and a
+  model without it still does the task; a ``tool_choice`` that forces it is refused.
+* ``namespace`` tools (Codex groups its sub-agent tools as ``multi_agent_v1``) become
+  plain function tools named ``<namespace>__<name>`` (:data:`NAMESPACE_SEPARATOR`), the
+  form chat tool names allow; calls of them come back as ``function_call`` items with
+  ``name`` and ``namespace`` restored, and namespaced history items are flattened the
+  same way, so the prompt renders the names the model saw. Codex sends ``local_shell`` only for OpenAI's codex-mini
   models and a ``shell`` function tool otherwise.
 * Ignored because they do not change what the engine samples: ``store``, ``metadata``,
   ``user``, ``safety_identifier``, ``include``, ``prompt_cache_key``,
@@ -58,6 +65,7 @@ from proxy.errors import InvalidRequestError, UnsupportedFeatureError
 
 __all__ = [
     "CUSTOM_TOOL_ARGUMENT",
+    "NAMESPACE_SEPARATOR",
     "StreamTranslator",
     "UpstreamFormatError",
     "error_body",
@@ -71,6 +79,14 @@ Event = tuple[str, dict[str, Any]]
 
 CUSTOM_TOOL_ARGUMENT: Final = "input"
 """The single string argument of the function a custom (freeform) tool is mapped to."""
+
+NAMESPACE_SEPARATOR: Final = "__"
+"""Joins a namespace and a tool name into one chat function name (chat names allow only
+letters, digits, ``_`` and ``-``)."""
+
+_DROPPED_HOSTED_TOOLS: Final = frozenset(
+    {"web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11"}
+)
 
 _ROLES: Final = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS: Final = frozenset({"input_text", "output_text", "text"})
@@ -323,6 +339,17 @@ def _required_str(item: dict[str, Any], key: str, path: str) -> str:
     return value
 
 
+def _flat_name(item: dict[str, Any], path: str) -> str:
+    """The chat function name of a (possibly namespaced) tool or call item."""
+    name = _required_str(item, "name", path)
+    namespace = item.get("namespace")
+    if namespace is None:
+        return name
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidRequestError(f"{path}.namespace must be a non-empty string")
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
 def _translate_function_call(item: dict[str, Any], path: str) -> dict[str, Any]:
     # Arguments travel as the exact string the model produced, so the next prompt
     # renders the same tokens the engine sampled.
@@ -330,7 +357,7 @@ def _translate_function_call(item: dict[str, Any], path: str) -> dict[str, Any]:
         "id": _required_str(item, "call_id", path),
         "type": "function",
         "function": {
-            "name": _required_str(item, "name", path),
+            "name": _flat_name(item, path),
             "arguments": _required_str(item, "arguments", path),
         },
     }
@@ -341,7 +368,7 @@ def _translate_custom_tool_call(item: dict[str, Any], path: str) -> dict[str, An
     return {
         "id": _required_str(item, "call_id", path),
         "type": "function",
-        "function": {"name": _required_str(item, "name", path), "arguments": arguments},
+        "function": {"name": _flat_name(item, path), "arguments": arguments},
     }
 
 
@@ -378,10 +405,8 @@ def _translate_tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
         raise InvalidRequestError("tools must be a list")
     tools: list[dict[str, Any]] = []
     names: dict[str, str] = {}
-    for k, tool in enumerate(value):
-        path = f"tools[{k}]"
-        if not isinstance(tool, dict):
-            raise InvalidRequestError(f"{path} must be an object")
+
+    def add(tool: dict[str, Any], path: str, namespace: str | None) -> None:
         kind = tool.get("type")
         if kind == "function":
             function = _translate_function_tool(tool, path)
@@ -395,11 +420,32 @@ def _translate_tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
             )
         else:
             raise UnsupportedFeatureError(f"{path}.type", f"tools of type {kind!r} cannot be translated")
+        if namespace is not None:
+            function["name"] = f"{namespace}{NAMESPACE_SEPARATOR}{function['name']}"
         name = function["name"]
         if name in names:
             raise InvalidRequestError(f"{path}.name: tool name {name!r} is used twice")
         names[name] = kind
         tools.append({"type": "function", "function": function})
+
+    for k, tool in enumerate(value):
+        path = f"tools[{k}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequestError(f"{path} must be an object")
+        kind = tool.get("type")
+        if kind in _DROPPED_HOSTED_TOOLS:
+            continue
+        if kind == "namespace":
+            namespace = _required_str(tool, "name", path)
+            members = tool.get("tools")
+            if not isinstance(members, list):
+                raise InvalidRequestError(f"{path}.tools must be a list")
+            for j, member in enumerate(members):
+                if not isinstance(member, dict):
+                    raise InvalidRequestError(f"{path}.tools[{j}] must be an object")
+                add(member, f"{path}.tools[{j}]", namespace)
+        else:
+            add(tool, path, None)
     return tools, names
 
 
@@ -478,6 +524,9 @@ def _translate_tool_choice(value: Any, tool_names: dict[str, str]) -> str | dict
         name = value.get("name")
         if not isinstance(name, str):
             raise InvalidRequestError("tool_choice.name is required and must be a string")
+        namespace = value.get("namespace")
+        if isinstance(namespace, str) and namespace:
+            name = f"{namespace}{NAMESPACE_SEPARATOR}{name}"
         if tool_names.get(name) != kind:
             raise InvalidRequestError(f"tool_choice names {kind} tool {name!r}, which is not in tools")
         # Custom tools are functions at the engine, so both become a named function choice.
@@ -565,7 +614,7 @@ def from_chat_response(
     finish_reason = choice.get("finish_reason")
     incomplete_reason = _incomplete_reason(finish_reason)
     status: Literal["completed", "incomplete"] = "incomplete" if incomplete_reason else "completed"
-    custom_tools = _custom_tool_names(request)
+    custom_tools = _tool_names(request)
 
     output: list[dict[str, Any]] = []
     text = message.get("content")
@@ -581,7 +630,7 @@ def from_chat_response(
         name = function.get("name") or ""
         arguments = function.get("arguments") or ""
         call_id = call.get("id") or ids.call(k)
-        item_id = ids.custom_tool_call(k) if name in custom_tools else ids.function_call(k)
+        item_id = ids.custom_tool_call(k) if name in custom_tools.custom else ids.function_call(k)
         output.append(_tool_call_item(item_id, call_id, name, arguments, status, custom_tools))
 
     return _response_object(
@@ -629,15 +678,38 @@ class _Ids:
         return f"call_{self.base}_{index}"
 
 
-def _custom_tool_names(request: dict[str, Any]) -> frozenset[str]:
-    tools = request.get("tools")
-    if not isinstance(tools, list):
-        return frozenset()
-    return frozenset(
-        tool["name"]
-        for tool in tools
-        if isinstance(tool, dict) and tool.get("type") == "custom" and isinstance(tool.get("name"), str)
-    )
+@dataclass(frozen=True)
+class _ToolNames:
+    """What the engine's flat function names stand for in the harness's request."""
+
+    custom: frozenset[str]
+    """Flat names of custom (freeform) tools, whose calls become ``custom_tool_call`` items."""
+    namespaced: dict[str, tuple[str, str]]
+    """Flat name -> (namespace, name) of tools offered inside a ``namespace`` tool."""
+
+
+def _tool_names(request: dict[str, Any]) -> _ToolNames:
+    custom: set[str] = set()
+    namespaced: dict[str, tuple[str, str]] = {}
+
+    def visit(tools: Any, namespace: str | None) -> None:
+        if not isinstance(tools, list):
+            return
+        for tool in tools:
+            if not isinstance(tool, dict):
+                continue
+            name = tool.get("name")
+            if tool.get("type") == "namespace" and namespace is None and isinstance(name, str):
+                visit(tool.get("tools"), name)
+            elif isinstance(name, str):
+                flat = name if namespace is None else f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+                if namespace is not None:
+                    namespaced[flat] = (namespace, name)
+                if tool.get("type") == "custom":
+                    custom.add(flat)
+
+    visit(request.get("tools"), None)
+    return _ToolNames(frozenset(custom), namespaced)
 
 
 def _custom_input(arguments: str) -> str:
@@ -687,24 +759,30 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def _tool_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str, custom_tools: frozenset[str]
+    item_id: str, call_id: str, name: str, arguments: str, status: str, custom_tools: _ToolNames
 ) -> dict[str, Any]:
-    if name in custom_tools:
-        return {
+    namespace, local = custom_tools.namespaced.get(name, (None, name))
+    item: dict[str, Any]
+    if name in custom_tools.custom:
+        item = {
             "id": item_id,
             "type": "custom_tool_call",
             "call_id": call_id,
-            "name": name,
+            "name": local,
             "input": _custom_input(arguments),
         }
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+    else:
+        item = {
+            "id": item_id,
+            "type": "function_call",
+            "call_id": call_id,
+            "name": local,
+            "arguments": arguments,
+            "status": status,
+        }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def _usage(usage: Any) -> dict[str, Any] | None:
@@ -815,28 +893,13 @@ class _Item:
     def closed(self) -> bool:
         return self.status != "in_progress"
 
-    def added(self) -> dict[str, Any]:
+    def added(self, custom_tools: _ToolNames) -> dict[str, Any]:
         """The item as ``response.output_item.added`` shows it: nothing generated yet."""
         if self.kind == "message":
             return _message_item(self.item_id, "", "in_progress") | {"content": []}
-        if self.kind == "custom_tool_call":
-            return {
-                "id": self.item_id,
-                "type": "custom_tool_call",
-                "call_id": self.call_id,
-                "name": self.name,
-                "input": "",
-            }
-        return {
-            "id": self.item_id,
-            "type": "function_call",
-            "call_id": self.call_id,
-            "name": self.name,
-            "arguments": "",
-            "status": "in_progress",
-        }
+        return _tool_call_item(self.item_id, self.call_id, self.name, "", "in_progress", custom_tools)
 
-    def snapshot(self, custom_tools: frozenset[str]) -> dict[str, Any]:
+    def snapshot(self, custom_tools: _ToolNames) -> dict[str, Any]:
         """The item with everything generated so far, as final events show it."""
         if self.kind == "message":
             return _message_item(self.item_id, self.text, self.status)
@@ -863,7 +926,7 @@ class StreamTranslator:
     def __init__(self, *, request: dict[str, Any], response_id: str | None = None) -> None:
         self._request = request
         self._requested_id = response_id
-        self._custom_tools = _custom_tool_names(request)
+        self._custom_tools = _tool_names(request)
         self._ids: _Ids | None = None
         self._created_at: int | float = 0
         self._model = ""
@@ -1031,7 +1094,7 @@ class StreamTranslator:
         """Give the item its output index and send ``response.output_item.added``."""
         if item.kind != "message":
             assert self._ids is not None
-            if item.name in self._custom_tools:
+            if item.name in self._custom_tools.custom:
                 item.kind = "custom_tool_call"
                 item.item_id = self._ids.custom_tool_call(item.index)
             else:
@@ -1039,7 +1102,8 @@ class StreamTranslator:
         item.output_index = len(self._items)
         item.announced = True
         self._items.append(item)
-        self._emit(events, "response.output_item.added", output_index=item.output_index, item=item.added())
+        self._emit(events, "response.output_item.added", output_index=item.output_index,
+                   item=item.added(self._custom_tools))
         if item.kind == "function_call" and item.text:
             self._emit_arguments(item, item.text, events)
 

@@ -250,7 +250,8 @@ def test_json_schema_text_format_becomes_response_format() -> None:
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"tools": [SHELL_TOOL, {"type": "web_search"}]}, "tools[1].type"),
+        ({"tools": [SHELL_TOOL, {"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools[1].type"),
+        ({"tools": [SHELL_TOOL], "tool_choice": {"type": "web_search"}}, "tool_choice.type"),
         ({"tools": [{"type": "local_shell"}]}, "tools[0].type"),
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
@@ -751,3 +752,59 @@ def test_error_body_has_openai_shape() -> None:
     }
     assert error_body(502, "engine down", "")["error"]["type"] == "api_error"
     assert error_body(429, "slow down", "")["error"]["type"] == "rate_limit_error"
+
+
+SPAWN = {"type": "function", "name": "spawn_agent", "description": "Spawn a sub-agent.", "strict": False,
+         "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}}
+NAMESPACE_TOOL = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agent tools.",
+                  "tools": [SPAWN, {"type": "function", "name": "close_agent",
+                                    "parameters": {"type": "object", "properties": {}}}]}
+
+
+def test_codex_default_tools_namespace_flattened_and_web_search_left_out() -> None:
+    """Codex's default request: a ``namespace`` of sub-agent tools and hosted web search."""
+    chat = to_chat_request(codex_request(
+        tools=[SHELL_TOOL, NAMESPACE_TOOL, {"type": "web_search", "external_web_access": True}],
+        tool_choice={"type": "function", "name": "spawn_agent", "namespace": "multi_agent_v1"}))
+    names = [t["function"]["name"] for t in chat["tools"]]
+    assert names == ["shell", "multi_agent_v1__spawn_agent", "multi_agent_v1__close_agent"]
+    assert chat["tools"][1]["function"]["parameters"] == SPAWN["parameters"]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "multi_agent_v1__spawn_agent"}}
+
+
+def test_namespaced_history_call_renders_the_flat_name() -> None:
+    chat = to_chat_request(codex_request(tools=[NAMESPACE_TOOL], input=[
+        {"type": "message", "role": "user", "content": "delegate"},
+        {"type": "function_call", "call_id": "c1", "namespace": "multi_agent_v1", "name": "spawn_agent",
+         "arguments": '{"message":"go"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "spawned"},
+    ]))
+    assert chat["messages"][-2]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__spawn_agent"
+    with pytest.raises(InvalidRequestError, match=r"input\[0\]\.namespace"):
+        to_chat_request(codex_request(input=[{"type": "function_call", "call_id": "c", "namespace": 3,
+                                              "name": "x", "arguments": "{}"}]))
+
+
+def test_namespaced_tool_call_answer_restores_name_and_namespace() -> None:
+    request = codex_request(tools=[SHELL_TOOL, NAMESPACE_TOOL])
+    message = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_9", "type": "function",
+         "function": {"name": "multi_agent_v1__spawn_agent", "arguments": '{"message": "hi"}'}}]}
+    item = from_chat_response(chat_completion(message, "tool_calls"), request=request)["output"][0]
+    assert (item["type"], item["name"], item["namespace"]) == ("function_call", "spawn_agent", "multi_agent_v1")
+    assert item["arguments"] == '{"message": "hi"}'
+
+    chunks = [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"tool_calls": [{"index": 0, "id": "call_9", "type": "function",
+                               "function": {"name": "multi_agent_v1__spawn_agent"}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"message": "hi"}'}}]}),
+        chunk({}, "tool_calls"),
+        usage_chunk(),
+    ]
+    events = translate(chunks, request)
+    added = [d["item"] for t, d in events if t == "response.output_item.added"]
+    done = [d["item"] for t, d in events if t == "response.output_item.done"]
+    assert [(i["name"], i.get("namespace")) for i in added + done] == [("spawn_agent", "multi_agent_v1")] * 2
+    final = next(d for t, d in events if t == "response.completed")["response"]["output"][0]
+    assert (final["name"], final["namespace"]) == ("spawn_agent", "multi_agent_v1")
