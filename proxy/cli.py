@@ -15,6 +15,7 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
     """Serve the harness-facing proxy in front of vLLM, capturing every call to Kafka."""
     import uvicorn
 
+    from openforge.otel import configure_telemetry
     from proxy.app import build_app
     from proxy.settings import ProxySettings
 
@@ -30,14 +31,18 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
         app = build_app(settings)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=30,
-    )
+    shutdown_telemetry = configure_telemetry("openforge-proxy")
+    try:
+        uvicorn.run(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=30,
+        )
+    finally:
+        shutdown_telemetry()
 
 
 @click.command("token")
