@@ -17,7 +17,7 @@ from assembler_factories import conversation, lifecycle, reward
 from consumers.assembler.service import AssemblerService
 from consumers.assembler.settings import AssemblerSettings
 from consumers.assembler.state import trajectory_id_for
-from schemas import DeadLetterV1, TrajectoryV1, decode
+from schemas import DeadLetterV1, TrajectoryV1, decode, encode
 from schemas.rollout.v1 import RolloutPhase, RolloutReason
 from schemas.trajectory.v1 import FinalizeReason
 from stream.producer import EventProducer
@@ -91,6 +91,9 @@ async def test_assembler_joins_out_of_order_duplicate_and_failed_rollouts(
         # Bad input: bytes that are no event at all, on the calls topic.
         await producer.send_raw(topics[CALLS].name, b"not json", key=b"r-ok",
                                 headers=[("schema", b"model_call"), ("schema-version", b"1")])
+        # A valid event on the wrong topic: a reward written to the calls topic.
+        value, headers = encode(reward("r-ok", 0.0))
+        await producer.send_raw(topics[CALLS].name, value, key=b"r-ok", headers=headers)
         await producer.flush()
         async with AssemblerService(fast_settings(kafka_settings), kafka_settings) as service:
             trajectories = await read_topic(kafka_settings.bootstrap_servers, topics[TRAJECTORIES].name,
@@ -111,12 +114,14 @@ async def test_assembler_joins_out_of_order_duplicate_and_failed_rollouts(
             # A call for a finalized rollout is late: dead-lettered with the reason, no new trajectory.
             await publish(producer, conversation("r-ok", 1, seed=99))
             letters = await read_topic(kafka_settings.bootstrap_servers, topics[DEAD_LETTERS].name,
-                                       expect=2, settle_s=0.3)
+                                       expect=3, settle_s=0.3)
             assert all(isinstance(letter, DeadLetterV1) for letter in letters)
-            reasons = sorted(letter.reason for letter in letters)
-            assert len(reasons) == 2
-            assert "not valid UTF-8 JSON" in reasons[1] or "not valid UTF-8 JSON" in reasons[0]
+            reasons = [letter.reason for letter in letters]
+            assert len(reasons) == 3, reasons
+            assert any("not valid UTF-8 JSON" in r for r in reasons)
+            assert any("'reward' events do not belong on" in r for r in reasons)
             assert any(r.startswith("late event: rollout r-ok") for r in reasons)
+            assert all(letter.value is not None for letter in letters)  # the original bytes are kept
             assert service.stats.late == 1
     again = await read_topic(kafka_settings.bootstrap_servers, topics[TRAJECTORIES].name, expect=4, timeout_s=1.0)
     assert len(again) == 3

@@ -149,3 +149,16 @@ def test_events_of_other_kinds_are_refused_with_a_clear_error() -> None:
                           reason="x", consumer_group="g")
     with pytest.raises(TypeError, match="does not join DeadLetterV1"):
         RolloutTable().add(letter, CALLS, 0, 0.0)
+
+
+def test_settings_come_from_the_assembler_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from consumers.assembler.settings import AssemblerSettings
+
+    monkeypatch.setenv("OPENFORGE_ASSEMBLER_GRACE_S", "0.5")
+    monkeypatch.setenv("OPENFORGE_ASSEMBLER_INSTANCE_ID", "3")
+    settings = AssemblerSettings()
+    assert settings.policy().grace_s == 0.5
+    assert settings.transactional_id == "openforge-assembler-3"
+    monkeypatch.setenv("OPENFORGE_ASSEMBLER_GRACE_S", "-1")
+    with pytest.raises(ValueError, match="grace_s"):
+        AssemblerSettings()
