@@ -47,11 +47,11 @@ from consumers.assembler import telemetry
 from consumers.assembler.settings import AssemblerSettings
 from consumers.assembler.state import Finalized, Outcome, RolloutTable
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, decode
-from stream.producer import EventProducer, EventTooLargeError
+from stream.producer import EventProducer, EventTooLargeError, encode_record
 from stream.settings import KafkaSettings
-from stream.topics import CALLS, DEAD_LETTERS, REWARDS, ROLLOUTS, TRAJECTORIES, TopicRegistry
+from stream.topics import CALLS, DEAD_LETTERS, REWARDS, ROLLOUTS, TRAJECTORIES, Topic, TopicRegistry
 
-__all__ = ["AssemblerService", "AssemblerStats"]
+__all__ = ["AssemblerService", "AssemblerStats", "encode_trajectory"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,21 @@ class AssemblerStats:
     transactions: int = 0
     rebuilds: int = 0
     read_back: int = 0
+
+
+def encode_trajectory(topic: Topic, item: Finalized) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+    """Encode a trajectory for ``topic``; one too large for it goes out without its samples.
+
+    Publishing the outcome (reward, merge stats) without samples keeps the group complete for the
+    learner; blocking the partition on it would stop every rollout behind it.
+    """
+    try:
+        key, value, headers = encode_record(topic, item.trajectory)
+    except EventTooLargeError as exc:
+        logger.error("assembler: rollout %s: %s; publishing it without samples", item.trajectory.rollout_id, exc)
+        telemetry.oversized.add(1)
+        key, value, headers = encode_record(topic, item.trajectory.model_copy(update={"samples": []}))
+    return key, value, list(headers)
 
 
 class AssemblerService:
@@ -251,7 +266,7 @@ class AssemblerService:
         idle = not finalized and not self._letters
         if idle and (not moved or (not force and now - self._last_commit < self.settings.commit_interval_s)):
             return
-        records = [self._encode_trajectory(f) for f in finalized]
+        records = [encode_trajectory(self._output, f) for f in finalized]
         letters = [self._producer.encode(self.registry[DEAD_LETTERS], letter) for letter in self._letters]
         async with self._producer.transaction():
             for key, value, headers in records:
@@ -270,19 +285,6 @@ class AssemblerService:
         self._letters.clear()
         for item in finalized:
             self._record_metrics(item)
-
-    def _encode_trajectory(self, item: Finalized) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
-        try:
-            key, value, headers = self._producer.encode(self._output, item.trajectory)
-        except EventTooLargeError as exc:
-            # Publishing the outcome without samples keeps the group complete for the learner;
-            # blocking the partition on it would stop every other rollout behind it.
-            logger.error("assembler: rollout %s: %s; publishing it without samples", item.trajectory.rollout_id, exc)
-            telemetry.oversized.add(1)
-            key, value, headers = self._producer.encode(
-                self._output, item.trajectory.model_copy(update={"samples": []})
-            )
-        return key, value, list(headers)
 
     def _record_metrics(self, item: Finalized) -> None:
         trajectory = item.trajectory
