@@ -1,0 +1,1 @@
+"""The trajectory assembler: joins calls, lifecycle and rewards into token-exact trajectories."""
