@@ -55,3 +55,11 @@ main.add_command(topics_group)
 main.add_command(schemas_group)
 main.add_command(proxy_command)
 main.add_command(token_command)
+
+# Rollouts: tasks in, rollouts launched, rewards reported from inside a rollout.
+from consumers.rollouts.cli import launcher_command  # noqa: E402
+from producers.cli import reward_command, submit_command  # noqa: E402
+
+main.add_command(submit_command)
+main.add_command(launcher_command)
+main.add_command(reward_command)
