@@ -135,6 +135,8 @@ class LocalBackend:
             return
         self._started = True
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self._workspace_root is not None:
+            self._workspace_root.mkdir(parents=True, exist_ok=True)
         for folder in sorted(self.state_dir.iterdir()):
             if folder.name.startswith(".") or not (folder / _ROLLOUT_FILE).is_file():
                 shutil.rmtree(folder, ignore_errors=True)  # half-made by a crash during launch (see launch())
