@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -168,8 +167,8 @@ async def test_restart_knows_what_exists_and_ends_orphans(
     (folder / "rollout.json").write_bytes(orjson.dumps({
         "rollout_id": orphan.rollout_id, "task_id": "orphan", "run_id": None, "group_index": 0, "group_size": 1,
         "harness": "probe"}))
-    leftover = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    stat = Path(f"/proc/{leftover.pid}/stat").read_text()
+    leftover = await asyncio.create_subprocess_exec("sleep", "60", start_new_session=True)
+    stat = await asyncio.to_thread(Path(f"/proc/{leftover.pid}/stat").read_text)
     (folder / "process.json").write_bytes(orjson.dumps(
         {"pgid": leftover.pid, "start_ticks": int(stat.rpartition(")")[2].split()[19])}))
 
@@ -179,7 +178,7 @@ async def test_restart_knows_what_exists_and_ends_orphans(
         assert await second.existing() == {done.rollout_id, orphan.rollout_id}
         assert await second.launch(done) is False
         assert await second.launch(orphan) is False
-        assert leftover.wait(timeout=10) == -signal.SIGKILL  # the unsupervised process was ended
+        assert await asyncio.wait_for(leftover.wait(), 10) == -signal.SIGKILL  # the unsupervised process was ended
     finally:
         await second.stop()
     by_rollout = await lifecycle(kafka_settings, topics, 2)
