@@ -28,7 +28,12 @@ def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: 
     if updates:
         settings = LauncherSettings.model_validate({**settings.model_dump(), **updates})
     try:
-        launcher = Launcher(settings)
-    except ValueError as exc:
+        settings.signing_key()
+    except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-    asyncio.run(supervise([launcher]))
+
+    async def run() -> None:
+        # Kafka clients bind to the running loop, so the launcher is made inside it.
+        await supervise([Launcher(settings)])
+
+    asyncio.run(run())

@@ -219,7 +219,9 @@ class Launcher:
     """
 
     def __init__(self, settings: LauncherSettings | None = None, *, backend: RolloutBackend | None = None) -> None:
-        """Create the launcher; ``backend`` overrides the configured one (tests)."""
+        """Create the launcher (inside the event loop); ``backend`` overrides the configured one (tests)."""
+        self._started = False
+        self._stopped = False
         self.settings = settings or LauncherSettings()
         self._key = self.settings.signing_key()
         kafka = self.settings.kafka
@@ -239,8 +241,6 @@ class Launcher:
         self._known: set[str] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._started = False
-        self._stopped = False
         self.launched = 0
         """Rollouts this instance created (not counting ones found already existing)."""
         self.skipped = 0
