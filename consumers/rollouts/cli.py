@@ -36,4 +36,7 @@ def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: 
         # Kafka clients bind to the running loop, so the launcher is made inside it.
         await supervise([Launcher(settings)])
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except ValueError as exc:  # configuration problems found while building the backend
+        raise click.ClickException(str(exc)) from exc

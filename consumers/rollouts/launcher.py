@@ -186,10 +186,18 @@ def _label_value(text: str) -> str:
 
 
 def make_backend(settings: LauncherSettings, producer: EventProducer) -> RolloutBackend:
-    """The configured backend. The Kubernetes one is imported only when chosen."""
+    """The configured backend. The Kubernetes one is imported only when chosen.
+
+    Raises:
+        ValueError: the Kubernetes backend was chosen but cannot be imported.
+    """
     if settings.backend is Backend.KUBERNETES:
         # Optional: only clusters need it (and its client library), so only they import it.
-        kubernetes = importlib.import_module("consumers.rollouts.kubernetes")
+        try:
+            kubernetes = importlib.import_module("consumers.rollouts.kubernetes")
+        except ImportError as exc:
+            raise ValueError(f"the kubernetes backend cannot be loaded ({exc}); "
+                             "use OPENFORGE_LAUNCHER_BACKEND=local or install its dependencies") from exc
         backend_cls: Any = kubernetes.KubernetesBackend
         factory = getattr(backend_cls, "from_settings", None)
         backend: RolloutBackend = factory(settings) if factory is not None else backend_cls()

@@ -78,3 +78,17 @@ def test_launcher_reads_the_proxy_key_variable(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("OPENFORGE_PROXY_CREDENTIAL_KEY")
     with pytest.raises(ValueError, match="OPENFORGE_PROXY_CREDENTIAL_KEY"):
         LauncherSettings().signing_key()
+
+
+def test_unloadable_kubernetes_backend_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    from typing import cast
+
+    from consumers.rollouts.launcher import make_backend
+    from stream import EventProducer
+
+    monkeypatch.setitem(sys.modules, "consumers.rollouts.kubernetes", None)  # import fails, as when absent
+    settings = LauncherSettings(credential_key=KEY.decode(), backend=Backend.KUBERNETES)
+    producer = cast(EventProducer, None)  # never reached: the kubernetes path fails first
+    with pytest.raises(ValueError, match="kubernetes backend cannot be loaded.*OPENFORGE_LAUNCHER_BACKEND=local"):
+        make_backend(settings, producer)
