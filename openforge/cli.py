@@ -9,7 +9,9 @@ import click
 import orjson
 
 from consumers.assembler.cli import assembler_command
+from consumers.rollouts.cli import launcher_command
 from openforge import __version__
+from producers.cli import reward_command, submit_command
 from proxy.cli import proxy_command, token_command
 from stream.cli import kafka_group, topics_group
 
@@ -57,3 +59,6 @@ main.add_command(schemas_group)
 main.add_command(proxy_command)
 main.add_command(token_command)
 main.add_command(assembler_command)
+main.add_command(submit_command)
+main.add_command(launcher_command)
+main.add_command(reward_command)

@@ -1,0 +1,468 @@
+"""The rollout launcher: tasks in, ``group_size`` rollouts per task out.
+
+For each task the launcher derives deterministic rollout ids, mints an agent and a verifier
+token per rollout, publishes the ``scheduled`` lifecycle event and asks the backend to start the
+rollout. It commits a task's offset only once every rollout of the task exists, and it pauses
+its partitions (rather than dropping or buffering tasks) while the number of rollouts in flight
+is at the cap. Because ids are deterministic and the backend answers "already exists", a
+launcher that crashed and restarted re-reads uncommitted tasks and launches nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib
+import logging
+import re
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from consumers.rollouts.backend import (
+    ENV_AGENT_KEYS,
+    ENV_ANTHROPIC_BASE_URL,
+    ENV_OPENAI_BASE_URL,
+    ENV_PROXY_URL,
+    ENV_REWARD_URL,
+    ENV_ROLLOUT_ID,
+    ENV_TASK_ID,
+    ENV_VERIFIER_TOKEN,
+    RolloutBackend,
+    RolloutSpec,
+)
+from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, TaskV1, decode
+from schemas.credentials import Role, mint_token
+from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase
+from stream.broker import cache_root
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+from stream.topics import DEAD_LETTERS, ROLLOUTS, TASKS, TopicRegistry
+
+__all__ = ["Launcher", "LauncherSettings", "build_spec", "make_backend", "rollout_id_for"]
+
+logger = logging.getLogger(__name__)
+
+_NON_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+class LauncherSettings(BaseSettings):
+    """Settings of the launcher process (``OPENFORGE_LAUNCHER_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENFORGE_LAUNCHER_", frozen=True, extra="ignore",
+                                      populate_by_name=True)
+
+    backend: Backend = Backend.LOCAL
+    """Where rollouts run: ``local`` processes (the demo) or ``kubernetes`` pods."""
+
+    proxy_url: str = "http://127.0.0.1:8100"
+    """The proxy's root URL as seen from inside a rollout (a Service address on a cluster)."""
+
+    credential_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("OPENFORGE_LAUNCHER_CREDENTIAL_KEY",
+                                      "OPENFORGE_PROXY_CREDENTIAL_KEY"))
+    """HMAC key that signs rollout tokens: the proxy's key, so the proxy's variable is read too."""
+
+    credential_key_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("OPENFORGE_LAUNCHER_CREDENTIAL_KEY_FILE",
+                                      "OPENFORGE_PROXY_CREDENTIAL_KEY_FILE"))
+    """Read the signing key from this file instead (a mounted Kubernetes Secret)."""
+
+    max_in_flight: int = Field(default=8, ge=1)
+    """Rollouts running at once. At the cap the launcher pauses its partitions; tasks wait on Kafka."""
+
+    token_ttl_s: float = Field(default=3600.0, gt=0)
+    """Validity of minted tokens, in seconds. A rollout's tokens always outlive its deadline by
+    ``token_grace_s`` whatever this says, so a slow rollout is never locked out mid-run."""
+
+    token_grace_s: float = Field(default=300.0, ge=0)
+    """Extra token validity beyond the task timeout (queueing, reward retries)."""
+
+    group_id: str = "openforge-launcher"
+    """Consumer group of the launcher replicas."""
+
+    capacity_poll_s: float = Field(default=0.5, gt=0)
+    """How often the launcher re-checks the in-flight count while at the cap."""
+
+    drain_timeout_s: float = Field(default=20.0, gt=0)
+    """How long stop() waits for the rollout being launched before giving up on it (it stays
+    uncommitted and is reconciled on the next start)."""
+
+    state_dir: Path | None = None
+    """Local backend: where per-rollout state folders live; ``<cache>/launcher/<topic prefix>``
+    when unset. Keep it across restarts: it is how the backend knows what already exists."""
+
+    workspace_root: Path | None = None
+    """Local backend: where temporary workspaces are made (the system temp folder when unset)."""
+
+    keep_workspaces: bool = False
+    """Local backend: keep temporary workspaces after the verifier ran (debugging)."""
+
+    kill_grace_s: float = Field(default=5.0, ge=0)
+    """Local backend: time between SIGTERM and SIGKILL when a rollout passes its deadline."""
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    """Kafka connection (``OPENFORGE_KAFKA_*``)."""
+
+    def signing_key(self) -> bytes:
+        """The credential key's bytes.
+
+        Raises:
+            ValueError: no key is configured; the message names the variables.
+        """
+        if self.credential_key is not None:
+            return self.credential_key.get_secret_value().encode()
+        if self.credential_key_file is not None:
+            return self.credential_key_file.read_bytes().strip()
+        raise ValueError("the launcher needs the proxy's signing key: set OPENFORGE_PROXY_CREDENTIAL_KEY "
+                         "(or OPENFORGE_LAUNCHER_CREDENTIAL_KEY, or a _FILE variant)")
+
+    def local_state_dir(self) -> Path:
+        """The local backend's state folder, one per topic prefix so experiments stay apart."""
+        if self.state_dir is not None:
+            return self.state_dir
+        return cache_root() / "launcher" / (self.kafka.topic_prefix.strip(".") or "default")
+
+
+def rollout_id_for(task_id: str, group_index: int) -> str:
+    """The rollout id of one group member: deterministic, and a valid DNS-1123 label.
+
+    The same (task, index) always gives the same id, which is what makes launching idempotent.
+    A readable slug of the task id is kept for humans; the hash keeps ids of tasks whose slugs
+    collide (case, punctuation, truncation) apart.
+    """
+    slug = _NON_LABEL.sub("-", task_id.lower()).strip("-")[:30].strip("-") or "task"
+    digest = hashlib.sha256(task_id.encode()).hexdigest()[:10]
+    return f"r-{slug}-{digest}-{group_index}"
+
+
+def build_spec(task: TaskV1, group_index: int, *, proxy_url: str, key: bytes, token_ttl_s: float,
+               backend: Backend) -> RolloutSpec:
+    """Decide everything about one rollout: id, credentials and both environments.
+
+    The harness environment carries the agent token under every name harnesses read; only the
+    verifier environment adds the reward URL and the verifier token.
+    """
+    rollout_id = rollout_id_for(task.task_id, group_index)
+    proxy = proxy_url.rstrip("/")
+    ttl = max(token_ttl_s, task.timeout_s)
+    agent_token = mint_token(key, rollout_id, Role.AGENT, ttl, task_id=task.task_id)
+    verifier_token = mint_token(key, rollout_id, Role.VERIFIER, ttl, task_id=task.task_id)
+    harness_env = {
+        **task.harness.env,
+        ENV_OPENAI_BASE_URL: f"{proxy}/rollouts/{rollout_id}/v1",
+        ENV_ANTHROPIC_BASE_URL: f"{proxy}/rollouts/{rollout_id}",
+        ENV_PROXY_URL: proxy,
+        ENV_ROLLOUT_ID: rollout_id,
+        ENV_TASK_ID: task.task_id,
+        **dict.fromkeys(ENV_AGENT_KEYS, agent_token),
+    }
+    for name in (ENV_VERIFIER_TOKEN, ENV_REWARD_URL):
+        harness_env.pop(name, None)  # a task's env must not smuggle these names into the harness
+    verifier_env = {**harness_env, ENV_REWARD_URL: f"{proxy}/rollouts/{rollout_id}/reward",
+                    ENV_VERIFIER_TOKEN: verifier_token}
+    labels = {"openforge.io/task": _label_value(task.task_id), "openforge.io/rollout": rollout_id}
+    if task.run_id is not None:
+        labels["openforge.io/run"] = _label_value(task.run_id)
+    return RolloutSpec(rollout_id=rollout_id, name=rollout_id, task=task, group_index=group_index,
+                       harness_env=harness_env, verifier_env=verifier_env, deadline_s=task.timeout_s,
+                       labels=labels)
+
+
+def _label_value(text: str) -> str:
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
+    return value or "x"
+
+
+def make_backend(settings: LauncherSettings, producer: EventProducer) -> RolloutBackend:
+    """The configured backend. The Kubernetes one is imported only when chosen.
+
+    Raises:
+        ValueError: the Kubernetes backend was chosen but cannot be imported.
+    """
+    if settings.backend is Backend.KUBERNETES:
+        # Optional: only clusters need it (and its client library), so only they import it.
+        try:
+            kubernetes = importlib.import_module("consumers.rollouts.kubernetes")
+        except ImportError as exc:
+            raise ValueError(f"the kubernetes backend cannot be loaded ({exc}); "
+                             "use OPENFORGE_LAUNCHER_BACKEND=local or install its dependencies") from exc
+        backend_cls: Any = kubernetes.KubernetesBackend
+        factory = getattr(backend_cls, "from_settings", None)
+        backend: RolloutBackend = factory(settings) if factory is not None else backend_cls()
+        return backend
+    from consumers.rollouts.local import LocalBackend
+
+    return LocalBackend(producer, settings.local_state_dir(), workspace_root=settings.workspace_root,
+                        keep_workspaces=settings.keep_workspaces, kill_grace_s=settings.kill_grace_s)
+
+
+@dataclass
+class _Work:
+    """A task being launched, and how far."""
+
+    tp: TopicPartition
+    offset: int
+    task: TaskV1
+    next_index: int = 0
+
+
+class Launcher:
+    """Consume tasks and launch their rollouts on a backend, within the in-flight cap.
+
+    Use ``async with Launcher(settings) as launcher: await launcher.wait()``. ``stop()`` stops
+    intake, commits what is fully launched and stops the backend (the local backend ends its
+    running rollouts; Kubernetes pods keep running).
+    """
+
+    def __init__(self, settings: LauncherSettings | None = None, *, backend: RolloutBackend | None = None) -> None:
+        """Create the launcher (inside the event loop); ``backend`` overrides the configured one (tests)."""
+        self._started = False
+        self._stopped = False
+        self.settings = settings or LauncherSettings()
+        self._key = self.settings.signing_key()
+        kafka = self.settings.kafka
+        self.registry = TopicRegistry.from_settings(kafka)
+        self.producer = EventProducer(kafka, registry=self.registry, client_id=f"{kafka.client_id}-launcher")
+        self.backend = backend if backend is not None else make_backend(self.settings, self.producer)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-launcher",
+            group_id=self.settings.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed", request_timeout_ms=kafka.request_timeout_ms,
+            max_partition_fetch_bytes=self.registry[TASKS].spec.max_message_bytes)
+        self._lock = asyncio.Lock()  # held while launching; a rebalance waits for the rollout in hand
+        self._backlog: deque[ConsumerRecord[bytes, bytes]] = deque()
+        self._work: _Work | None = None
+        self._handled: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._known: set[str] = set()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.launched = 0
+        """Rollouts this instance created (not counting ones found already existing)."""
+        self.skipped = 0
+        """Rollouts this instance found already existing and did not launch again."""
+        self.dead_lettered = 0
+        """Task records that could not be decoded and went to the dead-letter topic."""
+
+    async def start(self) -> None:
+        """Connect, reconcile with what the backend already holds, and begin consuming."""
+        if self._started:
+            return
+        self._started = True
+        await self.producer.start()
+        await self.backend.start()
+        # Reconciliation: whatever exists was launched by an earlier life of this launcher (or a
+        # replica); those ids are skipped instead of launched twice.
+        self._known = set(await self.backend.existing())
+        if self._known:
+            logger.info("launcher: %d rollouts already exist; they will not be launched again", len(self._known))
+        self._consumer.subscribe([self.registry[TASKS].name], listener=_Rebalance(self))
+        await self._consumer.start()
+        self._task = asyncio.create_task(self._run(), name="launcher")
+
+    async def wait(self) -> None:
+        """Return when the launcher stopped; re-raise what ended it, if anything did."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Stop intake, let the rollout in hand be created, commit, stop backend and clients. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping.set()
+        if self._task is not None:
+            done, _ = await asyncio.wait({self._task}, timeout=self.settings.drain_timeout_s)
+            if not done:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        try:
+            with contextlib.suppress(Exception):
+                await self._commit()
+        finally:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+            try:
+                await self.backend.stop()
+            finally:
+                await self.producer.stop()
+
+    async def __aenter__(self) -> Launcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __del__(self) -> None:
+        if self._started and not self._stopped:
+            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
+
+    @property
+    def committed_offsets(self) -> dict[TopicPartition, int]:
+        """Offsets this instance committed, per partition (next offset to read)."""
+        return dict(self._committed)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        last_commit = time.monotonic()
+        while not self._stopping.is_set():
+            async with self._lock:
+                if self._work is None and self._backlog:
+                    await self._take(self._backlog.popleft())
+                blocked = False
+                if self._work is not None:
+                    blocked = not await self._advance(self._work)
+            if self._work is None and not self._backlog:
+                await self._resume()
+                batch = await self._poll(500)
+                for records in batch.values():
+                    self._backlog.extend(records)
+            elif blocked:
+                # At the cap: keep polling (so the group keeps this member) with intake paused.
+                self._consumer.pause(*self._consumer.assignment())
+                await self._poll(int(self.settings.capacity_poll_s * 1000))
+            if time.monotonic() - last_commit >= 1.0:
+                await self._commit()
+                last_commit = time.monotonic()
+
+    async def _poll(self, timeout_ms: int) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        fetch = asyncio.ensure_future(self._consumer.getmany(timeout_ms=timeout_ms, max_records=16))
+        stop = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({fetch, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fetch
+            return {}
+        result: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = fetch.result()
+        return result
+
+    async def _resume(self) -> None:
+        paused = self._consumer.paused()
+        if paused:
+            self._consumer.resume(*paused)
+
+    async def _take(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        if tp not in self._consumer.assignment():
+            return  # revoked meanwhile; the new owner reads it
+        headers = tuple((k, v) for k, v in (record.headers or ()))
+        try:
+            event = decode(headers, record.value if record.value is not None else b"")
+        except DecodeError as exc:
+            await self._dead_letter(record, exc.kind, exc.reason)
+            self._handled[tp] = record.offset + 1
+            return
+        if not isinstance(event, TaskV1):
+            await self._dead_letter(record, DeadLetterErrorType.INVALID_EVENT,
+                                    f"{type(event).SCHEMA!r} events do not belong on {record.topic}")
+            self._handled[tp] = record.offset + 1
+            return
+        self._work = _Work(tp, record.offset, event)
+
+    async def _advance(self, work: _Work) -> bool:
+        """Launch what the cap allows of ``work``; False when blocked at the cap."""
+        task = work.task
+        in_flight = len(await self.backend.active())
+        while work.next_index < task.group_size:
+            if self._stopping.is_set():
+                return True
+            if work.tp not in self._consumer.assignment():
+                self._work = None  # revoked: the new owner relaunches from the committed offset
+                return True
+            spec = build_spec(task, work.next_index, proxy_url=self.settings.proxy_url, key=self._key,
+                              token_ttl_s=max(self.settings.token_ttl_s, task.timeout_s + self.settings.token_grace_s),
+                              backend=self.backend.kind)
+            if spec.rollout_id in self._known:
+                self.skipped += 1
+                work.next_index += 1
+                continue
+            if in_flight >= self.settings.max_in_flight:
+                return False
+            await self._launch(spec)
+            in_flight += 1
+            work.next_index += 1
+        self._handled[work.tp] = work.offset + 1
+        self._work = None
+        logger.info("launcher: task %s launched (%d rollouts)", task.task_id, task.group_size)
+        return True
+
+    async def _launch(self, spec: RolloutSpec) -> None:
+        task = spec.task
+        # Published before the backend creates the rollout, so ``scheduled`` precedes what its watcher
+        # reports; its id is derived from the rollout, so a relaunch after a crash repeats the same
+        # event (same id), which consumers drop as a duplicate.
+        scheduled = RolloutEventV1(
+            event_id=f"{spec.rollout_id}.scheduled", rollout_id=spec.rollout_id, task_id=task.task_id,
+            run_id=task.run_id, group_index=spec.group_index, group_size=task.group_size,
+            harness=task.harness.name, phase=RolloutPhase.SCHEDULED, backend=self.backend.kind,
+            pod_name=spec.name if self.backend.kind is Backend.KUBERNETES else None)
+        await self.producer.publish(ROLLOUTS, scheduled)
+        created = await self.backend.launch(spec)
+        self._known.add(spec.rollout_id)
+        if created:
+            self.launched += 1
+        else:
+            self.skipped += 1
+            logger.info("launcher: rollout %s already existed", spec.rollout_id)
+
+    async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], kind: DeadLetterErrorType,
+                           reason: str) -> None:
+        letter = DeadLetterV1(
+            topic=record.topic, partition=record.partition, offset=record.offset, timestamp_ms=record.timestamp,
+            key=record.key, value=record.value, headers=[(k, v) for k, v in (record.headers or ())],
+            error_type=kind, reason=reason, consumer_group=self.settings.group_id)
+        logger.warning("launcher: dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset,
+                       reason)
+        await self.producer.publish(DEAD_LETTERS, letter)
+        self.dead_lettered += 1
+
+    async def _commit(self, partitions: set[TopicPartition] | None = None) -> None:
+        pending = {tp: off for tp, off in self._handled.items()
+                   if (partitions is None or tp in partitions) and self._committed.get(tp) != off}
+        if not pending:
+            return
+        await self._consumer.commit({tp: OffsetAndMetadata(off, "") for tp, off in pending.items()})
+        self._committed.update(pending)
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Commit the revoked partitions' launched tasks and forget their unlaunched ones."""
+        async with self._lock:
+            try:
+                await self._commit(revoked)
+            except Exception:
+                logger.exception("launcher: commit on revoke failed; the next owner reconciles")
+            self._backlog = deque(r for r in self._backlog
+                                  if TopicPartition(r.topic, r.partition) not in revoked)
+            if self._work is not None and self._work.tp in revoked:
+                self._work = None
+            for tp in revoked:
+                self._handled.pop(tp, None)
+                self._committed.pop(tp, None)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: Launcher) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self._owner.on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        """Nothing to do: the loop resumes paused partitions once it has capacity again."""
