@@ -17,14 +17,17 @@ from schemas.task.v1 import TaskV1
 __all__ = [
     "ENV_AGENT_KEYS",
     "ENV_ANTHROPIC_BASE_URL",
+    "ENV_INSTRUCTION",
     "ENV_OPENAI_BASE_URL",
     "ENV_PROXY_URL",
     "ENV_REWARD_URL",
     "ENV_ROLLOUT_ID",
     "ENV_TASK_ID",
     "ENV_VERIFIER_TOKEN",
+    "INSTRUCTION_PLACEHOLDER",
     "RolloutBackend",
     "RolloutSpec",
+    "harness_argv",
 ]
 
 # The environment a rollout sees. Harnesses read the vendor names; OpenForge's own tools read
@@ -44,8 +47,18 @@ ENV_TASK_ID = "OPENFORGE_TASK_ID"
 """The task's id."""
 ENV_REWARD_URL = "OPENFORGE_REWARD_URL"
 """``<proxy>/rollouts/<rollout_id>/reward``; only the verifier sees it."""
+ENV_INSTRUCTION = "OPENFORGE_INSTRUCTION"
+"""The task's instruction, for harnesses that read their prompt from the environment."""
+INSTRUCTION_PLACEHOLDER = "{instruction}"
+"""An argv element of the harness command equal to this is replaced by the instruction, for
+harness CLIs that take the prompt as an argument (``claude -p {instruction}``)."""
 ENV_VERIFIER_TOKEN = "OPENFORGE_VERIFIER_TOKEN"  # noqa: S105 (a variable name, not a secret)
 """The verifier credential; only the verifier sees it, never the harness."""
+
+
+def harness_argv(task: TaskV1) -> list[str]:
+    """The harness command with :data:`INSTRUCTION_PLACEHOLDER` elements replaced by the instruction."""
+    return [task.instruction if arg == INSTRUCTION_PLACEHOLDER else arg for arg in task.harness.launch.command]
 
 
 @dataclass(frozen=True)

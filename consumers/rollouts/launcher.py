@@ -31,6 +31,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from consumers.rollouts.backend import (
     ENV_AGENT_KEYS,
     ENV_ANTHROPIC_BASE_URL,
+    ENV_INSTRUCTION,
     ENV_OPENAI_BASE_URL,
     ENV_PROXY_URL,
     ENV_REWARD_URL,
@@ -166,6 +167,7 @@ def build_spec(task: TaskV1, group_index: int, *, proxy_url: str, key: bytes, to
         ENV_PROXY_URL: proxy,
         ENV_ROLLOUT_ID: rollout_id,
         ENV_TASK_ID: task.task_id,
+        ENV_INSTRUCTION: task.instruction,
         **dict.fromkeys(ENV_AGENT_KEYS, agent_token),
     }
     for name in (ENV_VERIFIER_TOKEN, ENV_REWARD_URL):

@@ -33,7 +33,7 @@ from typing import Literal
 
 import orjson
 
-from consumers.rollouts.backend import ENV_REWARD_URL, ENV_VERIFIER_TOKEN, RolloutSpec
+from consumers.rollouts.backend import ENV_REWARD_URL, ENV_VERIFIER_TOKEN, RolloutSpec, harness_argv
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase, RolloutReason
 from stream.producer import EventProducer
 from stream.topics import ROLLOUTS
@@ -224,7 +224,8 @@ class LocalBackend:
             harness_env.pop(ENV_VERIFIER_TOKEN, None)
             harness_env.pop(ENV_REWARD_URL, None)
             try:
-                harness = await self._spawn(launch.command, workspace, harness_env, folder / "harness.log", folder)
+                harness = await self._spawn(harness_argv(spec.task), workspace, harness_env,
+                                            folder / "harness.log", folder)
             except OSError as exc:
                 return self._event(who, RolloutPhase.FAILED, reason=RolloutReason.OTHER, infrastructure_failure=True,
                                    message=f"harness command {launch.command[0]!r} could not start: {exc}")

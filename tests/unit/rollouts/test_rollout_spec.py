@@ -5,15 +5,18 @@ from rollout_tasks import KEY, make_task
 
 from consumers.rollouts.backend import (
     ENV_AGENT_KEYS,
+    ENV_INSTRUCTION,
     ENV_OPENAI_BASE_URL,
     ENV_REWARD_URL,
     ENV_ROLLOUT_ID,
     ENV_VERIFIER_TOKEN,
+    harness_argv,
 )
 from consumers.rollouts.launcher import LauncherSettings, build_spec, rollout_id_for
 from consumers.rollouts.local import inherited_environment
 from schemas.credentials import Role, verify_token
 from schemas.rollout.v1 import Backend
+from schemas.task.v1 import TaskV1
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -92,3 +95,14 @@ def test_unloadable_kubernetes_backend_is_a_clear_error(monkeypatch: pytest.Monk
     producer = cast(EventProducer, None)  # never reached: the kubernetes path fails first
     with pytest.raises(ValueError, match="kubernetes backend cannot be loaded.*OPENFORGE_LAUNCHER_BACKEND=local"):
         make_backend(settings, producer)
+
+
+def test_instruction_reaches_the_harness_by_environment_and_placeholder() -> None:
+    task = make_task("t").model_copy(deep=True)
+    task = TaskV1.model_validate({**task.model_dump(mode="json"), "instruction": "fix the bug",
+                                  "harness": {**task.harness.model_dump(mode="json"),
+                                              "launch": {"kind": "local",
+                                                         "command": ["agent", "-p", "{instruction}", "{x}"]}}})
+    spec = build_spec(task, 0, proxy_url="http://proxy:8100", key=KEY, token_ttl_s=600, backend=Backend.LOCAL)
+    assert spec.harness_env[ENV_INSTRUCTION] == "fix the bug"
+    assert harness_argv(task) == ["agent", "-p", "fix the bug", "{x}"]
