@@ -45,12 +45,23 @@ def schemas_export(out_dir: Path) -> None:
 
 
 @main.command("demo")
+@click.option("--minutes", type=float, default=10.0, show_default=True,
+              help="Budget of the learning phase (start-up not counted).")
+@click.option("--group-size", type=int, default=8, show_default=True, help="Rollouts per task (GRPO group).")
+@click.option("--max-in-flight", type=int, default=8, show_default=True, help="Rollouts running at once.")
+@click.option("--stop-at", type=float, default=0.9, show_default=True,
+              help="Stop early once the mean reward of the last 64 rollouts reaches this.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the tiny model's weights.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".openforge-demo"),
+              show_default=True, help="Where logs, checkpoints, the plot and the summary go.")
 @click.option("--keep-broker", is_flag=True, help="Leave the broker running afterwards.")
-def demo(keep_broker: bool) -> None:
-    """Run what OpenForge can show on one machine (today: the streaming foundation)."""
-    from openforge.demo import run_demo
+def demo(minutes: float, group_size: int, max_in_flight: int, stop_at: float, seed: int, workdir: Path,
+         keep_broker: bool) -> None:
+    """Run the whole learning loop on one machine and plot the reward as the tiny model learns."""
+    from openforge.demo import DemoOptions, run_demo
 
-    run_demo(keep_broker)
+    run_demo(DemoOptions(minutes=minutes, group_size=group_size, max_in_flight=max_in_flight, stop_at=stop_at,
+                         seed=seed, workdir=workdir, keep_broker=keep_broker))
 
 
 main.add_command(kafka_group)

@@ -1,28 +1,37 @@
-"""`openforge demo`: what OpenForge can show on one machine today.
+"""`openforge demo`: the whole learning loop on one machine, watched while it learns.
 
-The learning loop (proxy, launcher, assembler, learner, publisher) is not built
-yet. Until it is, the demo exercises the streaming foundation every part will
-stand on: a real Kafka broker, the topic registry, typed events with exact token
-ids, a consumer group that commits only finished work, and the topic tooling.
+What runs, each as its own process as on a cluster: a single-node Kafka broker (KRaft), vLLM's
+CPU build serving a tiny randomly initialised model made locally, the proxy, the trajectory
+assembler, the learner, the checkpoint publisher and the launcher with the local process backend.
+The demo submits the built-in toy task suite (:mod:`openforge.toy`), whose small two-turn harness
+and verifier run as local rollouts through the real proxy. It prints the reward, learner steps,
+served weight version and backlog while it runs and ends with a reward-curve PNG and a summary.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import contextlib
+import secrets
+import signal
 import time
+import urllib.error
+import urllib.request
 import uuid
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
-from schemas import EventBase, ModelCallV1, RewardV1, RolloutEventV1
-from schemas.call.v1 import ApiProtocol, CallChoice, CallStatus, CallTimings, NormalizedRequest
-from schemas.rollout.v1 import Backend, RolloutPhase
+from openforge.demo_procs import Child, ChildExitedError
+from openforge.demo_report import Curve, RewardPoint, summarize, write_plot
+from openforge.engine import LocalEngine, install_vllm, make_tiny_model
+from openforge.toy import toy_tasks
+from schemas import CheckpointAppliedV1, CheckpointV1, TrajectoryV1
 from stream import (
-    CALLS,
-    REWARDS,
-    ROLLOUTS,
+    CHECKPOINTS,
+    TASKS,
+    TRAJECTORIES,
     BrokerSettings,
     EventConsumer,
     EventProducer,
@@ -31,93 +40,191 @@ from stream import (
     LocalBroker,
     Received,
 )
-from stream.tooling import Range, format_record, read_topic
+from stream.broker import cache_root, free_port
+
+__all__ = ["DemoOptions", "run_demo"]
+
+MODEL_NAME = "openforge-tiny"
 
 
-def _rollout(task: str, index: int, rng: random.Random) -> tuple[list[EventBase], str]:
-    rollout_id = f"{task}-r{index}-{uuid.uuid4().hex[:6]}"
-    events: list[EventBase] = [RolloutEventV1(rollout_id=rollout_id, task_id=task, group_index=index,
-                                           group_size=4, phase=RolloutPhase.RUNNING, backend=Backend.LOCAL)]
-    prompt: list[int] = [rng.randrange(4096) for _ in range(40)]
-    for turn in range(3):
-        completion = [rng.randrange(4096) for _ in range(12)]
-        events.append(ModelCallV1(
-            rollout_id=rollout_id, task_id=task, call_id=f"{rollout_id}-c{turn}",
-            protocol=ApiProtocol.OPENAI_CHAT, model="tiny",
-            request=NormalizedRequest(messages=[{"role": "user", "content": f"turn {turn}"}]),
-            prompt_token_ids=prompt,
-            choices=[CallChoice(index=0, completion_token_ids=completion,
-                                logprobs=[-rng.random() for _ in completion], finish_reason="stop")],
-            timings=CallTimings(started_at=datetime.now(UTC), total_s=0.02), status=CallStatus.OK,
-        ))
-        prompt = prompt + completion + [rng.randrange(4096) for _ in range(8)]  # next turn extends it
-    events.append(RolloutEventV1(rollout_id=rollout_id, task_id=task, group_index=index, group_size=4,
-                                 phase=RolloutPhase.SUCCEEDED, backend=Backend.LOCAL))
-    events.append(RewardV1(rollout_id=rollout_id, task_id=task, value=round(rng.random(), 2),
-                           verifier_id="demo-verifier"))
-    return events, rollout_id
+@dataclass(frozen=True)
+class DemoOptions:
+    """What the user can change from the command line."""
+
+    minutes: float = 10.0
+    """Wall-clock budget of the learning phase (start-up not counted)."""
+    group_size: int = 8
+    """Rollouts per task: GRPO compares rewards within a group."""
+    max_in_flight: int = 8
+    """Rollouts running at once."""
+    stop_at: float = 0.9
+    """Stop early once the mean reward of the last window reaches this."""
+    seed: int = 0
+    """Seed of the tiny model's weights."""
+    workdir: Path = Path(".openforge-demo")
+    """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
+    keep_broker: bool = False
+    """Leave the broker running afterwards."""
 
 
-async def _run(settings: KafkaSettings) -> None:
-    rng = random.Random(0)  # noqa: S311 - demo data, not secrets
-    click.echo("==> creating the registry topics")
-    async with KafkaAdmin(settings) as admin:
-        for result in await admin.create_topics():
-            click.echo(f"    {'created' if result.created else 'exists '} {result.name}")
-    click.echo("==> publishing 8 rollouts of 2 tasks: lifecycle, 3 model calls each, a reward")
-    home = {"rollout": ROLLOUTS, "model_call": CALLS, "reward": REWARDS}
-    sent = 0
-    last_rollout = ""
-    async with EventProducer(settings) as producer:
-        for task in ("count-letters", "sum-digits"):
-            for index in range(4):
-                events, last_rollout = _rollout(task, index, rng)
-                for event in events:
-                    await producer.send(home[type(event).SCHEMA], event)
-                    sent += 1
-        await producer.flush()
-    click.echo(f"    {sent} events acknowledged by the broker (acks=all, idempotent, zstd)")
-    click.echo("==> a consumer group reads them back and commits what it handled")
-    counts: dict[str, int] = {}
-    rewards: dict[str, list[float]] = {}
-
-    async def handle(received: Received) -> None:
-        counts[type(received.event).SCHEMA] = counts.get(type(received.event).SCHEMA, 0) + 1
-        if isinstance(received.event, RewardV1):
-            rewards.setdefault(received.event.task_id or "?", []).append(received.event.value)
-
-    group = f"demo-{uuid.uuid4().hex[:6]}"
-    async with EventConsumer([ROLLOUTS, CALLS, REWARDS], handle, group_id=group, kafka=settings):
-        deadline = time.monotonic() + 60
-        while sum(counts.values()) < sent and time.monotonic() < deadline:  # noqa: ASYNC110 - progress poll
-            await asyncio.sleep(0.1)
-    for schema, n in sorted(counts.items()):
-        click.echo(f"    {schema:12} {n:4d}")
-    for task, values in sorted(rewards.items()):
-        click.echo(f"    mean reward of {task}: {sum(values) / len(values):.2f} over {len(values)} rollouts")
-    click.echo(f"==> one call, as `OPENFORGE_KAFKA_TOPIC_PREFIX={settings.topic_prefix} "
-               f"openforge topics tail calls --key {last_rollout}` shows it")
-    async for record in read_topic(settings, settings.topic_prefix + CALLS.base_name, Range(last=20)):
-        if record.key == last_rollout.encode():
-            click.echo(format_record(record))
-            break
+def _wait_http(url: str, timeout_s: float, what: str, check: Child | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check is not None:
+            check.check()
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - our own loopback URL
+                if response.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.5)
+    raise click.ClickException(f"{what} did not become ready at {url} within {timeout_s:.0f} s")
 
 
-def run_demo(keep_broker: bool) -> None:
-    """Start (or reuse) the local broker, run the streaming demo, stop what it started."""
+def run_demo(options: DemoOptions) -> None:
+    """Run the loop, show progress, write the plot and summary; stop everything it started."""
+    run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    out = options.workdir.resolve() / run_id
+    out.mkdir(parents=True, exist_ok=True)
+    click.echo(f"OpenForge demo {run_id}: logs, checkpoints and the plot go to {out}")
+
     broker = LocalBroker(BrokerSettings())
     already = broker.status().running
-    click.echo("OpenForge demo. The learning loop is not built yet; this shows the streaming "
-               "foundation it will run on.")
     click.echo(f"==> Kafka {broker.settings.version} on {broker.bootstrap}"
                + (" (already running)" if already else " (starting; the first run fetches its jars)"))
     broker.start()
+    children: list[Child] = []
+    engine: LocalEngine | None = None
     try:
-        # A prefix of its own per run, so what the demo counts is what this run published.
-        prefix = f"demo-{uuid.uuid4().hex[:6]}."
-        asyncio.run(_run(KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=prefix)))
+        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{run_id}.")
+        click.echo("==> vLLM's CPU build (installed once, about 3 GiB) and a tiny model made locally")
+        python = install_vllm()
+        model_dir = make_tiny_model(python, cache_root() / "models" / f"tiny-seed{options.seed}", seed=options.seed)
+        engine = LocalEngine(model_dir=model_dir, port=free_port(), python=python, log_file=out / "logs" / "vllm.log")
+        engine.start()
+        click.echo(f"    serving {model_dir.name} at {engine.url}")
+        asyncio.run(_create_topics(kafka))
+        key = secrets.token_hex(32)
+        proxy_port = free_port()
+        base = _base_env(kafka, key)
+        specs = _components(options, out, base, engine.url, proxy_port, model_dir)
+        for name, args, env in specs:
+            child = Child(name, args, env, out / "logs" / f"{name}.log")
+            child.start()
+            children.append(child)
+            if name == "proxy":
+                _wait_http(f"http://127.0.0.1:{proxy_port}/ready", 60, "the proxy", child)
+        click.echo("==> started " + ", ".join(c.name for c in children))
+        curve, duration = asyncio.run(_learn(options, kafka, run_id, children))
+    except ChildExitedError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
-        if not already and not keep_broker:
-            click.echo("==> stopping Kafka")
+        click.echo("==> stopping")
+        for child in reversed(children):
+            child.stop()
+        if engine is not None:
+            engine.stop()
+        if not already and not options.keep_broker:
             broker.stop()
-    click.echo("done. Keep a broker with `openforge kafka up`, then try `openforge topics describe`.")
+    summary = summarize(curve, duration)
+    summary.write_json(out / "summary.json")
+    click.echo(summary.as_text())
+    if curve.rewards:
+        plot = out / "reward_curve.png"
+        write_plot(curve, plot, f"OpenForge demo {run_id}: toy letters task, tiny model, RL only")
+        click.echo(f"reward curve: {plot}")
+
+
+def _base_env(kafka: KafkaSettings, key: str) -> dict[str, str]:
+    return {
+        "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
+        "OPENFORGE_PROXY_CREDENTIAL_KEY": key,
+        # Two cores: one thread per process keeps torch in learner and engine from oversubscribing.
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+
+
+def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_url: str, proxy_port: int,
+                model_dir: Path) -> list[tuple[str, list[str], dict[str, str]]]:
+    """Name, ``openforge`` arguments and extra environment of each process, in start order."""
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    return [
+        ("proxy", ["proxy", "--port", str(proxy_port), "--upstream", engine_url],
+         {**base, "OPENFORGE_PROXY_SPOOL_DIR": str(out / "spool"), "OPENFORGE_PROXY_SERVED_MODEL": str(model_dir)}),
+        ("assembler", ["assembler"], {**base}),
+        ("learner", ["learner"], {**base}),
+        ("publisher", ["publisher"], {**base}),
+        ("launcher", ["launcher", "--backend", "local", "--max-in-flight", str(options.max_in_flight),
+                      "--proxy-url", proxy_url],
+         {**base, "OPENFORGE_LAUNCHER_STATE_DIR": str(out / "launcher-state"),
+          "OPENFORGE_LAUNCHER_WORKSPACE_ROOT": str(out / "workspaces")}),
+    ]
+
+
+async def _create_topics(kafka: KafkaSettings) -> None:
+    async with KafkaAdmin(kafka) as admin:
+        await admin.create_topics()
+
+
+async def _learn(options: DemoOptions, kafka: KafkaSettings, run_id: str,
+                 children: list[Child]) -> tuple[Curve, float]:
+    """Submit the suite, then watch trajectories and checkpoints until time, target or Ctrl-C."""
+    curve = Curve()
+    t0 = time.monotonic()
+    rounds = 400  # more than ten minutes can use; the launcher takes them at its own pace
+    tasks = toy_tasks(run_id=run_id, rounds=rounds, group_size=options.group_size, model=MODEL_NAME)
+    async with EventProducer(kafka, transactional_id=f"{run_id}-submit") as producer, producer.transaction():
+        for task in tasks:
+            await producer.send(TASKS, task)
+    click.echo(f"==> submitted {len(tasks)} tasks x {options.group_size} rollouts; learning for up to "
+               f"{options.minutes:g} minutes (Ctrl-C stops early and still writes the plot)")
+
+    async def handle(received: Received) -> None:
+        now = time.monotonic() - t0
+        event = received.event
+        if isinstance(event, TrajectoryV1) and event.reward is not None and not event.infrastructure_failure:
+            versions = [int(r.version) for s in event.samples for r in s.weight_versions if r.version.isdigit()]
+            curve.rewards.append(RewardPoint(now, event.reward, min(versions) if versions else None))
+        elif isinstance(event, CheckpointV1):
+            curve.checkpoints.append((now, event.version, {"step": float(event.step), **event.metrics}))
+        elif isinstance(event, CheckpointAppliedV1) and event.ok:
+            curve.applied.append((now, event.version, event.duration_s))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    deadline = t0 + options.minutes * 60
+    last_print = 0.0
+    async with EventConsumer([TRAJECTORIES, CHECKPOINTS], handle, group_id=f"{run_id}-watch", kafka=kafka):
+        while not stop.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            for child in children:
+                child.check()
+            if time.monotonic() - last_print >= 10:
+                last_print = time.monotonic()
+                click.echo(_progress_line(curve, time.monotonic() - t0))
+            window = curve.window_mean(64)
+            if window is not None and len(curve.rewards) >= 128 and window >= options.stop_at:
+                click.echo(f"==> mean reward of the last 64 rollouts reached {window:.2f}; stopping early")
+                break
+    loop.remove_signal_handler(signal.SIGINT)
+    return curve, time.monotonic() - t0
+
+
+def _progress_line(curve: Curve, elapsed: float) -> str:
+    window = curve.window_mean(64)
+    first = [p.reward for p in curve.rewards[:64]]
+    step = int(curve.checkpoints[-1][2].get("step", 0)) if curve.checkpoints else 0
+    served = max((v for _, v, _ in curve.applied), default=0)
+    lag = ""
+    versions = [p.version for p in curve.rewards[-64:] if p.version is not None]
+    if versions and curve.checkpoints:
+        lag = f" | staleness ~{curve.checkpoints[-1][1] - min(versions)} versions"
+    reward = "reward    -" if window is None else (
+        f"reward {window:.2f} (first {sum(first) / len(first):.2f})")
+    return (f"[{elapsed:5.0f}s] rollouts {len(curve.rewards):5d} | {reward} | learner step {step:4d} | "
+            f"served v{served}{lag}")

@@ -1,0 +1,125 @@
+"""What the demo shows: a progress line while it runs, and a reward curve with a summary at the end.
+
+Kept apart from the process orchestration so the curve and the numbers can be tested on recorded
+points without starting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["Curve", "RewardPoint", "Summary", "summarize", "write_plot"]
+
+
+@dataclass(frozen=True)
+class RewardPoint:
+    """One finished rollout as the demo saw it arrive on the trajectories topic."""
+
+    elapsed_s: float
+    reward: float
+    version: int | None
+    """Oldest weight version that sampled any of its tokens (None when the engine reported none)."""
+
+
+@dataclass
+class Curve:
+    """Everything the demo records while it watches the topics."""
+
+    rewards: list[RewardPoint] = field(default_factory=list)
+    checkpoints: list[tuple[float, int, dict[str, float]]] = field(default_factory=list)
+    """(elapsed seconds, version, learner metrics) per checkpoint event."""
+    applied: list[tuple[float, int, float]] = field(default_factory=list)
+    """(elapsed seconds, version, publish seconds) per successful apply on a replica."""
+
+    def window_mean(self, last: int) -> float | None:
+        """Mean reward of the last ``last`` rollouts (None before any arrived)."""
+        values = [p.reward for p in self.rewards[-last:]]
+        return statistics.fmean(values) if values else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The demo's result in numbers; also written as JSON next to the plot."""
+
+    rollouts: int
+    duration_s: float
+    reward_first: float | None
+    """Mean reward of the first window of rollouts (the random policy)."""
+    reward_last: float | None
+    """Mean reward of the last window of rollouts."""
+    window: int
+    learner_steps: int
+    versions_served: int
+    publish_p50_s: float | None
+
+    def as_text(self) -> str:
+        """A few lines for the terminal."""
+        def fmt(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.2f}"
+        return "\n".join([
+            f"rollouts finished      {self.rollouts} in {self.duration_s:.0f} s",
+            f"mean reward            {fmt(self.reward_first)} (first {self.window}) -> "
+            f"{fmt(self.reward_last)} (last {self.window})",
+            f"learner steps          {self.learner_steps}",
+            f"weight versions served {self.versions_served}",
+            f"publish latency p50    {fmt(self.publish_p50_s)} s",
+        ])
+
+    def write_json(self, path: Path) -> None:
+        """Write the summary as JSON."""
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+
+
+def summarize(curve: Curve, duration_s: float, window: int = 64) -> Summary:
+    """Reduce a recorded curve to its summary; the window shrinks for short runs."""
+    n = len(curve.rewards)
+    w = max(1, min(window, n // 3)) if n else window
+    first = statistics.fmean(p.reward for p in curve.rewards[:w]) if n else None
+    last = statistics.fmean(p.reward for p in curve.rewards[-w:]) if n else None
+    steps = max((int(m.get("step", 0)) for _, _, m in curve.checkpoints), default=0)
+    versions = len({v for _, v, _ in curve.applied})
+    publish = [s for _, _, s in curve.applied]
+    return Summary(rollouts=n, duration_s=duration_s, reward_first=first, reward_last=last, window=w,
+                   learner_steps=steps, versions_served=versions,
+                   publish_p50_s=statistics.median(publish) if publish else None)
+
+
+def write_plot(curve: Curve, path: Path, title: str) -> None:
+    """Reward per rollout (points), its moving mean (line) and the served weight version (steps).
+
+    Raises:
+        ValueError: nothing was recorded, so there is no curve to draw.
+    """
+    if not curve.rewards:
+        raise ValueError("no rollout finished, so there is no reward curve to plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [p.elapsed_s / 60 for p in curve.rewards]
+    ys = [p.reward for p in curve.rewards]
+    k = max(1, min(32, len(ys) // 5))
+    moving = [statistics.fmean(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    ax.scatter(xs, ys, s=6, alpha=0.25, color="tab:blue", label="reward per rollout")
+    ax.plot(xs, moving, color="tab:blue", linewidth=2, label=f"moving mean ({k} rollouts)")
+    ax.set_xlabel("minutes since the first rollout was submitted")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if curve.applied:
+        ax2 = ax.twinx()
+        points = sorted((t / 60, v) for t, v, _ in curve.applied)
+        ax2.step([t for t, _ in points], [v for _, v in points], where="post", color="tab:orange",
+                 alpha=0.8, label="weight version served")
+        ax2.set_ylabel("weight version served", color="tab:orange")
+    ax.legend(loc="upper left")
+    ax.set_title(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,50 @@
+from pathlib import Path
+
+import pytest
+
+from openforge.demo_report import Curve, RewardPoint, summarize, write_plot
+from openforge.toy import SECRET_WORDS, score_answer, toy_tasks
+from openforge.toy.tasks import ENV_WORD
+
+
+@pytest.mark.parametrize(("answer", "word", "expected"), [
+    ("sees", "sees", 1.0),
+    ("SeEs eSs", "ess", 1.0),
+    ("sxsx", "sees", 0.5),
+    ("", "sees", 0.0),
+    ("   \n", "sees", 0.0),
+    ("xyz", "sees", 0.0),
+])
+def test_score_is_the_share_of_answer_characters_in_the_word(answer: str, word: str, expected: float) -> None:
+    assert score_answer(answer, word) == pytest.approx(expected)
+
+
+def test_a_word_without_letters_is_refused() -> None:
+    with pytest.raises(ValueError, match="no letters"):
+        score_answer("abc", "123")
+
+
+def test_suite_has_unique_ids_and_one_letter_set() -> None:
+    tasks = toy_tasks(run_id="run1", rounds=3, group_size=4, model="m")
+    assert len(tasks) == 3 * len(SECRET_WORDS)
+    assert len({t.task_id for t in tasks}) == len(tasks)
+    assert {frozenset(t.harness.env[ENV_WORD]) for t in tasks} == {frozenset("es")}
+    assert all(t.group_size == 4 and t.run_id == "run1" for t in tasks)
+
+
+def test_summary_compares_first_and_last_windows() -> None:
+    curve = Curve(rewards=[RewardPoint(float(i), 0.1 if i < 50 else 0.9, None) for i in range(100)],
+                  checkpoints=[(1.0, 1, {"step": 4.0}), (2.0, 2, {"step": 8.0})],
+                  applied=[(1.5, 1, 0.2), (2.5, 2, 0.4)])
+    summary = summarize(curve, 120.0, window=20)
+    assert (summary.reward_first, summary.reward_last) == (pytest.approx(0.1), pytest.approx(0.9))
+    assert (summary.learner_steps, summary.versions_served, summary.publish_p50_s) == (8, 2, pytest.approx(0.3))
+    assert "0.10 (first 20) -> 0.90 (last 20)" in summary.as_text()
+
+
+def test_plot_is_a_png_and_an_empty_curve_is_refused(tmp_path: Path) -> None:
+    curve = Curve(rewards=[RewardPoint(i * 3.0, i / 40, 0) for i in range(40)], applied=[(30.0, 1, 0.1)])
+    write_plot(curve, tmp_path / "curve.png", "test")
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no rollout finished"):
+        write_plot(Curve(), tmp_path / "none.png", "test")
