@@ -55,3 +55,11 @@ main.add_command(topics_group)
 main.add_command(schemas_group)
 main.add_command(proxy_command)
 main.add_command(token_command)
+
+
+@main.command("learner")
+def learner_command() -> None:
+    """Run the off-policy learner (configured by OPENFORGE_LEARNER_* and OPENFORGE_KAFKA_*)."""
+    from learner.main import run
+
+    run()
