@@ -21,6 +21,7 @@ from aiokafka.structs import TopicPartition
 
 from learner.positions import TopicPartitionKey
 from schemas import CheckpointV1, DecodeError, decode
+from stream.admin import KafkaAdmin
 from stream.settings import KafkaSettings
 from stream.topics import CHECKPOINTS, TopicRegistry
 
@@ -122,11 +123,7 @@ async def latest_checkpoint(kafka: KafkaSettings, registry: TopicRegistry, model
     await consumer.start()
     best: CheckpointV1 | None = None
     try:
-        await consumer.topics()
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            raise CheckpointError(f"topic {topic} does not exist; create the topics first (openforge topics create)")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = await topic_partitions(kafka, registry, topic)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
@@ -150,3 +147,17 @@ async def latest_checkpoint(kafka: KafkaSettings, registry: TopicRegistry, model
     finally:
         await consumer.stop()
     return best
+
+
+async def topic_partitions(kafka: KafkaSettings, registry: TopicRegistry, topic: str) -> list[TopicPartition]:
+    """Partitions of ``topic``, asked of the cluster (a consumer's cached metadata may lag a new topic).
+
+    Raises:
+        CheckpointError: the topic does not exist.
+    """
+    async with KafkaAdmin(kafka, registry) as admin:
+        try:
+            return await admin.partitions(topic)
+        except KeyError as exc:
+            raise CheckpointError(f"topic {topic} does not exist; create the topics first "
+                                  "(openforge topics create)") from exc

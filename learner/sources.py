@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from learner.positions import Position, TopicPartitionKey
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, TrajectoryV1, decode
@@ -87,6 +87,7 @@ class KafkaTrajectorySource:
     def __init__(self, kafka: KafkaSettings, registry: TopicRegistry, dead_letters: EventProducer, *,
                  start_offsets: Mapping[TopicPartitionKey, int], prefetch: int = 4096) -> None:
         self._kafka = kafka
+        self._registry = registry
         self._topic = registry[TRAJECTORIES]
         self._dlq = dead_letters
         self._start_offsets = dict(start_offsets)
@@ -108,18 +109,15 @@ class KafkaTrajectorySource:
         """Assign all partitions, seek to the stored offsets (else the beginning), start prefetching.
 
         Raises:
-            RuntimeError: the trajectories topic does not exist.
+            CheckpointError: the trajectories topic does not exist.
         """
         if self._started:
             return
         self._started = True
+        from learner.checkpoint import topic_partitions
+
+        tps = await topic_partitions(self._kafka, self._registry, self._topic.name)
         await self._consumer.start()
-        await self._consumer.topics()
-        partitions = self._consumer.partitions_for_topic(self._topic.name)
-        if not partitions:
-            raise RuntimeError(f"topic {self._topic.name} does not exist; create the topics first "
-                               "(openforge topics create)")
-        tps = [TopicPartition(self._topic.name, p) for p in sorted(partitions)]
         self._consumer.assign(tps)
         for tp in tps:
             offset = self._start_offsets.get((tp.topic, tp.partition))

@@ -108,6 +108,13 @@ class Learner:
         if self._started:
             return
         self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()  # a failed start still holds connections
+            raise
+
+    async def _start(self) -> None:
         model_dir = self.settings.model_dir
         if self._given_source is None:
             self._producer = EventProducer(self.kafka, registry=self.registry,
