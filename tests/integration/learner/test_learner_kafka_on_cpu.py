@@ -114,8 +114,9 @@ async def test_stale_and_infrastructure_failures_are_dropped_and_counted(
 
 
 def _run_learner(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "openforge", "learner"], env=env,
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "openforge", "learner"], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
 
 
 async def test_killed_learner_restarts_without_losing_or_repeating_a_trajectory(
@@ -127,7 +128,8 @@ async def test_killed_learner_restarts_without_losing_or_repeating_a_trajectory(
            "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka_settings.topic_prefix, "OPENFORGE_KAFKA_PARTITIONS": "2",
            "OPENFORGE_LEARNER_MODEL_DIR": str(tiny_model), "OPENFORGE_LEARNER_CHECKPOINT_DIR": str(ckpt),
            "OPENFORGE_LEARNER_GROUPS_PER_STEP": "1", "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "2",
-           "OPENFORGE_LEARNER_LR": "3e-4", "OPENFORGE_LEARNER_BATCH_WAIT_S": "0.5"}
+           "OPENFORGE_LEARNER_LR": "3e-4", "OPENFORGE_LEARNER_BATCH_WAIT_S": "0.5",
+           "OPENFORGE_LEARNER_MAX_STALENESS": "100"}  # all data was sampled by version 0
     log = tmp_path / "learner.log"
 
     first = _run_learner(env, log)
