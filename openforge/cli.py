@@ -62,3 +62,11 @@ main.add_command(assembler_command)
 main.add_command(submit_command)
 main.add_command(launcher_command)
 main.add_command(reward_command)
+
+
+@main.command("learner")
+def learner_command() -> None:
+    """Run the off-policy learner (configured by OPENFORGE_LEARNER_* and OPENFORGE_KAFKA_*)."""
+    from learner.main import run
+
+    run()
