@@ -37,16 +37,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from consumers.checkpoint_files import CheckpointError, TensorInfo, local_path, read_layout
-from schemas import CheckpointAppliedV1, CheckpointV1, DecodeError, EventBase, decode
+from schemas import CheckpointAppliedV1, CheckpointV1, DecodeError
 from stream.consumer import EventConsumer, Received
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
+from stream.tooling import read_topic
 from stream.topics import CHECKPOINTS, TopicRegistry
 
 __all__ = ["CheckpointPublisher", "PublisherSettings", "ReplicaState"]
@@ -278,37 +277,22 @@ class CheckpointPublisher:
 
     async def _bootstrap(self) -> CheckpointV1 | None:
         """Read the compacted topic to its end: newest checkpoint, and what was reported per replica."""
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.kafka.bootstrap_servers,
-            client_id=f"{self.settings.kafka.client_id}-publisher-bootstrap",
-            group_id=None, enable_auto_commit=False, isolation_level="read_committed",
-            request_timeout_ms=self.settings.kafka.request_timeout_ms,
-        )
-        await consumer.start()
         newest: CheckpointV1 | None = None
         try:
             async with asyncio.timeout(self.settings.bootstrap_timeout_s):
-                partitions = await _partitions_of(consumer, self._topic.name)
-                consumer.assign(partitions)
-                await consumer.seek_to_beginning(*partitions)
-                ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
-                remaining = {tp for tp, end in ends.items() if end > 0}
-                while remaining:
-                    batches = await consumer.getmany(*remaining, timeout_ms=500)
-                    for records in batches.values():
-                        for record in records:
-                            event = _decode_or_none(record.headers, record.value)
-                            if isinstance(event, CheckpointV1) and event.model == self.settings.model:
-                                if newest is None or event.version > newest.version:
-                                    newest = event
-                            elif (isinstance(event, CheckpointAppliedV1) and event.model == self.settings.model
-                                  and event.replica in self.replicas):
-                                self.replicas[event.replica].reported = (event.version, event.ok)
-                    for tp in list(remaining):
-                        if await consumer.position(tp) >= ends[tp]:
-                            remaining.discard(tp)
-        finally:
-            await consumer.stop()
+                async for raw in read_topic(self.settings.kafka, self._topic.name):
+                    try:
+                        event = raw.decode()
+                    except DecodeError:
+                        continue  # the group consumer dead-letters it; bootstrap needs only valid ones
+                    if isinstance(event, CheckpointV1) and event.model == self.settings.model:
+                        if newest is None or event.version > newest.version:
+                            newest = event
+                    elif (isinstance(event, CheckpointAppliedV1) and event.model == self.settings.model
+                          and event.replica in self.replicas):
+                        self.replicas[event.replica].reported = (event.version, event.ok)
+        except KeyError as exc:
+            raise RuntimeError(f"{exc.args[0]}; create it with `openforge topics create`") from exc
         logger.info("bootstrap: newest %s checkpoint on %s is %s", self.settings.model, self._topic.name,
                     f"v{newest.version}" if newest else "none")
         return newest
@@ -447,23 +431,6 @@ class CheckpointPublisher:
                                     ok=error is None, error=error)
         await self._producer.publish(self._topic, event)
         self.replicas[url].reported = (target.version, error is None)
-
-
-async def _partitions_of(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-    for _ in range(50):
-        found = consumer.partitions_for_topic(topic)
-        if found:
-            return [TopicPartition(topic, p) for p in sorted(found)]
-        await consumer.topics()  # a metadata request; the topic may have been created a moment ago
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"topic {topic} does not exist; create it with `openforge topics create`")
-
-
-def _decode_or_none(headers: Any, value: bytes | None) -> EventBase | None:
-    try:
-        return decode(tuple((k, v) for k, v in (headers or ())), value)
-    except DecodeError:
-        return None  # the group consumer dead-letters it; bootstrap only needs the valid ones
 
 
 def _describe(exc: BaseException) -> str:
