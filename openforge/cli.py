@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import orjson
 
+from consumers.cli import publisher_command
 from openforge import __version__
 from proxy.cli import proxy_command, token_command
 from stream.cli import kafka_group, topics_group
@@ -55,3 +56,4 @@ main.add_command(topics_group)
 main.add_command(schemas_group)
 main.add_command(proxy_command)
 main.add_command(token_command)
+main.add_command(publisher_command)

@@ -134,3 +134,15 @@ def test_publisher_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         PublisherSettings(replicas=[])
     with pytest.raises(ValueError, match="OPENFORGE_PUBLISHER_MODEL"):
         CheckpointPublisher(PublisherSettings(model=""))
+
+
+def test_publisher_command_refuses_bad_settings_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from openforge.cli import main
+
+    monkeypatch.delenv("OPENFORGE_PUBLISHER_MODEL", raising=False)
+    result = CliRunner().invoke(main, ["publisher", "--replica", "http://127.0.0.1:1"])
+    assert result.exit_code == 1 and "OPENFORGE_PUBLISHER_MODEL" in result.output
+    result = CliRunner().invoke(main, ["publisher", "--replica", "127.0.0.1:1", "--model", "m"])
+    assert result.exit_code == 1 and "must start with http://" in result.output
