@@ -46,6 +46,7 @@ demo: install kafka-jars
 bench: install kafka-jars engine
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy
+	@$(PY) -m bench.publisher
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
