@@ -304,11 +304,13 @@ class CheckpointPublisher:
         wake = self._wake[url]
         backoff = self.settings.retry_backoff_s
         given_up: int | None = None  # version this replica stopped retrying (engine kept rejecting)
-        rejections = 0
+        rejections, rejected_version = 0, -1
         while not self._stopping.is_set():
             wake.clear()
             target = self._target
             delay = self.settings.check_interval_s
+            if target is not None and target.version != rejected_version:
+                rejections, rejected_version = 0, target.version  # each version gets its own tries
             if target is not None and target.version != given_up:
                 try:
                     await self._converge(state, target)
