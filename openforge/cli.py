@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import orjson
 
-from consumers.cli import publisher_command
+from consumers.publisher_cli import publisher_command
 from openforge import __version__
 from proxy.cli import proxy_command, token_command
 from stream.cli import kafka_group, topics_group
