@@ -51,6 +51,7 @@ bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy
 	@$(PY) -m bench.learner
+	@$(PY) -m bench.publisher
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
