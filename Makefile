@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses clean
+.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
@@ -29,23 +29,29 @@ engine:
 harnesses:
 	@bash scripts/harnesses/install.sh >/dev/null
 
-test: install kafka-jars engine harnesses
+# The learner's torch, transformers<5.11 and veRL (imports only what runs on CPU) in $(VENV) (once).
+learner: $(STAMP)
+	@bash scripts/learner/install.sh
+
+test: install kafka-jars engine harnesses learner
 	@$(PY) -m pytest
 
 # Inner loop: everything that needs no broker.
-test-fast: install
+test-fast: install learner
 	@$(PY) -m pytest tests/unit
 
 lint: install
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy
 
-demo: install kafka-jars
+demo: install kafka-jars learner
 	@$(VENV)/bin/openforge demo
 
-bench: install kafka-jars engine
+bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy
+	@$(PY) -m bench.learner
+	@$(PY) -m bench.publisher
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

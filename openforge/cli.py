@@ -9,6 +9,7 @@ import click
 import orjson
 
 from consumers.assembler.cli import assembler_command
+from consumers.publisher_cli import publisher_command
 from consumers.rollouts.cli import launcher_command
 from openforge import __version__
 from producers.cli import reward_command, submit_command
@@ -73,3 +74,12 @@ main.add_command(assembler_command)
 main.add_command(submit_command)
 main.add_command(launcher_command)
 main.add_command(reward_command)
+main.add_command(publisher_command)
+
+
+@main.command("learner")
+def learner_command() -> None:
+    """Run the off-policy learner (configured by OPENFORGE_LEARNER_* and OPENFORGE_KAFKA_*)."""
+    from learner.main import run
+
+    run()

@@ -1,0 +1,129 @@
+"""Learner settings (``OPENFORGE_LEARNER_*``), read from the environment in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stream.broker import cache_root
+
+
+class LearnerSettings(BaseSettings):
+    """What the learner trains, how, and how it paces, bounds and saves its work."""
+
+    model_config = SettingsConfigDict(env_prefix="OPENFORGE_LEARNER_", frozen=True, extra="ignore")
+
+    model_name: str = Field(default="tiny", min_length=1, max_length=256)
+    """Model name as the engine serves it; the key of its checkpoints on the checkpoints topic."""
+
+    model_dir: Path | None = None
+    """Hugging Face folder of the initial weights and tokenizer. Needed on a fresh start; on a
+    restart the latest published checkpoint is loaded instead."""
+
+    checkpoint_dir: Path | None = None
+    """Where checkpoint folders are written; defaults to ``<cache>/checkpoints/<model_name>``.
+    Must be readable by the checkpoint publisher and the engines."""
+
+    engine: Literal["hf", "fsdp"] = "hf"
+    """Training engine: ``hf`` (transformers model, one device) or ``fsdp`` (veRL's FSDP engine, GPUs)."""
+
+    device: str = "cpu"
+    """torch device of the ``hf`` engine (``cpu``, ``cuda``, ``cuda:1``)."""
+
+    seed: int = 0
+    """Seeds torch before the model is loaded, for reproducible runs."""
+
+    lr: float = Field(default=1e-5, gt=0)
+    """AdamW learning rate."""
+
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Gradient norm is clipped to this before each step; bounds the damage of an outlier batch."""
+
+    checkpoint_every: int = Field(default=10, ge=1)
+    """K: write a checkpoint and publish its event every K optimizer steps."""
+
+    max_staleness: int = Field(default=4, ge=0)
+    """Largest accepted ``current version - sample's oldest behaviour version``; older samples are
+    dropped and counted, because importance weights stop correcting them well."""
+
+    unversioned_as: int = Field(default=0, ge=0)
+    """Version assumed for tokens whose engine version is missing or not a decimal integer (the
+    base model's label): 0 means the initial weights."""
+
+    token_budget: int = Field(default=8192, ge=16)
+    """Padded tokens per micro-batch (rows x longest row); bounds activation memory. A longer row
+    than this trains alone."""
+
+    groups_per_step: int = Field(default=4, ge=1)
+    """Task groups per optimizer step."""
+
+    batch_wait_s: float = Field(default=30.0, gt=0)
+    """A step starts with fewer groups when the oldest ready group has waited this long."""
+
+    group_timeout_s: float = Field(default=120.0, gt=0)
+    """A group whose stragglers have not arrived this long after its first trajectory trains with
+    the members it has."""
+
+    min_group_size: int = Field(default=2, ge=1)
+    """Groups with fewer usable trajectories are dropped (a baseline from one sample is noise)."""
+
+    missing_reward: float = 0.0
+    """Reward of a trajectory that arrived without one (e.g. the agent failed); infrastructure
+    failures are excluded instead."""
+
+    advantage_estimator: str = "grpo"
+    """veRL advantage estimator by name (``grpo``, ``rloo``, ``grpo_passk``, ...): outcome estimators
+    that need only rewards and the group index."""
+
+    norm_adv_by_std: bool = True
+    """GRPO: divide by the group's reward std (False gives Dr. GRPO)."""
+
+    policy_loss: str = "vanilla"
+    """veRL policy loss by name (``vanilla``, ``gspo``, ``cispo``, ...)."""
+
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
+    """How veRL aggregates the per-token loss; normalised over the whole step, not the micro-batch."""
+
+    clip_ratio: float = Field(default=0.2, gt=0)
+    """PPO clip range of the policy loss."""
+
+    rollout_is: Literal["token", "sequence", "none"] = "token"
+    """Rollout correction (veRL ``rollout_corr_helper``): importance weights per token (truncated IS,
+    the default), per sequence, or none."""
+
+    rollout_is_threshold: str = "2.0"
+    """Upper bound of the importance weights (truncation); ``"lower_upper"`` selects IcePop."""
+
+    rollout_rs: str | None = None
+    """Optional veRL rejection-sampling modes (comma separated); None disables rejection."""
+
+    rollout_rs_threshold: str | None = None
+    """Thresholds for ``rollout_rs``, one per mode."""
+
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many steps in this process (benchmarks, tests); None runs until stopped."""
+
+    prefetch_records: int = Field(default=4096, ge=1)
+    """Decoded trajectories buffered ahead of training, so fetching overlaps with the step."""
+
+    drain_timeout_s: float = Field(default=60.0, gt=0)
+    """How long ``stop()`` lets the running step finish before giving up on it (the step is then
+    lost and redone after restart, since no checkpoint recorded it)."""
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> Self:
+        if (self.rollout_rs is None) != (self.rollout_rs_threshold is None):
+            raise ValueError("rollout_rs and rollout_rs_threshold must be set together")
+        return self
+
+    def resolved_checkpoint_dir(self) -> Path:
+        """``checkpoint_dir``, or the default folder under the cache."""
+        return self.checkpoint_dir or cache_root() / "checkpoints" / self.model_name

@@ -1,0 +1,344 @@
+"""The learner's control loop: read, group, bound staleness, build a batch, step, checkpoint.
+
+Torch work runs in a worker thread (``asyncio.to_thread``) so the event loop keeps fetching and
+decoding the next trajectories while a step runs. Nothing here touches a tensor: the trainer
+decides what trains with which advantage and hands a :class:`~learner.protocol.TrainBatch` to the
+worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import warnings
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from learner import metrics as m
+from learner.checkpoint import (
+    CheckpointError,
+    LearnerState,
+    latest_checkpoint,
+    read_state,
+    write_checkpoint_folder,
+)
+from learner.grouping import Group, GroupBuffer
+from learner.positions import Position, PositionLedger
+from learner.protocol import Row, TrainBatch
+from learner.settings import LearnerSettings
+from learner.sources import Incoming, KafkaTrajectorySource, TrajectorySource
+from learner.staleness import StalenessPolicy
+from learner.workers import PolicyWorker, make_worker
+from schemas import CheckpointV1, TopicOffset, TrajectoryV1
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+from stream.topics import CHECKPOINTS, TopicRegistry
+
+logger = logging.getLogger(__name__)
+
+_SEEN_IDS = 1_000_000  # trajectory ids remembered for deduplication
+
+
+@dataclass
+class LearnerStats:
+    """Running totals of this process, for logs, tests and the benchmark."""
+
+    steps: int = 0
+    trained_trajectories: int = 0
+    trained_tokens: int = 0
+    processed_tokens: int = 0
+    step_seconds: float = 0.0
+    dropped: dict[str, int] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    checkpoints: list[CheckpointV1 | Path] = field(default_factory=list)
+
+
+@dataclass
+class _Ready:
+    group: Group[Position]
+    since: float
+
+
+class Learner:
+    """The off-policy learner process: ``start()``, ``wait()``, idempotent ``stop()``.
+
+    With ``source=None`` it reads the trajectories topic and resumes from the newest published
+    checkpoint of its model; with a source given (benchmarks) it starts from ``model_dir`` and
+    writes checkpoint folders without publishing events.
+    """
+
+    def __init__(self, settings: LearnerSettings | None = None, kafka: KafkaSettings | None = None, *,
+                 source: TrajectorySource | None = None) -> None:
+        self.settings = settings or LearnerSettings()
+        self.kafka = kafka or KafkaSettings()
+        self.registry = TopicRegistry.from_settings(self.kafka)
+        self._given_source = source
+        self._source: TrajectorySource | None = source
+        self._producer: EventProducer | None = None
+        self._worker: PolicyWorker | None = None
+        self._ledger = PositionLedger()
+        self._groups: GroupBuffer[Position] = GroupBuffer(self.settings.group_timeout_s, time.monotonic)
+        self._ready: deque[_Ready] = deque()
+        self._policy = StalenessPolicy(self.settings.max_staleness, self.settings.unversioned_as)
+        self._metrics = m.LearnerMetrics()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._trained_since: list[str] = []
+        self._dropped_since: dict[str, str] = {}
+        self._since_checkpoint = 0
+        self.step = 0
+        self.version = 0
+        self.stats = LearnerStats()
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopped = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume (or start fresh), load the model, begin the loop in a task owned by this object.
+
+        Raises:
+            CheckpointError: the checkpoint to resume from is unusable, or a fresh start has no model_dir.
+        """
+        if self._started:
+            return
+        self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()  # a failed start still holds connections
+            raise
+
+    async def _start(self) -> None:
+        model_dir = self.settings.model_dir
+        if self._given_source is None:
+            self._producer = EventProducer(self.kafka, registry=self.registry,
+                                           client_id=f"{self.kafka.client_id}-learner")
+            await self._producer.start()
+            latest = await latest_checkpoint(self.kafka, self.registry, self.settings.model_name)
+            if latest is not None:
+                model_dir = Path(latest.uri)
+                state = read_state(model_dir)
+                self.step, self.version = latest.step, latest.version
+                self._ledger = PositionLedger.resume(state.watermarks, state.finished_above)
+                logger.info("resuming %s from checkpoint v%d (step %d) at %s", self.settings.model_name,
+                            latest.version, latest.step, state.watermarks)
+            self._source = KafkaTrajectorySource(self.kafka, self.registry, self._producer,
+                                                 start_offsets=self._ledger.watermarks(),
+                                                 prefetch=self.settings.prefetch_records)
+        if model_dir is None:
+            raise CheckpointError("no checkpoint to resume from and no OPENFORGE_LEARNER_MODEL_DIR to start with")
+        self._worker = await asyncio.to_thread(make_worker, self.settings, model_dir)
+        assert self._source is not None
+        await self._source.start()
+        self._task = asyncio.create_task(self._run(), name="learner")
+
+    async def wait(self) -> None:
+        """Return when the loop ended (``max_steps``, exhausted source, stop); re-raise its failure."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Let the running step finish, checkpoint unsaved steps, close connections. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping.set()
+        try:
+            if self._task is not None:
+                done, _ = await asyncio.wait({self._task}, timeout=self.settings.drain_timeout_s)
+                if not done:
+                    logger.warning("drain deadline passed; abandoning the running step (redone after restart)")
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+                elif not self._task.cancelled() and self._task.exception() is None and self._since_checkpoint:
+                    await self._checkpoint()
+        finally:
+            if self._source is not None:
+                await self._source.stop()
+            if self._producer is not None:
+                await self._producer.stop()
+
+    async def __aenter__(self) -> Learner:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __del__(self) -> None:
+        if self._started and not self._stopped:
+            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._source is not None
+        steps_here = 0
+        while not self._stopping.is_set():
+            item = await self._source.get(timeout_s=0.05 if self._ready else 0.2)
+            if item is not None:
+                self._accept(item)
+            now = time.monotonic()
+            for group in self._groups.expired():
+                logger.info("group %s timed out with %d members", group.task_id, len(group.members))
+                self._ready.append(_Ready(group, now))
+            finishing = self._source.exhausted and item is None
+            if finishing:
+                for group in self._groups.expired_all():
+                    self._ready.append(_Ready(group, now))
+            if self._batch_due(now, finishing):
+                groups = [self._ready.popleft().group
+                          for _ in range(min(self.settings.groups_per_step, len(self._ready)))]
+                if await self._train(groups):
+                    steps_here += 1
+                if self.settings.max_steps is not None and steps_here >= self.settings.max_steps:
+                    return
+            elif finishing and not self._ready:
+                return
+
+    def _accept(self, item: Incoming) -> None:
+        position, trajectory = item.position, item.trajectory
+        if self._ledger.already_finished(position):
+            return  # included in the checkpoint this run resumed from
+        self._ledger.read(position)
+        if trajectory is None:  # dead-lettered by the source
+            self._ledger.finish(position)
+            return
+        if trajectory.trajectory_id in self._seen:
+            self._drop(trajectory, m.DROP_DUPLICATE)
+            self._ledger.finish(position)
+            return
+        group, accepted = self._groups.add(trajectory, position)
+        if not accepted:
+            self._drop(trajectory, m.DROP_DUPLICATE)
+            self._ledger.finish(position)
+            return
+        self._seen[trajectory.trajectory_id] = None
+        if len(self._seen) > _SEEN_IDS:
+            self._seen.popitem(last=False)
+        if group is not None:
+            self._ready.append(_Ready(group, time.monotonic()))
+
+    def _batch_due(self, now: float, finishing: bool) -> bool:
+        if not self._ready:
+            return False
+        return (len(self._ready) >= self.settings.groups_per_step or finishing
+                or now - self._ready[0].since >= self.settings.batch_wait_s)
+
+    def _drop(self, trajectory: TrajectoryV1, reason: str) -> None:
+        self.stats.dropped[reason] = self.stats.dropped.get(reason, 0) + 1
+        self._dropped_since[trajectory.trajectory_id] = reason
+        self._metrics.dropped.add(1, {"reason": reason})
+
+    def build_batch(self, groups: list[Group[Position]]) -> tuple[TrainBatch, list[TrajectoryV1]]:
+        """Filter the groups (infrastructure failures, staleness, size), compute advantages, make rows."""
+        from learner.algos import compute_advantages
+
+        members: list[TrajectoryV1] = []
+        staleness: list[int] = []
+        for group in groups:
+            for trajectory, _ in group.infrastructure_failures:
+                self._drop(trajectory, m.DROP_INFRA)
+            fresh = []
+            for trajectory, _ in group.usable:
+                lag = self._policy.staleness(trajectory, self.version)
+                self._metrics.staleness.record(lag)
+                if lag > self.settings.max_staleness:
+                    self._drop(trajectory, m.DROP_STALE)
+                else:
+                    fresh.append(trajectory)
+                    staleness.append(lag)
+            if len(fresh) < self.settings.min_group_size:
+                for trajectory in fresh:
+                    self._drop(trajectory, m.DROP_SMALL_GROUP)
+                    staleness.pop()
+            else:
+                members.extend(fresh)
+        rewards = [self.settings.missing_reward if t.reward is None else t.reward for t in members]
+        advantages = compute_advantages(rewards, [t.task_id for t in members],
+                                        estimator=self.settings.advantage_estimator,
+                                        norm_adv_by_std=self.settings.norm_adv_by_std)
+        rows: list[Row] = []
+        for trajectory, advantage in zip(members, advantages, strict=True):
+            for sample in trajectory.samples:
+                if sample.trained_tokens == 0 or not sample.prompt_ids:
+                    continue
+                rows.append(Row(
+                    input_ids=[*sample.prompt_ids, *sample.completion_ids], prompt_len=len(sample.prompt_ids),
+                    loss_mask=list(sample.loss_mask), behavior_logprobs=list(sample.behavior_logprobs),
+                    advantage=advantage,
+                ))
+        info = {"trajectories": float(len(members))}
+        if rewards:
+            info["reward_mean"] = sum(rewards) / len(rewards)
+        if staleness:
+            info["staleness_mean"] = sum(staleness) / len(staleness)
+            info["staleness_max"] = float(max(staleness))
+        return TrainBatch(rows, info), members
+
+    async def _train(self, groups: list[Group[Position]]) -> bool:
+        """Train one step on ``groups``; return whether an optimizer step was taken."""
+        assert self._worker is not None
+        batch, members = self.build_batch(groups)
+        took_step = bool(batch.rows) and batch.trained_tokens > 0
+        if took_step:
+            started = time.perf_counter()
+            values = await asyncio.to_thread(self._worker.train_step, batch)
+            elapsed = time.perf_counter() - started
+            self.step += 1
+            self.version = self.step
+            self._since_checkpoint += 1
+            values = {**values, **batch.info, "step": float(self.step), "version": float(self.version)}
+            self.stats.steps += 1
+            self.stats.trained_trajectories += len(members)
+            self.stats.trained_tokens += batch.trained_tokens
+            self.stats.processed_tokens += batch.total_tokens
+            self.stats.step_seconds += elapsed
+            self.stats.last_metrics = values
+            self._trained_since.extend(t.trajectory_id for t in members)
+            self._metrics.steps.add(1)
+            self._metrics.tokens.add(batch.trained_tokens)
+            self._metrics.trajectories.add(len(members))
+            self._metrics.step_seconds.record(elapsed)
+            self._metrics.record_step(values)
+            logger.info("step %d: loss %.4f, reward %.3f, %d trajectories, %d tokens, %.2fs", self.step,
+                        values.get("loss", math.nan), values.get("reward_mean", math.nan), len(members),
+                        batch.trained_tokens, elapsed)
+        else:
+            for trajectory in members:
+                self._drop(trajectory, m.DROP_NO_TOKENS)
+        for group in groups:
+            for _, position in group.members:
+                self._ledger.finish(position)
+        if took_step and self._since_checkpoint >= self.settings.checkpoint_every:
+            await self._checkpoint()
+        return took_step
+
+    async def _checkpoint(self) -> None:
+        assert self._worker is not None
+        state = LearnerState(self.version, self.step, self._ledger.watermarks(), self._ledger.finished_above(),
+                             list(self._trained_since), dict(self._dropped_since))
+        folder = await asyncio.to_thread(write_checkpoint_folder, self.settings.resolved_checkpoint_dir(),
+                                         self.version, self._worker.save, state)
+        self._trained_since.clear()
+        self._dropped_since.clear()
+        self._since_checkpoint = 0
+        if self._producer is None:
+            self.stats.checkpoints.append(folder)
+            return
+        event = CheckpointV1(
+            model=self.settings.model_name, version=self.version, uri=str(folder), step=self.step,
+            consumed_offsets=[TopicOffset(topic=t, partition=p, offset=o)
+                              for (t, p), o in sorted(state.watermarks.items())],
+            metrics={k: v for k, v in self.stats.last_metrics.items() if math.isfinite(v)},
+        )
+        await self._producer.publish(CHECKPOINTS, event)
+        self.stats.checkpoints.append(event)
+        logger.info("checkpoint v%d at %s (offsets %s)", self.version, folder, state.watermarks)

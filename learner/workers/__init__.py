@@ -1,0 +1,39 @@
+"""Workers: what turns a :class:`~learner.protocol.TrainBatch` into an optimizer step on a model.
+
+``hf`` runs a transformers model on one device (CPU here, one GPU elsewhere); ``fsdp`` is the slot
+for veRL's FSDP engine on GPUs. Both sit behind :class:`PolicyWorker`, chosen by
+``OPENFORGE_LEARNER_ENGINE``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from learner.protocol import TrainBatch
+from learner.settings import LearnerSettings
+
+
+class PolicyWorker(Protocol):
+    """A trainable policy."""
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Recompute logprobs, compute the loss, step the optimizer; return the step's metrics."""
+
+    def save(self, folder: Path) -> None:
+        """Write weights (safetensors), config, tokenizer files and optimizer state into ``folder``."""
+
+
+def make_worker(settings: LearnerSettings, model_dir: Path) -> PolicyWorker:
+    """The worker ``settings.engine`` names, loaded from ``model_dir`` (and its optimizer state, if saved).
+
+    Raises:
+        NotImplementedError: the ``fsdp`` engine, which is not built yet.
+    """
+    if settings.engine == "fsdp":
+        from learner.workers.fsdp import FSDPPolicyWorker
+
+        return FSDPPolicyWorker(settings, model_dir)
+    from learner.workers.hf import HFPolicyWorker
+
+    return HFPolicyWorker(settings, model_dir)

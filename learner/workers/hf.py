@@ -1,0 +1,155 @@
+"""The ``hf`` worker: a transformers causal LM trained with veRL's losses on one device.
+
+Per step: for each token-budget micro-batch, a forward pass recomputes the current logprobs of the
+completion tokens; veRL's rollout correction turns them and the behaviour logprobs into truncated
+importance weights; veRL's policy loss, normalised over the whole step's tokens, is backpropagated;
+after the last micro-batch the gradients are clipped and AdamW steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+from verl.utils import torch_functional as verl_F
+from verl.workers.config import ActorConfig
+
+from learner.algos import policy_loss, rollout_correction
+from learner.batching import micro_batches
+from learner.protocol import Row, TrainBatch
+from learner.settings import LearnerSettings
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+# Files of a model folder that save_pretrained does not write but an engine needs to serve it.
+_CARRIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+            "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json")
+
+
+class HFPolicyWorker:
+    """A Hugging Face causal LM with AdamW, trained by :meth:`train_step`."""
+
+    def __init__(self, settings: LearnerSettings, model_dir: Path) -> None:
+        self.settings = settings
+        self.model_dir = model_dir
+        self.device = torch.device(settings.device)
+        torch.manual_seed(settings.seed)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.model = model.to(self.device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr,
+                                           weight_decay=settings.weight_decay)
+        state = model_dir / OPTIMIZER_FILE
+        if state.exists():
+            self.optimizer.load_state_dict(torch.load(state, map_location=self.device, weights_only=True))
+        self._loss_fn = policy_loss(settings.policy_loss)
+        self._actor = ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
+                                  rollout_n=1, clip_ratio=settings.clip_ratio, clip_ratio_low=settings.clip_ratio,
+                                  clip_ratio_high=settings.clip_ratio)
+        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+
+    def _tensors(self, rows: list[Row]) -> dict[str, torch.Tensor]:
+        width = max(len(r.input_ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        # Aligned with the predicted token: column j scores input_ids[:, j + 1].
+        mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+        behavior = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+        advantages = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+        for i, row in enumerate(rows):
+            n, start = len(row.input_ids), row.prompt_len - 1
+            ids[i, :n] = torch.tensor(row.input_ids, dtype=torch.long)
+            attention[i, :n] = 1
+            stop = start + len(row.loss_mask)
+            mask[i, start:stop] = torch.tensor(row.loss_mask, dtype=torch.float32)
+            behavior[i, start:stop] = torch.tensor(row.behavior_logprobs, dtype=torch.float32)
+            advantages[i, start:stop] = row.advantage
+        out = {"ids": ids, "attention": attention, "mask": mask, "behavior": behavior, "advantages": advantages}
+        return {k: v.to(self.device) for k, v in out.items()}
+
+    def token_logprobs(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Current logprobs and entropies of every predicted token, with the padded tensors."""
+        t = self._tensors(rows)
+        logits = self.model(input_ids=t["ids"], attention_mask=t["attention"]).logits[:, :-1].float()
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, t["ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            entropy = verl_F.entropy_from_logits(logits)
+        return logprobs, entropy, t
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step over ``batch`` (see the module docstring)."""
+        s = self.settings
+        rows = [r for r in batch.rows if r.trained_tokens > 0]
+        if not rows:
+            return {}
+        actor = dataclasses.replace(self._actor, global_batch_info={
+            "dp_size": 1, "batch_num_tokens": sum(r.trained_tokens for r in rows), "global_batch_size": len(rows),
+        })
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        weights_seen: list[torch.Tensor] = []
+        total_loss = 0.0
+        entropy_sum, mask_sum = 0.0, 0.0
+        parts = micro_batches(rows, s.token_budget)
+        for part in parts:
+            logprobs, entropy, t = self.token_logprobs(part)
+            current = logprobs.detach()
+            weights, mask, corr = rollout_correction(
+                current, t["behavior"], t["mask"], mode=s.rollout_is, threshold=s.rollout_is_threshold,
+                rejection=s.rollout_rs, rejection_threshold=s.rollout_rs_threshold,
+            )
+            # One update per batch: the proximal policy is the current one, so the PPO ratio starts
+            # at 1 and the off-policy gap is carried entirely by the rollout-correction weights.
+            loss, loss_metrics = self._loss_fn(
+                old_log_prob=current, log_prob=logprobs, advantages=t["advantages"], response_mask=mask,
+                loss_agg_mode=s.loss_agg_mode, config=actor, rollout_is_weights=weights,
+            )
+            loss.backward()  # type: ignore[no-untyped-call]
+            total_loss += float(loss.detach())
+            entropy_sum += float((entropy * t["mask"]).sum())
+            mask_sum += float(t["mask"].sum())
+            if weights is not None:
+                weights_seen.append(weights[t["mask"] > 0].detach().flatten())
+            for key, value in {**corr, **_floats(loss_metrics)}.items():
+                sums[key] = sums.get(key, 0.0) + value
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = {k: v / len(parts) for k, v in sums.items()}
+        metrics.update({"loss": total_loss, "entropy": entropy_sum / max(mask_sum, 1.0), "grad_norm": grad_norm,
+                        "micro_batches": float(len(parts))})
+        if weights_seen:
+            w = torch.cat(weights_seen)
+            metrics.update({
+                "is_weight_mean": float(w.mean()), "is_weight_max": float(w.max()), "is_weight_min": float(w.min()),
+                # Kish's effective sample size, as a fraction of the tokens.
+                "is_ess": float(w.sum() ** 2 / (w.numel() * (w**2).sum())) if float((w**2).sum()) > 0 else 0.0,
+            })
+        return {k: v for k, v in metrics.items() if math.isfinite(v) or k == "loss"}
+
+    def save(self, folder: Path) -> None:
+        """Weights as safetensors, the config, tokenizer files from the source folder, optimizer state."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder, safe_serialization=True)
+        for name in _CARRIED:
+            src = self.model_dir / name
+            if src.exists() and not (folder / name).exists():
+                shutil.copy2(src, folder / name)
+        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out

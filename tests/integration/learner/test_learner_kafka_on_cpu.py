@@ -1,0 +1,166 @@
+"""The learner against the real broker: trains, checkpoints with offsets, survives a kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from trajectories import groups
+
+from learner.checkpoint import STATE_FILE, latest_checkpoint
+from learner.settings import LearnerSettings
+from learner.trainer import Learner
+from schemas import CheckpointV1, DeadLetterV1, decode
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+from stream.tooling import read_topic
+from stream.topics import CHECKPOINTS, DEAD_LETTERS, TRAJECTORIES, TopicRegistry
+
+pytestmark = pytest.mark.kafka
+
+
+async def _events(kafka: KafkaSettings, topic: str) -> list[object]:
+    return [decode(r.headers, r.value) async for r in read_topic(kafka, topic)]
+
+
+async def _publish(kafka: KafkaSettings, trajectories: list) -> None:
+    async with EventProducer(kafka) as producer:
+        for t in trajectories:
+            await producer.send(TRAJECTORIES, t)
+        await producer.flush()
+
+
+def _settings(tiny_model: Path, tmp_path: Path, **kw: object) -> LearnerSettings:
+    base: dict[str, object] = dict(model_dir=tiny_model, checkpoint_dir=tmp_path / "ckpt", lr=3e-4,
+                                   groups_per_step=1, checkpoint_every=2, batch_wait_s=0.5, token_budget=512)
+    base.update(kw)
+    return LearnerSettings(**base)  # type: ignore[arg-type]
+
+
+async def test_learner_trains_from_kafka_and_publishes_checkpoints_with_offsets(
+        topics: TopicRegistry, kafka_settings: KafkaSettings, tiny_model: Path, tmp_path: Path) -> None:
+    data = groups(4, 4, prefix="a")
+    await _publish(kafka_settings, data)
+    # Bad input: raw bytes that are no event. It is dead-lettered, counted as consumed, and the run goes on.
+    async with EventProducer(kafka_settings) as producer:
+        await (await producer.send_raw(topics[TRAJECTORIES].name, b"not an event", key=b"a-0"))
+
+    learner = Learner(_settings(tiny_model, tmp_path, max_steps=4), kafka_settings)
+    async with learner:
+        await asyncio.wait_for(learner.wait(), 100)
+    assert learner.stats.steps == 4 and learner.stats.trained_trajectories == 16
+    assert math.isfinite(learner.stats.last_metrics["loss"])
+    assert 0 < learner.stats.last_metrics["is_weight_mean"] <= 2.0
+
+    published = [e for e in await _events(kafka_settings, topics[CHECKPOINTS].name) if isinstance(e, CheckpointV1)]
+    assert [c.version for c in published] == [2, 4]
+    last = published[-1]
+    assert sum(o.offset for o in last.consumed_offsets) == 17  # 16 trajectories + the dead-lettered record
+    assert all(o.topic == topics[TRAJECTORIES].name for o in last.consumed_offsets)
+    folder = Path(last.uri)
+    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    assert math.isfinite(last.metrics["loss"])
+    state = json.loads((folder / STATE_FILE).read_text())
+    assert len(state["trained_ids"]) == 8
+    letters = [e for e in await _events(kafka_settings, topics[DEAD_LETTERS].name) if isinstance(e, DeadLetterV1)]
+    assert len(letters) == 1 and letters[0].value == b"not an event"
+
+    # A restart resumes after the last checkpoint: nothing left to train, the model loads from it.
+    again = Learner(_settings(tiny_model, tmp_path, max_steps=1, model_dir=None), kafka_settings)
+    async with again:
+        await asyncio.sleep(3)
+        assert again.version == 4 and again.stats.steps == 0
+    assert (await latest_checkpoint(kafka_settings, topics, "tiny")) == last
+
+
+async def test_stale_and_infrastructure_failures_are_dropped_and_counted(
+        topics: TopicRegistry, kafka_settings: KafkaSettings, tiny_model: Path, tmp_path: Path) -> None:
+    from trajectories import trajectory
+
+    fresh = groups(1, 3, prefix="f", version="0")
+    mixed = [trajectory("m", 0, 3, reward=1.0), trajectory("m", 1, 3, reward=0.0),
+             trajectory("m", 2, 3, infrastructure_failure=True)]
+    await _publish(kafka_settings, fresh + mixed)
+    settings = _settings(tiny_model, tmp_path, max_staleness=1, checkpoint_every=1)
+    learner = Learner(settings.model_copy(update={"max_steps": 2}), kafka_settings)
+    async with learner:
+        await asyncio.wait_for(learner.wait(), 100)
+    assert learner.stats.steps == 2
+    assert learner.stats.dropped == {"infrastructure_failure": 1}
+    assert learner.stats.last_metrics["trajectories"] in (2.0, 3.0)  # the failure left out of the statistics
+
+    # Sampled by version 0; the resumed learner is at version 2 with a bound of 1: too old to train.
+    await _publish(kafka_settings, groups(1, 3, prefix="s", version="0"))
+    again = Learner(settings, kafka_settings)
+    async with again:
+        for _ in range(200):
+            if again.stats.dropped:
+                break
+            await asyncio.sleep(0.1)
+    assert again.version == 2 and again.stats.steps == 0
+    assert again.stats.dropped == {"stale": 3}
+    latest = await latest_checkpoint(kafka_settings, topics, "tiny")
+    assert latest is not None and latest.version == 2
+    # Drops change no weights, so no new checkpoint: a restart reads the stale group again and drops it again.
+    assert sum(o.offset for o in latest.consumed_offsets) == 6
+
+
+def _run_learner(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-m", "openforge", "learner"], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+async def test_killed_learner_restarts_without_losing_or_repeating_a_trajectory(
+        topics: TopicRegistry, kafka_settings: KafkaSettings, tiny_model: Path, tmp_path: Path) -> None:
+    data = groups(8, 4, prefix="k")
+    await _publish(kafka_settings, data)
+    ckpt = tmp_path / "ckpt"
+    env = {**os.environ, "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+           "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka_settings.topic_prefix, "OPENFORGE_KAFKA_PARTITIONS": "2",
+           "OPENFORGE_LEARNER_MODEL_DIR": str(tiny_model), "OPENFORGE_LEARNER_CHECKPOINT_DIR": str(ckpt),
+           "OPENFORGE_LEARNER_GROUPS_PER_STEP": "1", "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "2",
+           "OPENFORGE_LEARNER_LR": "3e-4", "OPENFORGE_LEARNER_BATCH_WAIT_S": "0.5",
+           "OPENFORGE_LEARNER_MAX_STALENESS": "100"}  # all data was sampled by version 0
+    log = tmp_path / "learner.log"
+
+    first = _run_learner(env, log)
+    deadline = time.monotonic() + 90
+    while not (ckpt / "v00000002").exists():  # the first checkpoint is on disk: kill it mid-run
+        assert first.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        await asyncio.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = max(int(p.name[1:]) for p in ckpt.glob("v*"))
+
+    second = _run_learner(env, log)
+    try:
+        while True:
+            latest = await latest_checkpoint(kafka_settings, topics, "tiny")
+            if latest is not None and sum(o.offset for o in latest.consumed_offsets) == len(data):
+                break
+            assert second.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline + 60, log.read_text()[-3000:]
+            await asyncio.sleep(0.5)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=60) == 0, log.read_text()[-3000:]
+
+    published = [e for e in await _events(kafka_settings, topics[CHECKPOINTS].name) if isinstance(e, CheckpointV1)]
+    versions = [c.version for c in published]
+    assert versions == sorted(set(versions)), versions  # the restart continued the lineage
+    assert killed_at < 8, "the first run finished before it was killed; the test proved nothing"
+    trained: list[str] = []
+    for c in published:
+        trained += json.loads((Path(c.uri) / STATE_FILE).read_text())["trained_ids"]
+    assert len(trained) == len(set(trained)), "a trajectory was trained twice"
+    assert sorted(trained) == sorted(t.trajectory_id for t in data), "a trajectory was lost"

