@@ -60,7 +60,9 @@ class DemoOptions:
     stop_at: float = 0.9
     """Stop early once the mean reward of the last window reaches this."""
     seed: int = 0
-    """Seed of the tiny model's weights."""
+    """Seed of the tiny model's weights and of the learner."""
+    lr: float = 1e-3
+    """The learner's AdamW learning rate."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
@@ -155,8 +157,16 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
         ("proxy", ["proxy", "--port", str(proxy_port), "--upstream", engine_url],
          {**base, "OPENFORGE_PROXY_SPOOL_DIR": str(out / "spool"), "OPENFORGE_PROXY_SERVED_MODEL": str(model_dir)}),
         ("assembler", ["assembler"], {**base}),
-        ("learner", ["learner"], {**base}),
-        ("publisher", ["publisher"], {**base}),
+        ("learner", ["learner"],
+         {**base, "OPENFORGE_LEARNER_MODEL_NAME": MODEL_NAME, "OPENFORGE_LEARNER_MODEL_DIR": str(model_dir),
+          "OPENFORGE_LEARNER_CHECKPOINT_DIR": str(out / "checkpoints"), "OPENFORGE_LEARNER_SEED": str(options.seed),
+          # A tiny model and few samples: a large step size, a checkpoint (and a new served version)
+          # after every step, and little waiting for groups, so the curve moves within minutes.
+          "OPENFORGE_LEARNER_LR": str(options.lr), "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
+          "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5",
+          "OPENFORGE_LEARNER_MAX_STALENESS": "8"}),
+        ("publisher", ["publisher", "--replica", engine_url, "--model", MODEL_NAME],
+         {**base, "OPENFORGE_PUBLISHER_REFERENCE_WEIGHTS": str(model_dir)}),
         ("launcher", ["launcher", "--backend", "local", "--max-in-flight", str(options.max_in_flight),
                       "--proxy-url", proxy_url],
          {**base, "OPENFORGE_LAUNCHER_STATE_DIR": str(out / "launcher-state"),
