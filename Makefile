@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses clean
+.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses helm clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
@@ -29,7 +29,13 @@ engine:
 harnesses:
 	@bash scripts/harnesses/install.sh >/dev/null
 
-test: install kafka-jars engine harnesses
+# helm built from the Go module proxy, and Strimzi's CRDs generated from its Maven Central artifacts,
+# for the chart tests (once each, cached).
+helm:
+	@bash scripts/helm/install.sh >/dev/null
+	@bash scripts/helm/strimzi_crds.sh >/dev/null
+
+test: install kafka-jars engine harnesses helm
 	@$(PY) -m pytest
 
 # Inner loop: everything that needs no broker.
