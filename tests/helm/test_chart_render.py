@@ -280,3 +280,29 @@ def test_values_schema_matches_values_file() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+def _metadata_blocks(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    blocks = [obj["metadata"]]
+    template = obj.get("spec", {}).get("template") if isinstance(obj.get("spec"), dict) else None
+    if isinstance(template, dict):
+        blocks.append(template.get("metadata", {}))
+    return blocks
+
+
+def test_labels_and_annotations_are_strings(rendered: dict[str, list[dict[str, Any]]], combo: Combo) -> None:
+    for obj in rendered[combo.name]:
+        for metadata in _metadata_blocks(obj):
+            for field in ("labels", "annotations"):
+                for key, value in (metadata.get(field) or {}).items():
+                    assert isinstance(value, str), f"{obj['kind']}/{obj['metadata']['name']} {field} {key}={value!r}"
+
+
+def test_checksums_are_quoted() -> None:
+    """A hex digest prefix can read as a number in YAML (all digits, or digits-e-digits for Go's parser);
+    only a quoted one is always the string an annotation must be. Rendering alone rarely shows it."""
+    lines = [line for path in sorted((CHART / "templates").rglob("*")) if path.is_file()
+             for line in path.read_text().splitlines() if "checksum/" in line and "sha256sum" in line]
+    assert len(lines) >= 2
+    for line in lines:
+        assert line.rstrip().endswith("| quote }}"), line
