@@ -54,8 +54,9 @@ if [ "${OPENFORGE_HELM_FORCE:-0}" != "1" ] && binary_ok; then
 fi
 
 log "building $MODULE@$HELM_VERSION with $(go version | cut -d' ' -f3) into $PREFIX/bin"
-# GOFLAGS=-mod=mod: go install module@version ignores a surrounding go.mod; -trimpath keeps the
-# build machine's paths out of the binary; the version is stamped the way helm's Makefile does.
+# `go install module@version` builds in module mode whatever go.mod surrounds it; -trimpath keeps the
+# build machine's paths out of the binary; the version is stamped the way helm's Makefile does, so
+# `helm version` reports it.
 GOBIN="$PREFIX/bin" CGO_ENABLED=0 nice -n 10 go install -p 1 -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
     "$MODULE@$HELM_VERSION" >&2
