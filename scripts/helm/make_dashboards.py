@@ -40,7 +40,8 @@ def panel(title: str, description: str, targets: list[tuple[str, str]], unit: st
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]}},
-        "targets": [_target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(targets)],
+        "targets": [{**_target(expr, legend, chr(ord("A") + i)), **({"format": "heatmap"} if kind == "heatmap" else {})}
+                    for i, (expr, legend) in enumerate(targets)],
     }
 
 
