@@ -87,6 +87,11 @@ def api(kube_api: Any, crd_dir: Path) -> Api:
     for namespace in (NAMESPACE, "rollouts"):
         answer = client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, dry_run=False)
         assert answer.status_code in (200, 201), answer.text
+        # No controller-manager runs beside a test API server, so nothing creates the namespace's default
+        # ServiceAccount, which admission of a Pod without serviceAccountName (the helm test pod) looks up.
+        default = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": namespace}}
+        answer = client.apply(default, dry_run=False)
+        assert answer.status_code in (200, 201), answer.text
     return client
 
 
