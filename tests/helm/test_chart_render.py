@@ -111,7 +111,12 @@ def test_every_process_has_a_deployment(default_objects: list[dict[str, Any]]) -
         assert container["args"] == [name]
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > 0
-        assert env_of(deployment)["OPENFORGE_KAFKA_BOOTSTRAP_SERVERS"]
+        env = env_of(deployment)
+        assert env["OPENFORGE_KAFKA_BOOTSTRAP_SERVERS"]
+        # Read-only root filesystem: home and caches live on the /tmp emptyDir.
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert env["HOME"] == "/tmp" and env["XDG_CACHE_HOME"].startswith("/tmp/")
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
 
 
 def test_proxy_autoscaler_owns_replicas(default_objects: list[dict[str, Any]], helm: Helm, helm_tmp: Path) -> None:

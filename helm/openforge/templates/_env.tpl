@@ -16,6 +16,14 @@ OPENFORGE_KAFKA_REPLICATION_FACTOR: {{ .Values.kafka.strimzi.replicationFactor |
 {{- end }}
 {{- end }}
 
+{{/*
+The root filesystem is read-only: point HOME and caches (torch, Hugging Face, pip) at the /tmp emptyDir.
+*/}}
+{{- define "openforge.env.common" -}}
+HOME: "/tmp"
+XDG_CACHE_HOME: "/tmp/.cache"
+{{- end }}
+
 {{- define "openforge.env.otel" -}}
 {{- $endpoint := include "openforge.otelEndpoint" .root }}
 OTEL_SERVICE_NAME: {{ printf "openforge-%s" .name | quote }}
@@ -96,6 +104,7 @@ first (OTEL_RESOURCE_ATTRIBUTES refers to them), then every variable sorted by n
 {{- define "openforge.env" -}}
 {{- $root := .root }}
 {{- $vars := dict }}
+{{- $vars = merge $vars (include "openforge.env.common" $root | fromYaml) }}
 {{- $vars = merge $vars (include "openforge.env.kafka" $root | fromYaml) }}
 {{- $vars = merge $vars (include "openforge.env.otel" (dict "root" $root "name" .name) | fromYaml) }}
 {{- $vars = merge $vars (include (printf "openforge.env.%s" .name) $root | fromYaml) }}
