@@ -9,7 +9,9 @@ Strimzi resources are checked by the API server's own structural-schema validati
 
 from __future__ import annotations
 
+import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ class Api:
 
     def __init__(self, kube_api: Any) -> None:
         url, token, ca = _connection(kube_api)
-        self.client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, verify=ca, timeout=30)
+        self.client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                                   verify=ssl.create_default_context(cafile=ca), timeout=30)
         self._resources: dict[tuple[str, str], tuple[str, bool]] = {}
 
     def resource(self, api_version: str, kind: str) -> tuple[str, bool]:
@@ -81,7 +84,7 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def api(kube_api: Any, crd_dir: Path) -> Api:
+def api(kube_api: Any, crd_dir: Path) -> Iterator[Api]:
     client = Api(kube_api)
     client.install_crds(crd_dir)
     for namespace in (NAMESPACE, "rollouts"):
@@ -92,7 +95,8 @@ def api(kube_api: Any, crd_dir: Path) -> Api:
         default = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": namespace}}
         answer = client.apply(default, dry_run=False)
         assert answer.status_code in (200, 201), answer.text
-    return client
+    yield client
+    client.client.close()
 
 
 def _dry_run_all(api: Api, objects: list[dict[str, Any]]) -> None:
@@ -121,5 +125,6 @@ def test_dry_run_rejects_an_unknown_field(api: Api, default_objects: list[dict[s
     topic = next(o for o in default_objects if o["kind"] == "KafkaTopic")
     broken = {**topic, "spec": {**topic["spec"], "partitionz": 3}}
     answer = api.apply(broken, dry_run=True)
-    assert answer.status_code in (400, 422), answer.text
-    assert "partitionz" in answer.text
+    # Server-side apply refuses it while building the typed patch, which the API server reports as 500.
+    assert answer.status_code in (400, 422, 500), answer.text
+    assert ".spec.partitionz: field not declared in schema" in answer.text
