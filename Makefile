@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses clean
+.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses kube clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
@@ -29,7 +29,12 @@ engine:
 harnesses:
 	@bash scripts/harnesses/install.sh >/dev/null
 
-test: install kafka-jars engine harnesses
+# kube-apiserver and etcd built from the Go module proxy for the integration tests (once;
+# about 25 min cold on two cores, see docs/kube.md).
+kube:
+	@bash scripts/kube/install.sh >/dev/null
+
+test: install kafka-jars engine harnesses kube
 	@$(PY) -m pytest
 
 # Inner loop: everything that needs no broker.
