@@ -55,3 +55,12 @@ main.add_command(topics_group)
 main.add_command(schemas_group)
 main.add_command(proxy_command)
 main.add_command(token_command)
+
+
+def _add_watcher() -> None:
+    from openforge.watcher import watcher_command
+
+    main.add_command(watcher_command)
+
+
+_add_watcher()
