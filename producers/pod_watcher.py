@@ -254,6 +254,21 @@ class _Expired(Exception):
     """The server answered 410 Gone: list again."""
 
 
+async def _checked(response: aiohttp.ClientResponse) -> aiohttp.ClientResponse:
+    """Raise ``ApiException`` for a non-2xx raw response (``_preload_content=False`` does not)."""
+    if 200 <= response.status <= 299:
+        return response
+    try:
+        body = await response.read()
+    finally:
+        response.release()
+    try:
+        detail = str(orjson.loads(body).get("message"))
+    except (orjson.JSONDecodeError, AttributeError):
+        detail = body[:200].decode(errors="replace")
+    raise ApiException(status=response.status, reason=detail)
+
+
 class PodWatcher:
     """Publish rollout lifecycle events for the pods of one namespace.
 
@@ -271,6 +286,8 @@ class PodWatcher:
         """Last seen object per pod name."""
         self._done: dict[str, set[str]] = {}
         """Published phases per pod uid, for the moments before our own patch is visible."""
+        self._bad: set[str] = set()
+        """Uids of pods whose annotations cannot be read (reported once)."""
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._listed = asyncio.Event()
@@ -350,10 +367,10 @@ class PodWatcher:
             await asyncio.wait_for(self._stopping.wait(), backoff)
 
     async def _relist(self) -> str:
-        response = await self._api.list_namespaced_pod(
+        response = await _checked(await self._api.list_namespaced_pod(
             self.settings.namespace, label_selector=self.settings.label_selector,
             _preload_content=False, _request_timeout=self.settings.request_timeout_s,
-        )
+        ))
         try:
             body = orjson.loads(await response.read())
         finally:
@@ -372,11 +389,17 @@ class PodWatcher:
         return str(body["metadata"]["resourceVersion"])
 
     async def _watch(self, version: str) -> str:
-        response = await self._api.list_namespaced_pod(
-            self.settings.namespace, label_selector=self.settings.label_selector, watch=True,
-            allow_watch_bookmarks=True, resource_version=version, timeout_seconds=self.settings.watch_timeout_s,
-            _preload_content=False, _request_timeout=self.settings.watch_timeout_s + self.settings.request_timeout_s,
-        )
+        try:
+            response = await _checked(await self._api.list_namespaced_pod(
+                self.settings.namespace, label_selector=self.settings.label_selector, watch=True,
+                allow_watch_bookmarks=True, resource_version=version, timeout_seconds=self.settings.watch_timeout_s,
+                _preload_content=False,
+                _request_timeout=self.settings.watch_timeout_s + self.settings.request_timeout_s,
+            ))
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Expired(str(exc)) from exc
+            raise
         self._response = response
         try:
             while not self._stopping.is_set():
@@ -394,10 +417,6 @@ class PodWatcher:
                         await self._handle(obj, deleted=kind == "DELETED")
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)  # BOOKMARK too
             return version
-        except ApiException as exc:
-            if exc.status == 410:
-                raise _Expired(str(exc)) from exc
-            raise
         finally:
             self._response = None
             response.release()
@@ -416,10 +435,13 @@ class PodWatcher:
         annotations = meta.get("annotations") or {}
         try:
             base = self._base_fields(annotations, pod)
-        except (KeyError, ValueError) as exc:
-            self.stats.skipped += 1
-            logger.error("pod %s/%s has no usable rollout annotations (%s); ignoring it",
-                         self.settings.namespace, name, exc)
+            RolloutEventV1(phase=RolloutPhase.SCHEDULED, **base)  # ids and group fields valid?
+        except (KeyError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+            if uid not in self._bad:  # once per pod, not on every event and sweep
+                self._bad.add(uid)
+                self.stats.skipped += 1
+                logger.error("pod %s/%s has no usable rollout annotations (%s: %s); ignoring it",
+                             self.settings.namespace, name, type(exc).__name__, exc)
             return
         done = _published(pod) | self._done.get(uid, set())
         outcomes = derive_phases(pod, datetime.now(UTC), self.settings)
@@ -473,12 +495,14 @@ class PodWatcher:
         # The uid precondition keeps a patch from landing on a new pod that reuses the name.
         body = {"metadata": {"uid": uid, "annotations": annotations}}
         try:
-            patched = await self._api.patch_namespaced_pod(
+            patched = await _checked(await self._api.patch_namespaced_pod(
                 name, self.settings.namespace, body, _content_type="application/merge-patch+json",
                 _preload_content=False, _request_timeout=self.settings.request_timeout_s,
-            )
-            pod = orjson.loads(await patched.read())
-            patched.release()
+            ))
+            try:
+                pod = orjson.loads(await patched.read())
+            finally:
+                patched.release()
             if name in self._pods and self._pods[name]["metadata"].get("uid") == uid:
                 self._pods[name] = pod
         except ApiException as exc:

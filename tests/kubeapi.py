@@ -323,11 +323,15 @@ class Kubelet:
 
     async def bind(self, name: str) -> None:
         """The scheduler's part: bind the pod to a node."""
-        await self.core.create_namespaced_pod_binding(
+        # Raw response: the server answers with a Status, which the client cannot read as a Binding.
+        response = await self.core.create_namespaced_pod_binding(
             name, self.namespace,
             {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
              "target": {"apiVersion": "v1", "kind": "Node", "name": self.node}},
             _preload_content=False)
+        body = await response.read()
+        response.release()
+        assert response.status == 201, body
 
     async def unschedulable(self, name: str, message: str = "0/3 nodes are available: 3 Insufficient memory.") -> None:
         await self._status(name, {"phase": "Pending", "conditions": [
