@@ -292,7 +292,7 @@ class KubeAPI:
         configuration = k8s.Configuration()
         configuration.host = (server or self.server).url
         configuration.ssl_ca_cert = str(self.ca_file)
-        configuration.api_key = {"authorization": f"Bearer {token or self.admin_token}"}
+        configuration.api_key = {"BearerToken": f"Bearer {token or self.admin_token}"}
         return k8s.ApiClient(configuration)
 
 

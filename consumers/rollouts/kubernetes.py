@@ -129,7 +129,7 @@ async def connect(settings: KubernetesSettings) -> k8s.ApiClient:
     if settings.server:
         configuration.host = settings.server.rstrip("/")
         if settings.token is not None:
-            configuration.api_key = {"authorization": "Bearer " + settings.token.get_secret_value()}
+            configuration.api_key = {"BearerToken": "Bearer " + settings.token.get_secret_value()}
         if settings.ca_file:
             configuration.ssl_ca_cert = settings.ca_file
     elif settings.in_cluster:
