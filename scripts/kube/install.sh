@@ -38,7 +38,7 @@ log() { printf '[kube-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
-command -v go >/dev/null || die "go is not on PATH (Go 1.25+ is needed to build kube-apiserver $KUBE_VERSION)"
+command -v go >/dev/null || die "go is not on PATH (Go 1.26+ is needed to build kube-apiserver $KUBE_VERSION)"
 
 if [ "${OPENFORGE_KUBE_FORCE:-0}" != "1" ] && [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]; then
     log "already built in $BIN"
@@ -64,10 +64,10 @@ TIME=()
 if [ -x /usr/bin/time ]; then TIME=(/usr/bin/time -f '%e s wall, %M KiB peak RSS (largest single process)'); fi
 STAGING_MINOR="v0.${KUBE_VERSION#v1.}"
 
-build_module() {  # build_module DIR OUT PKG
-    local dir="$1" out="$2" pkg="$3" t0=$SECONDS
+build_module() {  # build_module DIR OUT PKG [EXTRA_LDFLAGS]
+    local dir="$1" out="$2" pkg="$3" extra="${4:-}" t0=$SECONDS
     log "building $pkg -> $out (go build -p $PARALLEL, GOMAXPROCS=$GOMAXPROCS)"
-    (cd "$dir" && nice -n 10 "${TIME[@]}" go build -p "$PARALLEL" -trimpath -ldflags "-s -w" -o "$out.tmp" "$pkg")
+    (cd "$dir" && nice -n 10 "${TIME[@]}" go build -p "$PARALLEL" -trimpath -ldflags "-s -w $extra" -o "$out.tmp" "$pkg")
     mv -f "$out.tmp" "$out"
     log "built $(basename "$out") in $((SECONDS - t0)) s ($(du -h "$out" | cut -f1))"
 }
@@ -120,7 +120,12 @@ package tools
 import _ "k8s.io/kubernetes/cmd/kube-apiserver"
 GO
     (cd "$KUBE_SRC" && nice -n 10 go mod tidy)
-    build_module "$KUBE_SRC" "$BIN/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+    # What Kubernetes' own release build stamps in; without it the server reports v0.0.0-master.
+    MINOR="${KUBE_VERSION#v1.}"; MINOR="${MINOR%%.*}"
+    VERSION_PKG="k8s.io/component-base/version"
+    STAMP="-X $VERSION_PKG.gitVersion=$KUBE_VERSION -X $VERSION_PKG.gitMajor=1 -X $VERSION_PKG.gitMinor=$MINOR"
+    STAMP="$STAMP -X $VERSION_PKG.gitTreeState=clean"
+    build_module "$KUBE_SRC" "$BIN/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver "$STAMP"
 fi
 
 "$BIN/etcd" --version | head -n 1 >&2
