@@ -253,3 +253,29 @@ async def test_api_server_restart_mid_watch_loses_or_repeats_nothing(
     assert event_log.phases(specs[2].rollout_id) == ["scheduled"]
     assert event_log.phases(specs[3].rollout_id) == ["scheduled"]
     assert_no_repeats(event_log)
+
+
+async def test_openforge_watcher_process_publishes_and_drains_on_sigterm(
+        kube_api, kube_settings, kube_namespace, kafka_settings, event_log) -> None:
+    import os
+    import signal
+    import sys
+
+    env = {**os.environ,
+           "OPENFORGE_KUBE_SERVER": kube_api.url, "OPENFORGE_KUBE_TOKEN": kube_api.watcher_token,
+           "OPENFORGE_KUBE_CA_FILE": str(kube_api.ca_file), "OPENFORGE_WATCHER_NAMESPACE": kube_namespace,
+           "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+           "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka_settings.topic_prefix}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openforge", "watcher", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        spec = make_spec(make_task(), 0)
+        await _launch(kube_settings, [spec])
+        await event_log.wait_for(lambda: event_log.phases(spec.rollout_id) == ["scheduled"], timeout_s=60,
+                                 what="scheduled from the watcher process")
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, output.decode(errors="replace")[-2000:]
