@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner helm clean
+.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner helm kube clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
@@ -39,7 +39,12 @@ helm:
 	@bash scripts/helm/install.sh >/dev/null
 	@bash scripts/helm/strimzi_crds.sh >/dev/null
 
-test: install kafka-jars engine harnesses learner helm
+# kube-apiserver and etcd built from the Go module proxy for the integration tests (once;
+# about 25 min cold on two cores, see docs/kube.md).
+kube:
+	@bash scripts/kube/install.sh >/dev/null
+
+test: install kafka-jars engine harnesses learner helm kube
 	@$(PY) -m pytest
 
 # Inner loop: everything that needs no broker.

@@ -193,7 +193,7 @@ def test_rollout_pods_reach_only_the_proxy(helm: Helm, helm_tmp: Path) -> None:
     egress = one(objects, "NetworkPolicy", "-rollout-egress")
     assert egress["metadata"]["namespace"] == "rollouts"
     assert egress["spec"]["policyTypes"] == ["Egress"]
-    assert egress["spec"]["podSelector"] == {"matchExpressions": [{"key": "openforge.io/rollout", "operator": "Exists"}]}
+    assert egress["spec"]["podSelector"] == {"matchExpressions": [{"key": "openforge.dev/rollout", "operator": "Exists"}]}
     rules = egress["spec"]["egress"]
     assert len(rules) == 2
     proxy_rule, dns_rule = rules
