@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner clean
+.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner helm kube clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
@@ -33,7 +33,18 @@ harnesses:
 learner: $(STAMP)
 	@bash scripts/learner/install.sh
 
-test: install kafka-jars engine harnesses learner
+# helm built from the Go module proxy, and Strimzi's CRDs generated from its Maven Central artifacts,
+# for the chart tests (once each, cached).
+helm:
+	@bash scripts/helm/install.sh >/dev/null
+	@bash scripts/helm/strimzi_crds.sh >/dev/null
+
+# kube-apiserver and etcd built from the Go module proxy for the integration tests (once;
+# about 25 min cold on two cores, see docs/kube.md).
+kube:
+	@bash scripts/kube/install.sh >/dev/null
+
+test: install kafka-jars engine harnesses learner helm kube
 	@$(PY) -m pytest
 
 # Inner loop: everything that needs no broker.

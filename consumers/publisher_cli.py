@@ -25,7 +25,14 @@ def publisher_command(replicas: tuple[str, ...], model: str | None) -> None:
         updates["model"] = model
     try:
         settings = PublisherSettings(**updates)  # type: ignore[arg-type]
-        publisher = CheckpointPublisher(settings)
     except (ValidationError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
-    asyncio.run(supervise([publisher]))
+
+    async def run() -> None:
+        # The Kafka clients bind to the running loop, so the publisher is built inside it.
+        await supervise([CheckpointPublisher(settings)])
+
+    try:
+        asyncio.run(run())
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -12,6 +12,7 @@ from consumers.assembler.cli import assembler_command
 from consumers.publisher_cli import publisher_command
 from consumers.rollouts.cli import launcher_command
 from openforge import __version__
+from openforge.watcher import watcher_command
 from producers.cli import reward_command, submit_command
 from proxy.cli import proxy_command, token_command
 from stream.cli import kafka_group, topics_group
@@ -75,6 +76,7 @@ main.add_command(submit_command)
 main.add_command(launcher_command)
 main.add_command(reward_command)
 main.add_command(publisher_command)
+main.add_command(watcher_command)
 
 
 @main.command("learner")

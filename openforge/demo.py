@@ -61,8 +61,8 @@ class DemoOptions:
     """Stop early once the mean reward of the last window reaches this."""
     seed: int = 0
     """Seed of the tiny model's weights and of the learner."""
-    lr: float = 1e-3
-    """The learner's AdamW learning rate."""
+    lr: float = 1e-2
+    """The learner's AdamW learning rate: large, because the model is tiny and the demo short."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
@@ -164,7 +164,7 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
           # after every step, and little waiting for groups, so the curve moves within minutes.
           "OPENFORGE_LEARNER_LR": str(options.lr), "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
           "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5",
-          "OPENFORGE_LEARNER_MAX_STALENESS": "8"}),
+          "OPENFORGE_LEARNER_MAX_STALENESS": "16"}),
         ("publisher", ["publisher", "--replica", engine_url, "--model", MODEL_NAME],
          {**base, "OPENFORGE_PUBLISHER_REFERENCE_WEIGHTS": str(model_dir)}),
         ("launcher", ["launcher", "--backend", "local", "--max-in-flight", str(options.max_in_flight),

@@ -151,7 +151,8 @@ class EventProducer:
         await self.stop()
 
     def __del__(self) -> None:
-        if self._started and not self._stopped:
+        # getattr: __init__ may have failed before these were set.
+        if getattr(self, "_started", False) and not getattr(self, "_stopped", True):
             warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
     def topic(self, spec: TopicSpec | Topic | str) -> Topic:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from netutil import free_port, free_port_pair
@@ -18,12 +19,17 @@ from stream.broker import BrokerError, LocalBroker
 from stream.settings import BrokerSettings, KafkaSettings
 from stream.topics import TopicRegistry
 
+if TYPE_CHECKING:
+    from kubeapi import KubeAPI
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--kafka", default=None, metavar="HOST:PORT",
                      help="use this Kafka cluster instead of starting a local broker")
     parser.addoption("--vllm", default=None, metavar="URL",
                      help="use this vLLM server (serving the tiny model) instead of starting one")
+    parser.addoption("--kube-bin", default=None, metavar="DIR",
+                     help="folder with the etcd and kube-apiserver binaries (default: where `make kube` puts them)")
 
 
 @pytest.fixture(scope="session")
@@ -99,3 +105,19 @@ async def topics(kafka_settings: KafkaSettings, registry: TopicRegistry) -> Topi
     async with KafkaAdmin(kafka_settings, registry) as admin:
         await admin.create_topics()
     return registry
+
+
+@pytest.fixture(scope="session")
+def kube_api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeAPI]:
+    """A real etcd + kube-apiserver (RBAC, static tokens) for the session; fails if not built."""
+    from pathlib import Path
+
+    from kubeapi import KubeAPI, kube_bin_dir
+
+    given = request.config.getoption("--kube-bin")
+    api = KubeAPI(tmp_path_factory.mktemp("kube"), Path(given) if given else kube_bin_dir())
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()

@@ -43,6 +43,7 @@ from consumers.rollouts.backend import (
 )
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, TaskV1, decode
 from schemas.credentials import Role, mint_token
+from schemas.rollout.pod import LABEL_ROLLOUT, LABEL_RUN, LABEL_TASK, scheduled_event_id
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase
 from stream.broker import cache_root
 from stream.producer import EventProducer
@@ -174,9 +175,9 @@ def build_spec(task: TaskV1, group_index: int, *, proxy_url: str, key: bytes, to
         harness_env.pop(name, None)  # a task's env must not smuggle these names into the harness
     verifier_env = {**harness_env, ENV_REWARD_URL: f"{proxy}/rollouts/{rollout_id}/reward",
                     ENV_VERIFIER_TOKEN: verifier_token}
-    labels = {"openforge.io/task": _label_value(task.task_id), "openforge.io/rollout": rollout_id}
+    labels = {LABEL_TASK: _label_value(task.task_id), LABEL_ROLLOUT: rollout_id}
     if task.run_id is not None:
-        labels["openforge.io/run"] = _label_value(task.run_id)
+        labels[LABEL_RUN] = _label_value(task.run_id)
     return RolloutSpec(rollout_id=rollout_id, name=rollout_id, task=task, group_index=group_index,
                        harness_env=harness_env, verifier_env=verifier_env, deadline_s=task.timeout_s,
                        labels=labels)
@@ -411,7 +412,7 @@ class Launcher:
         # reports; its id is derived from the rollout, so a relaunch after a crash repeats the same
         # event (same id), which consumers drop as a duplicate.
         scheduled = RolloutEventV1(
-            event_id=f"{spec.rollout_id}.scheduled", rollout_id=spec.rollout_id, task_id=task.task_id,
+            event_id=scheduled_event_id(spec.rollout_id), rollout_id=spec.rollout_id, task_id=task.task_id,
             run_id=task.run_id, group_index=spec.group_index, group_size=task.group_size,
             harness=task.harness.name, phase=RolloutPhase.SCHEDULED, backend=self.backend.kind,
             pod_name=spec.name if self.backend.kind is Backend.KUBERNETES else None)

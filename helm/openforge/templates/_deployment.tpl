@@ -1,0 +1,130 @@
+{{/*
+"openforge.deployment": one OpenForge process as a Deployment. Arguments (dict):
+  root       the chart context ($)
+  name       component name; also the `openforge <name>` subcommand and the key of its values
+  replicas   replica count (omitted when an autoscaler owns it)
+  resources  container resources (already adjusted, e.g. GPUs added)
+  ports      container ports (list) or nil
+  probes     probe block (YAML string) or ""
+  mounts     extra volumeMounts (list) or nil
+  volumes    extra volumes (list) or nil
+  envFrom    envFrom sources (list) or nil
+  token      mount a ServiceAccount token (only launcher and watcher talk to the API server)
+*/}}
+{{- define "openforge.deployment" -}}
+{{- $root := .root }}
+{{- $v := index $root.Values .name }}
+{{- $ctx := dict "root" $root "name" .name }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "openforge.component" $ctx }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "openforge.labels" $ctx | nindent 4 }}
+spec:
+  {{- if hasKey . "replicas" }}
+  replicas: {{ .replicas }}
+  {{- end }}
+  {{- if eq .name "learner" }}
+  # One learner owns the optimizer state and the consumed offsets: never two at once.
+  strategy:
+    type: Recreate
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "openforge.selectorLabels" $ctx | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "openforge.selectorLabels" $ctx | nindent 8 }}
+        {{- include "openforge.stackLabel" $root | nindent 8 }}
+      annotations:
+        checksum/credentials: {{ include (print $root.Template.BasePath "/secret-credentials.yaml") $root | sha256sum | trunc 16 | quote }}
+    spec:
+      serviceAccountName: {{ include "openforge.component" $ctx }}
+      automountServiceAccountToken: {{ .token | default false }}
+      # The process drains for drainSeconds on SIGTERM; Kubernetes must not kill it sooner.
+      terminationGracePeriodSeconds: {{ add $v.drainSeconds 15 }}
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 10001
+        runAsGroup: 10001
+        fsGroup: 10001
+      containers:
+        - name: {{ .name }}
+          image: {{ include "openforge.image" $root | quote }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          args: [{{ .name | quote }}]
+          env:
+            {{- include "openforge.env" $ctx | trim | nindent 12 }}
+          {{- with .envFrom }}
+          envFrom:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- with .ports }}
+          ports:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- with .probes }}
+          {{- . | nindent 10 }}
+          {{- end }}
+          resources:
+            {{- toYaml .resources | nindent 12 }}
+          securityContext:
+            {{- include "openforge.containerSecurityContext" $root | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            {{- with .mounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+      volumes:
+        - name: tmp
+          emptyDir: {}
+        {{- with .volumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- include "openforge.scheduling" $v | nindent 6 }}
+{{- end }}
+
+{{/* Volume and mount of the credential-signing key Secret. */}}
+{{- define "openforge.credentialsVolume" -}}
+- name: credentials
+  secret:
+    secretName: {{ include "openforge.credentialsSecret" . }}
+    defaultMode: 0440
+{{- end }}
+{{- define "openforge.credentialsMount" -}}
+- name: credentials
+  mountPath: /etc/openforge/credentials
+  readOnly: true
+{{- end }}
+
+{{/* Volume and mount of the shared checkpoint claim (pvc storage only). */}}
+{{- define "openforge.checkpointsVolume" -}}
+{{- if eq .Values.checkpoints.storage "pvc" }}
+- name: checkpoints
+  persistentVolumeClaim:
+    claimName: {{ include "openforge.checkpointsClaim" . }}
+{{- end }}
+{{- end }}
+{{- define "openforge.checkpointsMount" -}}
+{{- if eq .root.Values.checkpoints.storage "pvc" }}
+- name: checkpoints
+  mountPath: {{ .root.Values.checkpoints.mountPath }}
+  readOnly: {{ .readOnly }}
+{{- end }}
+{{- end }}
+
+{{/* envFrom of the object-store credentials (objectStore storage only). */}}
+{{- define "openforge.objectStoreEnvFrom" -}}
+{{- if and (eq .Values.checkpoints.storage "objectStore") .Values.checkpoints.objectStore.credentialsSecret }}
+- secretRef:
+    name: {{ .Values.checkpoints.objectStore.credentialsSecret }}
+{{- end }}
+{{- end }}

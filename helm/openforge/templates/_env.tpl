@@ -1,0 +1,124 @@
+{{/*
+The one place that maps chart values onto the processes' environment variables.
+
+Each process reads pydantic settings with its own prefix (OPENFORGE_<PROCESS>_*) plus the shared Kafka
+settings (OPENFORGE_KAFKA_*) and the standard OpenTelemetry variables (OTEL_*). When a process renames a
+setting, change it here and nowhere else. `<component>.extraEnv` in values overrides any of these by name.
+*/}}
+
+{{- define "openforge.env.kafka" -}}
+OPENFORGE_KAFKA_BOOTSTRAP_SERVERS: {{ include "openforge.kafkaBootstrap" . | quote }}
+OPENFORGE_KAFKA_TOPIC_PREFIX: {{ .Values.kafka.topicPrefix | quote }}
+OPENFORGE_KAFKA_COMPRESSION: {{ .Values.kafka.compression | quote }}
+OPENFORGE_KAFKA_CLIENT_ID: {{ include "openforge.fullname" . | quote }}
+{{- if eq .Values.kafka.mode "strimzi" }}
+OPENFORGE_KAFKA_REPLICATION_FACTOR: {{ .Values.kafka.strimzi.replicationFactor | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The root filesystem is read-only: point HOME and caches (torch, Hugging Face, pip) at the /tmp emptyDir.
+*/}}
+{{- define "openforge.env.common" -}}
+HOME: "/tmp"
+XDG_CACHE_HOME: "/tmp/.cache"
+{{- end }}
+
+{{- define "openforge.env.otel" -}}
+{{- $endpoint := include "openforge.otelEndpoint" .root }}
+OTEL_SERVICE_NAME: {{ printf "openforge-%s" .name | quote }}
+{{- if $endpoint }}
+OTEL_EXPORTER_OTLP_ENDPOINT: {{ $endpoint | quote }}
+OTEL_EXPORTER_OTLP_PROTOCOL: {{ .root.Values.otel.protocol | quote }}
+OTEL_METRICS_EXPORTER: "otlp"
+OTEL_TRACES_EXPORTER: "otlp"
+OTEL_METRIC_EXPORT_INTERVAL: {{ .root.Values.otel.metricExportIntervalMs | quote }}
+{{- else }}
+OTEL_METRICS_EXPORTER: "none"
+OTEL_TRACES_EXPORTER: "none"
+{{- end }}
+OTEL_RESOURCE_ATTRIBUTES: "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),service.namespace=openforge"
+{{- end }}
+
+{{/* Process-specific variables, by component name. */}}
+{{- define "openforge.env.proxy" -}}
+{{- $v := .Values.proxy }}
+OPENFORGE_PROXY_HOST: "0.0.0.0"
+OPENFORGE_PROXY_PORT: {{ $v.port | quote }}
+OPENFORGE_PROXY_UPSTREAMS: {{ include "openforge.vllmUpstreams" . | quote }}
+OPENFORGE_PROXY_SERVED_MODEL: {{ .Values.vllm.servedModelName | quote }}
+OPENFORGE_PROXY_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
+OPENFORGE_PROXY_ALLOW_ANONYMOUS: {{ $v.allowAnonymous | quote }}
+OPENFORGE_PROXY_SPOOL_DIR: "/var/spool/openforge"
+{{- end }}
+
+{{- define "openforge.env.launcher" -}}
+{{- $v := .Values.launcher }}
+OPENFORGE_LAUNCHER_BACKEND: {{ $v.backend | quote }}
+OPENFORGE_LAUNCHER_PROXY_URL: {{ printf "http://%s.%s.svc:%v" (include "openforge.component" (dict "root" . "name" "proxy")) .Release.Namespace .Values.proxy.port | quote }}
+OPENFORGE_LAUNCHER_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
+OPENFORGE_LAUNCHER_MAX_IN_FLIGHT: {{ $v.maxInFlight | quote }}
+OPENFORGE_KUBE_NAMESPACE: {{ include "openforge.rolloutNamespace" . | quote }}
+OPENFORGE_KUBE_IN_CLUSTER: "true"
+OPENFORGE_KUBE_ROLLOUT_IMAGE: {{ $v.rolloutImage | quote }}
+OPENFORGE_KUBE_ROLLOUT_LABEL: {{ .Values.rollouts.podLabel | quote }}
+{{- end }}
+
+{{- define "openforge.env.watcher" -}}
+OPENFORGE_KUBE_NAMESPACE: {{ include "openforge.rolloutNamespace" . | quote }}
+OPENFORGE_KUBE_IN_CLUSTER: "true"
+OPENFORGE_KUBE_ROLLOUT_LABEL: {{ .Values.rollouts.podLabel | quote }}
+{{- end }}
+
+{{- define "openforge.env.assembler" -}}
+OPENFORGE_ASSEMBLER_GROUP_ID: {{ printf "%s-assembler" (include "openforge.fullname" .) | quote }}
+{{- end }}
+
+{{- define "openforge.env.checkpoints" -}}
+{{- if eq .Values.checkpoints.storage "pvc" -}}
+{{ .prefix }}CHECKPOINT_DIR: {{ .Values.checkpoints.mountPath | quote }}
+{{- else -}}
+{{ .prefix }}CHECKPOINT_URL: {{ required "checkpoints.objectStore.url is required when checkpoints.storage is objectStore" .Values.checkpoints.objectStore.url | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "openforge.env.learner" -}}
+{{- $v := .Values.learner }}
+OPENFORGE_LEARNER_DEVICE: {{ ternary "cuda" "cpu" $v.gpu.enabled | quote }}
+OPENFORGE_LEARNER_MODEL: {{ .Values.vllm.model | quote }}
+OPENFORGE_LEARNER_SERVED_MODEL: {{ .Values.vllm.servedModelName | quote }}
+OPENFORGE_LEARNER_MAX_STALENESS: {{ $v.maxStaleness | quote }}
+{{ include "openforge.env.checkpoints" (dict "Values" .Values "prefix" "OPENFORGE_LEARNER_") }}
+{{- end }}
+
+{{- define "openforge.env.publisher" -}}
+OPENFORGE_PUBLISHER_ENGINES: {{ include "openforge.vllmUpstreams" . | quote }}
+OPENFORGE_PUBLISHER_MODEL: {{ .Values.vllm.servedModelName | quote }}
+{{ include "openforge.env.checkpoints" (dict "Values" .Values "prefix" "OPENFORGE_PUBLISHER_") }}
+{{- end }}
+
+{{/*
+"openforge.env" (dict "root" $ "name" "proxy"): the container's env list. Pod name and namespace come
+first (OTEL_RESOURCE_ATTRIBUTES refers to them), then every variable sorted by name.
+*/}}
+{{- define "openforge.env" -}}
+{{- $root := .root }}
+{{- $vars := dict }}
+{{- $vars = merge $vars (include "openforge.env.common" $root | fromYaml) }}
+{{- $vars = merge $vars (include "openforge.env.kafka" $root | fromYaml) }}
+{{- $vars = merge $vars (include "openforge.env.otel" (dict "root" $root "name" .name) | fromYaml) }}
+{{- $vars = merge $vars (include (printf "openforge.env.%s" .name) $root | fromYaml) }}
+{{- $vars = merge (deepCopy (default dict (index $root.Values .name).extraEnv)) $vars }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- range $key := keys $vars | sortAlpha }}
+- name: {{ $key }}
+  value: {{ index $vars $key | toString | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,174 @@
+"""Write the chart's Grafana dashboards (helm/openforge/dashboards/*.json).
+
+The dashboards are generated so that every panel has the same shape (datasource variable, namespace
+filter, units) and so a new panel is one line here. Run it after editing and commit the JSON; a test
+checks that the committed files equal what this script writes, and another that every metric the
+panels query is an instrument the code defines.
+
+Metric names are the Prometheus forms of the OpenTelemetry instruments, as the collector's Prometheus
+exporter writes them: dots become underscores, the unit is appended (seconds), counters end in _total,
+histograms are read through _bucket/_sum/_count.
+
+Usage: python scripts/helm/make_dashboards.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parents[2] / "helm" / "openforge" / "dashboards"
+NS = 'k8s_namespace_name=~"$namespace"'
+RATE = "$__rate_interval"
+
+
+def _target(expr: str, legend: str, ref: str) -> dict[str, Any]:
+    return {"datasource": {"type": "prometheus", "uid": "${datasource}"}, "expr": expr,
+            "legendFormat": legend, "refId": ref}
+
+
+def panel(title: str, description: str, targets: list[tuple[str, str]], unit: str = "short",
+          kind: str = "timeseries") -> dict[str, Any]:
+    """One panel; targets are (PromQL, legend) pairs."""
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]}},
+        "targets": [{**_target(expr, legend, chr(ord("A") + i)), **({"format": "heatmap"} if kind == "heatmap" else {})}
+                    for i, (expr, legend) in enumerate(targets)],
+    }
+
+
+def quantiles(metric: str, by: str = "") -> list[tuple[str, str]]:
+    """p50/p90/p99 of a histogram (metric without the _bucket suffix)."""
+    group = f"le{', ' + by if by else ''}"
+    label = f" {{{{{by}}}}}" if by else ""
+    return [(f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket{{{NS}}}[{RATE}])))", f"p{int(q * 100)}{label}")
+            for q in (0.5, 0.9, 0.99)]
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any]]) -> dict[str, Any]:
+    """A dashboard with a datasource and a namespace variable; panels two to a row."""
+    for i, p in enumerate(panels):
+        p["id"] = i + 1
+        p["gridPos"] = {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)}
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["openforge"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "utc",
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0},
+            {"name": "namespace", "label": "Namespace", "type": "query",
+             "datasource": {"type": "prometheus", "uid": "${datasource}"},
+             "query": {"query": "label_values(openforge_proxy_calls_total, k8s_namespace_name)", "refId": "ns"},
+             "definition": "label_values(openforge_proxy_calls_total, k8s_namespace_name)",
+             "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2, "current": {}, "hide": 0},
+        ]},
+        "panels": panels,
+    }
+
+
+def proxy() -> dict[str, Any]:
+    return dashboard("openforge-proxy", "OpenForge / Proxy",
+                     "Model calls through the capture proxy: throughput, latency, and the spool that keeps calls "
+                     "when Kafka is away.", [
+        panel("Calls/s", "Model calls handled, by protocol and status.",
+              [(f"sum by (protocol, status) (rate(openforge_proxy_calls_total{{{NS}}}[{RATE}]))", "{{protocol}} {{status}}")],
+              "reqps"),
+        panel("Tokens/s", "Prompt and completion tokens of captured calls.",
+              [(f"sum by (kind) (rate(openforge_proxy_tokens_total{{{NS}}}[{RATE}]))", "{{kind}}")]),
+        panel("Time to first token", "From request to the first sampled token.",
+              quantiles("openforge_proxy_time_to_first_token_seconds"), "s"),
+        panel("Proxy added latency", "Time spent in the proxy outside the engine call.",
+              quantiles("openforge_proxy_added_latency_seconds"), "s"),
+        panel("Spool depth", "Call events waiting on local disk for Kafka (0 when Kafka keeps up).",
+              [(f"sum by (k8s_pod_name) (openforge_proxy_spool_depth{{{NS}}})", "{{k8s_pod_name}}")]),
+        panel("Events spooled/s", "Events Kafka did not take in time; they went to the spool.",
+              [(f"sum(rate(openforge_proxy_publish_errors_total{{{NS}}}[{RATE}]))", "spooled")]),
+    ])
+
+
+def pipeline() -> dict[str, Any]:
+    return dashboard("openforge-pipeline", "OpenForge / Pipeline",
+                     "From rollouts to trajectories: consumer lag, assembly, rewards, rollout outcomes and "
+                     "checkpoint publishing.", [
+        panel("Consumer lag per group", "Records not yet handled, per consumer group and topic.",
+              [(f"sum by (group, topic) (openforge_consumer_lag{{{NS}}})", "{{group}} {{topic}}")]),
+        panel("Trajectories/s", "Trajectories the assembler wrote (transactionally).",
+              [(f"sum(rate(openforge_assembler_trajectories_total{{{NS}}}[{RATE}]))", "trajectories")]),
+        panel("Reward by task", "Mean verifier reward per task over the window.",
+              [(f"sum by (task) (rate(openforge_assembler_reward_sum{{{NS}}}[{RATE}])) / "
+                f"sum by (task) (rate(openforge_assembler_reward_count{{{NS}}}[{RATE}]))", "{{task}}")]),
+        panel("Rollout outcomes by reason", "Finished rollouts by outcome (completed, failed, timed out) and reason.",
+              [(f"sum by (outcome, reason) (rate(openforge_rollout_outcomes_total{{{NS}}}[{RATE}]))",
+                "{{outcome}} {{reason}}")]),
+        panel("Checkpoint publish latency", "From checkpoint event to every vLLM replica serving it.",
+              quantiles("openforge_publisher_publish_latency_seconds"), "s"),
+        panel("Staleness distribution", "Weight versions between the sample's policy and the learner's.",
+              [(f"sum by (le) (rate(openforge_learner_staleness_bucket{{{NS}}}[{RATE}]))", "{{le}}")],
+              kind="heatmap"),
+    ])
+
+
+def learner() -> dict[str, Any]:
+    return dashboard("openforge-learner", "OpenForge / Learner",
+                     "The off-policy learner: loss, entropy, and how much importance sampling corrects.", [
+        panel("Loss", "Policy loss of the last step.", [(f"avg(openforge_learner_loss{{{NS}}})", "loss")]),
+        panel("Entropy", "Mean token entropy of the policy on the last batch.",
+              [(f"avg(openforge_learner_entropy{{{NS}}})", "entropy")]),
+        panel("Importance weights", "Quantiles and mean of the per-token importance weights (behavior vs current "
+              "policy).", [*quantiles("openforge_learner_importance_weight"),
+                           (f"sum(rate(openforge_learner_importance_weight_sum{{{NS}}}[{RATE}])) / "
+                            f"sum(rate(openforge_learner_importance_weight_count{{{NS}}}[{RATE}]))", "mean")]),
+        panel("Effective sample size", "Effective sample size of the importance weights, as a fraction of the batch.",
+              [(f"avg(openforge_learner_effective_sample_size{{{NS}}})", "ESS")], "percentunit"),
+        panel("Staleness", "Quantiles of sample staleness in weight versions.",
+              quantiles("openforge_learner_staleness")),
+        panel("Steps/s", "Optimizer steps.", [(f"sum(rate(openforge_learner_steps_total{{{NS}}}[{RATE}]))", "steps")]),
+    ])
+
+
+DASHBOARDS = {"proxy": proxy, "pipeline": pipeline, "learner": learner}
+
+
+def render() -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    return {f"openforge-{name}.json": json.dumps(make(), indent=2) + "\n" for name, make in DASHBOARDS.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed files differ")
+    args = parser.parse_args()
+    stale = []
+    for filename, text in render().items():
+        path = OUT / filename
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(filename)
+        else:
+            OUT.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"stale dashboards (rerun scripts/helm/make_dashboards.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""The chart lints, renders and validates offline (strict) for its defaults and every switch combination."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from helm_chart import CHART, KUBE_VERSION, NAMESPACE, Combo, Helm, env_of, find, one
+
+from stream.topics import ALL_TOPICS
+
+STRIMZI_GROUP = "kafka.strimzi.io/"
+
+
+def test_lint_defaults(helm: Helm, helm_tmp: Path) -> None:
+    proc = helm.lint(None, helm_tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_lint_combination(helm: Helm, helm_tmp: Path, combo: Combo) -> None:
+    proc = helm.lint(combo.values, helm_tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _validate_strict(objects: list[dict[str, Any]]) -> int:
+    checked = 0
+    for obj in objects:
+        if obj["apiVersion"].startswith(STRIMZI_GROUP):
+            continue  # custom resources: checked against Strimzi's CRDs in test_chart_strimzi.py
+        try:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {error.message} at {list(error.path)}")
+        checked += 1
+    return checked
+
+
+def test_defaults_validate_strict(default_objects: list[dict[str, Any]]) -> None:
+    assert _validate_strict(default_objects) >= 25
+
+
+def test_combination_validates_strict(rendered: dict[str, list[dict[str, Any]]], combo: Combo) -> None:
+    objects = rendered[combo.name]
+    assert _validate_strict(objects) >= 20
+    names = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(names) == len(set(names)), "duplicate objects"
+
+
+def test_strict_validation_catches_an_unknown_field(default_objects: list[dict[str, Any]]) -> None:
+    """Guards the validator itself: a misspelt field must fail, or the tests above prove nothing."""
+    deployment = dict(one(default_objects, "Deployment", "-proxy"))
+    broken = {**deployment, "spec": {**deployment["spec"], "replicaz": 3}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
+
+
+def test_kafka_switch(rendered: dict[str, list[dict[str, Any]]], combo: Combo) -> None:
+    objects = rendered[combo.name]
+    env = env_of(one(objects, "Deployment", "-proxy"))
+    strimzi = [o for o in objects if o["apiVersion"].startswith(STRIMZI_GROUP)]
+    if combo.kafka == "strimzi":
+        assert env["OPENFORGE_KAFKA_BOOTSTRAP_SERVERS"] == "of-openforge-kafka-kafka-bootstrap:9092"
+        assert {o["kind"] for o in strimzi} == {"Kafka", "KafkaNodePool", "KafkaTopic"}
+    else:
+        assert env["OPENFORGE_KAFKA_BOOTSTRAP_SERVERS"] == "kafka-0.example:9092,kafka-1.example:9092"
+        assert strimzi == []
+
+
+def test_otel_switch(rendered: dict[str, list[dict[str, Any]]], combo: Combo) -> None:
+    objects = rendered[combo.name]
+    collector = find(objects, "Deployment", "-otel-collector")
+    for deployment in find(objects, "Deployment"):
+        if deployment in collector:
+            continue
+        env = env_of(deployment)
+        expected = ("http://of-openforge-otel-collector:4317" if combo.otel == "collector"
+                    else "http://otel.monitoring:4317")
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == expected, deployment["metadata"]["name"]
+        assert env["OTEL_SERVICE_NAME"].startswith("openforge-")
+    assert len(collector) == (1 if combo.otel == "collector" else 0)
+
+
+def test_otel_off_entirely(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"otel": {"collector": {"enabled": False}, "endpoint": ""}}, helm_tmp)
+    env = env_of(one(objects, "Deployment", "-proxy"))
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env
+    assert env["OTEL_METRICS_EXPORTER"] == "none"
+
+
+def test_learner_switch(rendered: dict[str, list[dict[str, Any]]], combo: Combo) -> None:
+    learner = one(rendered[combo.name], "Deployment", "-learner")
+    resources = learner["spec"]["template"]["spec"]["containers"][0]["resources"]
+    env = env_of(learner)
+    if combo.learner == "gpu":
+        assert resources["limits"]["nvidia.com/gpu"] == "8"
+        assert resources["requests"]["nvidia.com/gpu"] == "8"
+        assert env["OPENFORGE_LEARNER_DEVICE"] == "cuda"
+    else:
+        assert "nvidia.com/gpu" not in resources["limits"]
+        assert env["OPENFORGE_LEARNER_DEVICE"] == "cpu"
+    assert learner["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_every_process_has_a_deployment(default_objects: list[dict[str, Any]]) -> None:
+    for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
+        deployment = one(default_objects, "Deployment", f"-{name}")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"] == [name]
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > 0
+        env = env_of(deployment)
+        assert env["OPENFORGE_KAFKA_BOOTSTRAP_SERVERS"]
+        # Read-only root filesystem: home and caches live on the /tmp emptyDir.
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert env["HOME"] == "/tmp" and env["XDG_CACHE_HOME"].startswith("/tmp/")
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+
+
+def test_proxy_autoscaler_owns_replicas(default_objects: list[dict[str, Any]], helm: Helm, helm_tmp: Path) -> None:
+    hpa = one(default_objects, "HorizontalPodAutoscaler", "-proxy")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "of-openforge-proxy"}
+    assert "replicas" not in one(default_objects, "Deployment", "-proxy")["spec"]
+    fixed = helm.render({"proxy": {"autoscaling": {"enabled": False}, "replicas": 3}}, helm_tmp)
+    assert find(fixed, "HorizontalPodAutoscaler") == []
+    assert one(fixed, "Deployment", "-proxy")["spec"]["replicas"] == 3
+
+
+def test_vllm_replicas_have_the_rl_endpoints(default_objects: list[dict[str, Any]]) -> None:
+    vllm = one(default_objects, "StatefulSet", "-vllm")
+    container = vllm["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].startswith("vllm/vllm-openai:")
+    assert {"name": "VLLM_SERVER_DEV_MODE", "value": "1"} in container["env"]
+    for flag in ("--enable-auto-tool-choice", "--enable-scale-out", "--logprobs-mode=processed_logprobs",
+                 "--tool-call-parser=hermes", "--served-model-name=policy"):
+        assert flag in container["args"]
+    upstreams = "http://of-openforge-vllm-0.of-openforge-vllm-headless.openforge.svc:8000," \
+                "http://of-openforge-vllm-1.of-openforge-vllm-headless.openforge.svc:8000"
+    assert env_of(one(default_objects, "Deployment", "-proxy"))["OPENFORGE_PROXY_UPSTREAMS"] == upstreams
+    assert env_of(one(default_objects, "Deployment", "-publisher"))["OPENFORGE_PUBLISHER_ENGINES"] == upstreams
+
+
+def test_credentials_secret_is_mounted_where_tokens_are_signed(default_objects: list[dict[str, Any]]) -> None:
+    secret = one(default_objects, "Secret", "-credentials")
+    assert set(secret["data"]) == {"signing-key"}
+    for name in ("proxy", "launcher"):
+        spec = one(default_objects, "Deployment", f"-{name}")["spec"]["template"]["spec"]
+        volume = next(v for v in spec["volumes"] if v["name"] == "credentials")
+        assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    for name in ("assembler", "learner", "publisher", "watcher"):
+        spec = one(default_objects, "Deployment", f"-{name}")["spec"]["template"]["spec"]
+        assert all(v["name"] != "credentials" for v in spec["volumes"]), name
+
+
+def test_given_signing_key_is_used(helm: Helm, helm_tmp: Path) -> None:
+    import base64
+    objects = helm.render({"credentials": {"signingKey": "0123456789abcdef-given"}}, helm_tmp)
+    data = one(objects, "Secret", "-credentials")["data"]["signing-key"]
+    assert base64.b64decode(data) == b"0123456789abcdef-given"
+
+
+def test_existing_secret_is_referenced_not_created(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"credentials": {"existingSecret": "my-keys"}}, helm_tmp)
+    assert find(objects, "Secret") == []
+    spec = one(objects, "Deployment", "-proxy")["spec"]["template"]["spec"]
+    assert {"name": "credentials", "secret": {"secretName": "my-keys", "defaultMode": 0o440}} in spec["volumes"]
+
+
+def test_least_privilege_rbac(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"rollouts": {"namespace": "rollouts", "createNamespace": True}}, helm_tmp)
+    assert find(objects, "ClusterRole") == [] and find(objects, "ClusterRoleBinding") == []
+    launcher = one(objects, "Role", "-launcher")
+    assert launcher["metadata"]["namespace"] == "rollouts"
+    assert launcher["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                  "verbs": ["create", "delete", "get", "list", "watch"]}]
+    watcher = one(objects, "Role", "-watcher")
+    assert watcher["metadata"]["namespace"] == "rollouts"
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in watcher["rules"])
+    binding = one(objects, "RoleBinding", "-launcher")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "of-openforge-launcher", "namespace": NAMESPACE}]
+    assert one(objects, "Namespace", "rollouts")
+    for deployment in find(objects, "Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        talks_to_api = deployment["metadata"]["name"].endswith(("-launcher", "-watcher"))
+        assert spec["automountServiceAccountToken"] is talks_to_api, deployment["metadata"]["name"]
+    assert env_of(one(objects, "Deployment", "-launcher"))["OPENFORGE_KUBE_NAMESPACE"] == "rollouts"
+
+
+def test_rollout_pods_reach_only_the_proxy(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"rollouts": {"namespace": "rollouts"}}, helm_tmp)
+    egress = one(objects, "NetworkPolicy", "-rollout-egress")
+    assert egress["metadata"]["namespace"] == "rollouts"
+    assert egress["spec"]["policyTypes"] == ["Egress"]
+    assert egress["spec"]["podSelector"] == {"matchExpressions": [{"key": "openforge.dev/rollout", "operator": "Exists"}]}
+    rules = egress["spec"]["egress"]
+    assert len(rules) == 2
+    proxy_rule, dns_rule = rules
+    assert proxy_rule["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "proxy"
+    assert proxy_rule["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    assert proxy_rule["ports"] == [{"port": 8100, "protocol": "TCP"}]
+    assert {p["port"] for p in dns_rule["ports"]} == {53}
+    # Stack pods take traffic from stack pods only; rollout pods never carry the stack label.
+    stack = one(objects, "NetworkPolicy", "-stack-ingress")
+    assert stack["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"openforge.io/stack": "of"}}}]}]
+    into_proxy = one(objects, "NetworkPolicy", "-proxy-from-rollouts")["spec"]["ingress"][0]["from"][0]
+    assert into_proxy["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "rollouts"}}
+    vllm = one(objects, "NetworkPolicy", "-vllm-ingress")["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert vllm["matchExpressions"] == [{"key": "app.kubernetes.io/component", "operator": "In", "values": ["proxy", "publisher"]}]
+    kafka = one(objects, "Kafka", "-kafka")["spec"]["kafka"]["listeners"][0]
+    assert kafka["networkPolicyPeers"] == [{"podSelector": {"matchLabels": {"openforge.io/stack": "of"}}}]
+    for workload in find(objects, "Deployment") + find(objects, "StatefulSet"):
+        assert workload["spec"]["template"]["metadata"]["labels"]["openforge.io/stack"] == "of"
+
+
+def test_checkpoints_on_a_read_write_many_claim(default_objects: list[dict[str, Any]]) -> None:
+    claim = one(default_objects, "PersistentVolumeClaim", "-checkpoints")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    mounts = {}
+    for kind, name in (("Deployment", "-learner"), ("Deployment", "-publisher"), ("StatefulSet", "-vllm")):
+        spec = one(default_objects, kind, name)["spec"]["template"]["spec"]
+        assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}} in spec["volumes"]
+        mounts[name] = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
+    assert mounts["-learner"]["readOnly"] is False
+    assert mounts["-publisher"]["readOnly"] is True and mounts["-vllm"]["readOnly"] is True
+
+
+def test_checkpoints_in_an_object_store(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"checkpoints": {"storage": "objectStore",
+                                           "objectStore": {"url": "s3://bucket/run1", "credentialsSecret": "s3"}}},
+                          helm_tmp)
+    assert find(objects, "PersistentVolumeClaim") == []
+    learner = one(objects, "Deployment", "-learner")
+    assert env_of(learner)["OPENFORGE_LEARNER_CHECKPOINT_URL"] == "s3://bucket/run1"
+    assert learner["spec"]["template"]["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3"}}]
+
+
+def test_helm_test_hook_checks_proxy_health(default_objects: list[dict[str, Any]]) -> None:
+    pod = one(default_objects, "Pod", "-test-proxy-health")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert "http://of-openforge-proxy:8100" in script and '"/health"' in script
+
+
+def test_extra_env_overrides_by_name(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"assembler": {"extraEnv": {"OPENFORGE_ASSEMBLER_GROUP_ID": "mine", "EXTRA": 1}}}, helm_tmp)
+    env = env_of(one(objects, "Deployment", "-assembler"))
+    assert env["OPENFORGE_ASSEMBLER_GROUP_ID"] == "mine"
+    assert env["EXTRA"] == "1"
+
+
+def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"kafka": {"topicPrefix": "exp42."}}, helm_tmp)
+    names = {t["spec"]["topicName"] for t in find(objects, "KafkaTopic")}
+    assert names == {"exp42." + spec.base_name for spec in ALL_TOPICS}
+    assert env_of(one(objects, "Deployment", "-assembler"))["OPENFORGE_KAFKA_TOPIC_PREFIX"] == "exp42."
+
+
+# --- bad input: a clear error, nothing rendered ---------------------------------------------------
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"kafka": {"mode": "bogus"}}, "at '/kafka/mode': value must be one of 'strimzi', 'external'"),
+    ({"kafka": {"mode": "external"}}, "kafka.bootstrapServers is required"),
+    ({"kafka": {"mode": "external", "bootstrapServers": "no-port"}}, "bootstrapServers"),
+    ({"credentials": {"signingKey": "short"}}, "signingKey"),
+    ({"checkpoints": {"storage": "objectStore"}}, "checkpoints.objectStore.url is required"),
+    ({"kafka": {"strimzi": {"replicas": 1, "replicationFactor": 3}}}, "replicationFactor cannot exceed"),
+    ({"proxy": {"replicaz": 3}}, "replicaz"),
+    ({"learner": {"gpu": {"count": 0}}}, "count"),
+    ({"rollouts": {"namespace": "Not_A_Namespace"}}, "namespace"),
+])
+def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
+    proc = helm.template(values, helm_tmp)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == ""
+
+
+def test_values_schema_matches_values_file() -> None:
+    import json
+
+    import jsonschema
+    import yaml
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+def _metadata_blocks(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    blocks = [obj["metadata"]]
+    template = obj.get("spec", {}).get("template") if isinstance(obj.get("spec"), dict) else None
+    if isinstance(template, dict):
+        blocks.append(template.get("metadata", {}))
+    return blocks
+
+
+def test_labels_and_annotations_are_strings(rendered: dict[str, list[dict[str, Any]]], combo: Combo) -> None:
+    for obj in rendered[combo.name]:
+        for metadata in _metadata_blocks(obj):
+            for field in ("labels", "annotations"):
+                for key, value in (metadata.get(field) or {}).items():
+                    assert isinstance(value, str), f"{obj['kind']}/{obj['metadata']['name']} {field} {key}={value!r}"
+
+
+def test_checksums_are_quoted() -> None:
+    """A hex digest prefix can read as a number in YAML (all digits, or digits-e-digits for Go's parser);
+    only a quoted one is always the string an annotation must be. Rendering alone rarely shows it."""
+    lines = [line for path in sorted((CHART / "templates").rglob("*")) if path.is_file()
+             for line in path.read_text().splitlines() if "checksum/" in line and "sha256sum" in line]
+    assert len(lines) >= 2
+    for line in lines:
+        assert line.rstrip().endswith("| quote }}"), line
