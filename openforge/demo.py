@@ -131,6 +131,7 @@ def run_demo(options: DemoOptions) -> None:
             broker.stop()
     summary = summarize(curve, duration)
     summary.write_json(out / "summary.json")
+    curve.write_jsonl(out / "curve.jsonl")
     click.echo(summary.as_text())
     if curve.rewards:
         plot = out / "reward_curve.png"

@@ -34,6 +34,17 @@ class Curve:
     applied: list[tuple[float, int, float]] = field(default_factory=list)
     """(elapsed seconds, version, publish seconds) per successful apply on a replica."""
 
+    def write_jsonl(self, path: Path) -> None:
+        """Every recorded point, one JSON object per line, for plotting elsewhere."""
+        with path.open("w", encoding="utf-8") as out:
+            for p in self.rewards:
+                out.write(json.dumps({"kind": "reward", "t": p.elapsed_s, "reward": p.reward,
+                                      "version": p.version}) + "\n")
+            for t, version, metrics in self.checkpoints:
+                out.write(json.dumps({"kind": "checkpoint", "t": t, "version": version, **metrics}) + "\n")
+            for t, version, seconds in self.applied:
+                out.write(json.dumps({"kind": "applied", "t": t, "version": version, "seconds": seconds}) + "\n")
+
     def window_mean(self, last: int) -> float | None:
         """Mean reward of the last ``last`` rollouts (None before any arrived)."""
         values = [p.reward for p in self.rewards[-last:]]
