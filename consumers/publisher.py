@@ -3,7 +3,8 @@
 The learner writes a checkpoint folder and a :class:`~schemas.CheckpointV1` event on the compacted
 checkpoints topic. The publisher reads that topic and, on every replica, runs the sequence that
 vLLM's dev-mode RL endpoints offer: pause (``mode=keep``: in-flight requests are frozen, not
-lost), ``reload_weights`` from the folder, set the weight version label, resume. Each attempt's
+lost), ``reload_weights`` from the folder, reset the prefix cache (its blocks were computed with
+the old weights), set the weight version label, resume. Each attempt's
 outcome becomes a :class:`~schemas.CheckpointAppliedV1` event on the same topic (keyed per replica).
 
 Design points:
@@ -387,6 +388,13 @@ class CheckpointPublisher:
             await self._call(url, "POST", "/collective_rpc", timeout_s=self.settings.reload_timeout_s,
                              json={"method": "reload_weights",
                                    "kwargs": {"weights_path": str(local_path(target.uri))}})
+            # Prompts cached under the old weights would otherwise be reused by new requests (every
+            # rollout of a task shares its prompt), so what is sampled would mix old and new weights.
+            # Running requests are preempted and recomputed, not dropped.
+            reset = await self._call(url, "POST", "/reset_prefix_cache",
+                                     params={"reset_running_requests": "true"})
+            if reset.get("success") is False:
+                raise _EngineRejected("the engine could not reset its prefix cache after the reload")
             await self._call(url, "POST", "/update_weight_version", json={"new_version": str(target.version)})
         except BaseException as exc:
             failure = exc
