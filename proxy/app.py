@@ -60,7 +60,7 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstream = UpstreamPool(settings.upstreams, timeout_s=settings.upstream_timeout_s)
         upstream.start_version_poll(settings.weight_poll_s)
-        kafka = settings.kafka.model_copy(update={"linger_ms": 0})  # latency over batching
+        kafka = settings.kafka.model_copy(update={"linger_ms": settings.capture_linger_ms})
         publisher = DurablePublisher(
             lambda: EventProducer(kafka, registry=registry, client_id="openforge-proxy"),
             DiskSpool(settings.spool_dir, settings.spool_max_bytes), registry,
