@@ -249,6 +249,13 @@ class FSDPPolicyWorker(HFPolicyWorker):
         state = get_fsdp_full_state_dict(self.model, offload_to_cpu=True, rank0_only=True)
         if self.rank != 0:
             return False
+        # Tied parameters (embeddings and lm_head) come back as separate copies when gathered from
+        # several ranks; keep the first name of each, as save_pretrained does for shared storage,
+        # so the layout stays the reference model's.
+        first: dict[int, str] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            if first.setdefault(id(param), name) != name:
+                state.pop(name, None)
         self.model.save_pretrained(folder, state_dict=state, safe_serialization=True)
         return True
 
