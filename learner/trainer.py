@@ -54,6 +54,10 @@ class LearnerStats:
     step_seconds: float = 0.0
     dropped: dict[str, int] = field(default_factory=dict)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    first_metrics: dict[str, float] = field(default_factory=dict)
+    """Metrics of this process's first step (engine comparisons; that step also carries warm-up)."""
+    first_step_seconds: float = 0.0
+    first_step_tokens: int = 0
     checkpoints: list[CheckpointV1 | Path] = field(default_factory=list)
 
 
@@ -302,6 +306,9 @@ class Learner:
             self.stats.processed_tokens += batch.total_tokens
             self.stats.step_seconds += elapsed
             self.stats.last_metrics = values
+            if self.stats.steps == 1:
+                self.stats.first_metrics = values
+                self.stats.first_step_seconds, self.stats.first_step_tokens = elapsed, batch.total_tokens
             self._trained_since.extend(t.trajectory_id for t in members)
             self._metrics.steps.add(1)
             self._metrics.tokens.add(batch.trained_tokens)
