@@ -8,6 +8,7 @@ dispatch of :class:`~learner.protocol.TrainBatch`, and a full-state-dict gather 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from learner.protocol import TrainBatch
@@ -31,5 +32,9 @@ class FSDPPolicyWorker:
         raise NotImplementedError(MISSING)
 
     def save(self, folder: Path) -> None:
+        """Not implemented."""
+        raise NotImplementedError(MISSING)
+
+    def importance_weights(self) -> Sequence[float]:
         """Not implemented."""
         raise NotImplementedError(MISSING)
