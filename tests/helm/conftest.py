@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from helm_chart import Combo, Helm, combos, install_helm, strimzi_crds
 
+
 @pytest.fixture(scope="session")
 def helm() -> Helm:
     """The real helm CLI; built once into the cache (minutes cold, instant after)."""
