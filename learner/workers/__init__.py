@@ -7,6 +7,7 @@ Both sit behind :class:`PolicyWorker`, chosen by ``OPENFORGE_LEARNER_ENGINE``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +23,9 @@ class PolicyWorker(Protocol):
 
     def save(self, folder: Path) -> None:
         """Write weights (safetensors), config, tokenizer files and optimizer state into ``folder``."""
+
+    def importance_weights(self) -> Sequence[float]:
+        """The last step's per-token importance weights (a quantile sample of them; empty without correction)."""
 
 
 def make_worker(settings: LearnerSettings, model_dir: Path) -> PolicyWorker:

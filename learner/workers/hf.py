@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 # Files of a model folder that save_pretrained does not write but an engine needs to serve it.
 _CARRIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json")
+_WEIGHT_SAMPLE = 512  # importance weights reported per step, as evenly spaced quantiles of all of them
 
 
 class HFPolicyWorker:
@@ -57,6 +59,7 @@ class HFPolicyWorker:
                                   rollout_n=1, clip_ratio=settings.clip_ratio, clip_ratio_low=settings.clip_ratio,
                                   clip_ratio_high=settings.clip_ratio)
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self._last_weights: list[float] = []
 
     # -- what an engine changes ------------------------------------------------------------------
 
@@ -174,14 +177,24 @@ class HFPolicyWorker:
         metrics = {k: v / max(len(parts), 1) for k, v in sums.items()}
         metrics.update({"loss": total_loss / self.world_size, "entropy": entropy_sum / max(mask_sum, 1.0),
                         "grad_norm": grad_norm, "micro_batches": float(count)})
+        self._last_weights = []
         if weights_seen:
             w = torch.cat(weights_seen)
+            self._last_weights = _quantile_sample(w, _WEIGHT_SAMPLE)
             metrics.update({
                 "is_weight_mean": float(w.mean()), "is_weight_max": float(w.max()), "is_weight_min": float(w.min()),
                 # Kish's effective sample size, as a fraction of the tokens.
                 "is_ess": float(w.sum() ** 2 / (w.numel() * (w**2).sum())) if float((w**2).sum()) > 0 else 0.0,
             })
         return {k: v for k, v in metrics.items() if math.isfinite(v) or k == "loss"}
+
+    def importance_weights(self) -> Sequence[float]:
+        """The last step's per-token importance weights, at most ``_WEIGHT_SAMPLE`` evenly spaced quantiles.
+
+        A histogram of them has the batch's distribution without one record per token (a batch of
+        long rollouts has hundreds of thousands).
+        """
+        return list(self._last_weights)
 
     def save(self, folder: Path) -> None:
         """Weights as safetensors, the config, tokenizer files from the source folder, optimizer state."""
@@ -195,6 +208,16 @@ class HFPolicyWorker:
                 shutil.copy2(src, folder / name)
         if optimizer is not None:
             torch.save(optimizer, folder / OPTIMIZER_FILE)
+
+
+def _quantile_sample(values: torch.Tensor, limit: int) -> list[float]:
+    """All of ``values`` when there are at most ``limit``, else ``limit`` evenly spaced order statistics."""
+    flat = values.detach().flatten().float().cpu()
+    if flat.numel() <= limit:
+        return [float(v) for v in flat]
+    ordered = flat.sort().values
+    index = torch.linspace(0, flat.numel() - 1, limit).round().long()
+    return [float(v) for v in ordered[index]]
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
