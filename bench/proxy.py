@@ -29,6 +29,9 @@ Measured, in one run, alternating targets so that a noisy machine disturbs them 
 1. non-streaming latency: sequential requests on one keep-alive connection per target, the target
    order rotating every request; p50/p99 and the added latency over direct (difference of the
    percentiles);
+   alongside, after each round of requests, one Kafka produce-and-acknowledge of a call event
+   of the same shape with the capturing proxy's producer settings (``AckProbe``): the floor
+   under capture-on's added latency, since a whole answer waits for its event's ack;
 2. streaming time to first token (the first SSE chunk with content), measured the same way;
 3. throughput: non-streaming requests/s with 1, 16 and 64 concurrent keep-alive connections, each
    cell running for a fixed time (``--duration``) after a warm-up request per connection; rounds
@@ -41,6 +44,10 @@ library), which parses only what it needs. On a two-core machine it competes for
 proxy, the upstream and the Kafka broker, which all share the same two cores, so absolute
 requests/s are a lower bound and the direct target at high concurrency mostly measures the load
 generator; the ratios and the per-request CPU columns are the robust figures.
+
+Knobs for what capture costs: ``--compression`` (the capturing proxy's and the probe's batch
+compression, ``OPENFORGE_KAFKA_COMPRESSION``) and ``--linger-ms`` (the capturing proxy's
+``OPENFORGE_PROXY_CAPTURE_LINGER_MS``).
 
 Checks: every target's answer is validated once before timing; after the run the calls topic must
 hold exactly one event per call answered by the capturing proxy, and the upstream must have served
@@ -76,12 +83,16 @@ from typing import Any
 
 import orjson
 
-from bench.fast_upstream import MODEL
+from bench.fast_upstream import MODEL, Canned
+from producers.capture import CallCapture, normalize_request
+from schemas import encode
+from schemas.call.v1 import ApiProtocol, CallStatus
 from schemas.credentials import Role, mint_token
 from stream.admin import KafkaAdmin
 from stream.broker import LocalBroker, free_port, free_port_pair
+from stream.producer import EventProducer
 from stream.settings import BrokerSettings, KafkaSettings
-from stream.topics import CALLS
+from stream.topics import CALLS, Topic
 
 GOAL_CAPTURE_RATIO = 0.80
 """Capture-on throughput must be at least this fraction of capture-off's."""
@@ -89,6 +100,9 @@ GOAL_ADDED_P50_MS = 1.0
 """Added p50 latency of a non-streaming call through the capturing proxy must stay below this."""
 GOAL_VS_LITELLM = 2.0
 """OpenForge (capture on) must serve at least this many times LiteLLM's requests/s."""
+
+ACK_FLOOR = "kafka-ack"
+"""Sample key of the Kafka produce+ack round trip measured alongside the latency loop."""
 
 REPO = Path(__file__).resolve().parent.parent
 CHAT_PATH = "/v1/chat/completions"
@@ -368,8 +382,13 @@ class Cell:
     client_cpu_us: float
 
 
-async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stream: bool) -> dict[str, list[float]]:
-    """Latency (or time to first token) samples in ms, one request per target in turn, order rotating."""
+async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stream: bool,
+                     probe: AckProbe | None = None) -> dict[str, list[float]]:
+    """Latency (or time to first token) samples in ms, one request per target in turn, order rotating.
+
+    With ``probe``, one Kafka produce-and-acknowledge is timed after each round of requests
+    (samples under ``ACK_FLOOR``), so the floor is measured under the same conditions.
+    """
     conns = {t.name: Connection("127.0.0.1", t.port) for t in targets}
     samples: dict[str, list[float]] = {t.name: [] for t in targets}
     kind = "streaming TTFT" if stream else "non-streaming latency"
@@ -385,6 +404,10 @@ async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stre
                     seconds = answer.first_s if stream else answer.total_s
                     assert seconds is not None
                     samples[target.name].append(seconds * 1e3)
+            if probe is not None:
+                floor_s = await probe.once()
+                if i >= warmup:
+                    samples.setdefault(ACK_FLOOR, []).append(floor_s * 1e3)
     finally:
         for conn in conns.values():
             await conn.close()
@@ -435,8 +458,49 @@ class Results:
     cells: dict[str, dict[int, list[Cell]]]
 
 
+class AckProbe:
+    """Kafka's produce-and-acknowledge round trip alone: the floor under capture's added latency.
+
+    A whole answer leaves the capturing proxy only after Kafka acknowledged its event, so no
+    proxy code can make capture-on latency lower than this. The probe sends a call event of
+    the benchmark's shape (built by the proxy's own capture code from the upstream's canned
+    answer) with the proxy's producer configuration (``EventProducer``: acks=all, idempotent,
+    the settings' compression, linger 0) to a topic of its own with the calls topic's
+    configuration, one at a time, timed like a request in the non-streaming latency loop.
+    """
+
+    def __init__(self, kafka: KafkaSettings, topic: str, args: argparse.Namespace) -> None:
+        self.kafka = kafka.model_copy(update={"linger_ms": 0})  # one at a time: linger would only add
+        self.topic = topic
+        canned = Canned(args.prompt_tokens, args.completion_tokens).whole
+        answer = orjson.loads(canned[canned.index(b"\r\n\r\n") + 4:])
+        chat = orjson.loads(build_request(0, None, 1, stream=False).split(b"\r\n\r\n", 1)[1])
+        capture = CallCapture(rollout_id="bench-ack", call_id="bench-ack-call", protocol=ApiProtocol.OPENAI_CHAT,
+                              model=MODEL, request=normalize_request(chat, {}), streamed=False,
+                              headers={"user-agent": "openforge-bench/1"})
+        capture.on_response(answer)
+        self.value, self.headers = encode(capture.build(CallStatus.OK, upstream_status_code=200))
+        self.producer: EventProducer | None = None
+
+    async def start(self) -> None:
+        self.producer = EventProducer(self.kafka, client_id="openforge-bench-ack-floor")
+        await self.producer.start()
+        await self.once()
+
+    async def once(self) -> float:
+        """Seconds from handing one event to the producer until Kafka acknowledged it."""
+        assert self.producer is not None
+        started = time.perf_counter()
+        await (await self.producer.send_raw(self.topic, self.value, key=b"bench-ack", headers=self.headers))
+        return time.perf_counter() - started
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            await self.producer.stop()
+
+
 async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_pid: int | None,
-                  broker_pid: int | None) -> Results:
+                  broker_pid: int | None, probe: AckProbe | None = None) -> Results:
     for target in targets:
         progress(f"validating {target.label}")
         await validate(target)
@@ -446,7 +510,7 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_
         cell = await throughput_cell(target, 16, args.warmup_s, args.max_requests, counter, None, None)
         counter += args.max_requests + 32
         progress(f"warm-up burst {target.label:<26} {cell.rps:8,.0f} req/s (untimed)")
-    latency = await sequential(targets, args.requests, args.warmup, stream=False)
+    latency = await sequential(targets, args.requests, args.warmup, stream=False, probe=probe)
     ttft = await sequential(targets, args.requests, args.warmup, stream=True)
     cells: dict[str, dict[int, list[Cell]]] = {t.name: {c: [] for c in args.concurrency} for t in targets}
     counter = 20_000_000
@@ -537,12 +601,14 @@ def base_env() -> dict[str, str]:
             if not k.startswith(("OPENFORGE_PROXY_", "OPENFORGE_KAFKA_", "LITELLM_"))}
 
 
-def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool) -> dict[str, str]:
+def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool, linger_ms: int = 0) -> dict[str, str]:
     return {
+        "OPENFORGE_KAFKA_COMPRESSION": kafka.compression,
         **base_env(),
         "OPENFORGE_PROXY_CREDENTIAL_KEY": key,
         "OPENFORGE_PROXY_SPOOL_DIR": str(spool),
         "OPENFORGE_PROXY_CAPTURE": "true" if capture else "false",
+        "OPENFORGE_PROXY_CAPTURE_LINGER_MS": str(linger_ms),
         "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
         "PYTHONUNBUFFERED": "1",
@@ -668,6 +734,8 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
                 for c in throughput[a] if c in throughput[b] and throughput[b][c]["rps_median"] > 0}
 
     latency = percentiles(results.latency)
+    floor = results.latency.get(ACK_FLOOR)
+    ack_floor = {"n": len(floor), "p50_ms": pct(floor, 0.5), "p99_ms": pct(floor, 0.99)} if floor else None
     capture_ratio = ratio("openforge", "openforge-nocap")
     vs_litellm = ratio("openforge", "litellm")
     added = latency.get("openforge", {}).get("added_p50_ms")
@@ -685,10 +753,12 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
         "ttft": percentiles(results.ttft),
         "throughput": throughput,
         "goals": goals,
+        "kafka_ack_floor": ack_floor,
         "config": {"requests": args.requests, "warmup": args.warmup, "rounds": args.rounds,
                    "duration_s": args.duration, "concurrency": args.concurrency,
                    "prompt_tokens": args.prompt_tokens, "completion_tokens": args.completion_tokens,
-                   "partitions": args.partitions, "cpus": os.cpu_count()},
+                   "partitions": args.partitions, "compression": args.compression,
+                   "capture_linger_ms": args.linger_ms, "cpus": os.cpu_count()},
     }
 
 
@@ -713,6 +783,10 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
         lines.append("")
 
     latency_table(f"non-streaming ({args.requests}/target)", summary["latency"])
+    floor = summary.get("kafka_ack_floor")
+    if floor:
+        lines.insert(len(lines) - 1, f"{'Kafka produce+ack alone':<{width}} {floor['p50_ms']:>8.2f} "
+                                     f"{floor['p99_ms']:>8.2f}   (the floor under capture-on's added latency)")
     latency_table(f"streaming TTFT ({args.requests}/target)", summary["ttft"])
 
     conc = [str(c) for c in args.concurrency]
@@ -795,7 +869,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
             progress(f"broker up after {time.perf_counter() - started:.1f}s")
         try:
             kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"benchproxy{uuid.uuid4().hex[:10]}.",
-                                  partitions=args.partitions)
+                                  partitions=args.partitions, compression=args.compression)
             progress(f"creating registry topics under prefix {kafka.topic_prefix!r}")
             async with KafkaAdmin(kafka) as admin:
                 await admin.create_topics()
@@ -805,7 +879,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
             of_argv = [sys.executable, "-m", "openforge", "--log-level", "WARNING", "proxy", "--host", "127.0.0.1",
                        "--upstream", f"http://127.0.0.1:{upstream_port}", "--port"]
             openforge = Process("openforge proxy (capture on)", [*of_argv, str(of_port)],
-                                openforge_env(kafka, key, tmp / "spool-on", capture=True), tmp / "openforge.log")
+                                openforge_env(kafka, key, tmp / "spool-on", capture=True, linger_ms=args.linger_ms),
+                                tmp / "openforge.log")
             processes.append(openforge)
             nocap: Process | None = None
             if capture_switch_exists():
@@ -838,7 +913,14 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                 progress(f"{litellm.name} ready on :{litellm_port} ({waited:.1f}s)")
 
             before = (await http_get_json(upstream_port, "/stats"))["chat"]
-            results = await measure(targets, args, upstream.pid, broker_pid)
+            probe = AckProbe(kafka, f"{kafka.topic_prefix}bench.ack-floor", args)
+            async with KafkaAdmin(kafka) as admin:
+                await admin.create_topics([Topic(probe.topic, args.partitions, CALLS)])
+            await probe.start()
+            try:
+                results = await measure(targets, args, upstream.pid, broker_pid, probe)
+            finally:
+                await probe.stop()
             for process in processes:
                 process.check_alive()
             summary = summarize(targets, results, args)
@@ -891,6 +973,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=3, help="partitions of each benchmark topic (default 3)")
     parser.add_argument("--litellm-python", metavar="PATH",
                         help="python of LiteLLM's environment (default: run scripts/litellm/install.sh)")
+    parser.add_argument("--compression", choices=["zstd", "lz4", "gzip", "none"], default="zstd",
+                        help="batch compression of the capturing proxy's producer and the ack probe (zstd, "
+                             "the default of OPENFORGE_KAFKA_COMPRESSION)")
+    parser.add_argument("--linger-ms", type=int, default=0,
+                        help="the capturing proxy's OPENFORGE_PROXY_CAPTURE_LINGER_MS (default 0)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -919,7 +1006,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["wall_s"] = wall_s
     print(format_report(targets, summary, args))
     print(f"(prompt {args.prompt_tokens} / completion {args.completion_tokens} tokens per call, "
-          f"{args.rounds} rounds of {args.duration:g}s per throughput cell; wall {wall_s:.0f}s)")
+          f"{args.rounds} rounds of {args.duration:g}s per throughput cell; compression {args.compression}, "
+          f"capture linger {args.linger_ms} ms; wall {wall_s:.0f}s)")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
         progress(f"wrote {args.json}")

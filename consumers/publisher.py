@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
+from opentelemetry import metrics
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -48,6 +49,15 @@ from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.tooling import read_topic
 from stream.topics import CHECKPOINTS, TopicRegistry
+
+_meter = metrics.get_meter("openforge.publisher")
+publish_latency = _meter.create_histogram(
+    "openforge.publisher.publish_latency", unit="s",
+    description="Time to load one checkpoint into one vLLM replica (pause, reload, relabel, resume), by outcome.",
+    explicit_bucket_boundaries_advisory=[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0])
+applied = _meter.create_counter(
+    "openforge.publisher.applied", unit="{checkpoint}",
+    description="Checkpoint loads attempted on a replica, by outcome (ok, failed).")
 
 __all__ = ["CheckpointPublisher", "PublisherSettings", "ReplicaState"]
 
@@ -441,6 +451,10 @@ class CheckpointPublisher:
                                     ok=error is None, error=error)
         await self._producer.publish(self._topic, event)
         self.replicas[url].reported = (target.version, error is None)
+        outcome = {"outcome": "ok" if error is None else "failed"}
+        applied.add(1, outcome)
+        if duration_s > 0:  # 0 marks a replica found already serving it: nothing was loaded
+            publish_latency.record(duration_s, outcome)
 
 
 def _describe(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ def publisher_command(replicas: tuple[str, ...], model: str | None) -> None:
     from pydantic import ValidationError
 
     from consumers.publisher import CheckpointPublisher, PublisherSettings
+    from openforge.otel import configure_telemetry
     from stream.lifecycle import supervise
 
     updates: dict[str, object] = {}
@@ -32,7 +33,10 @@ def publisher_command(replicas: tuple[str, ...], model: str | None) -> None:
         # The Kafka clients bind to the running loop, so the publisher is built inside it.
         await supervise([CheckpointPublisher(settings)])
 
+    shutdown_telemetry = configure_telemetry("openforge-publisher")
     try:
         asyncio.run(run())
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        shutdown_telemetry()

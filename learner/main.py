@@ -16,5 +16,11 @@ async def serve(settings: LearnerSettings | None = None, kafka: KafkaSettings | 
 
 
 def run(settings: LearnerSettings | None = None) -> None:
-    """Blocking entry point of the CLI."""
-    asyncio.run(serve(settings))
+    """Blocking entry point of the CLI: telemetry (when an OTLP endpoint is set), then the learner."""
+    from openforge.otel import configure_telemetry
+
+    shutdown_telemetry = configure_telemetry("openforge-learner")
+    try:
+        asyncio.run(serve(settings))
+    finally:
+        shutdown_telemetry()

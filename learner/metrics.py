@@ -6,9 +6,11 @@ Without an SDK configured the instruments are no-ops; the same values also trave
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
+
+tracer = trace.get_tracer("openforge.learner")
 
 STEPS = "openforge.learner.steps"
 TOKENS = "openforge.learner.tokens"
@@ -18,9 +20,9 @@ STALENESS = "openforge.learner.staleness"
 STEP_SECONDS = "openforge.learner.step.duration"
 LOSS = "openforge.learner.loss"
 ENTROPY = "openforge.learner.entropy"
-IS_WEIGHT_MEAN = "openforge.learner.is_weight.mean"
-IS_WEIGHT_MAX = "openforge.learner.is_weight.max"
-IS_ESS = "openforge.learner.is_weight.ess"
+IS_WEIGHT = "openforge.learner.importance_weight"
+IS_WEIGHT_MAX = "openforge.learner.importance_weight.max"
+IS_ESS = "openforge.learner.effective_sample_size"
 REWARD_MEAN = "openforge.learner.reward.mean"
 VERSION = "openforge.learner.version"
 
@@ -31,26 +33,48 @@ DROP_SMALL_GROUP = "small_group"
 DROP_DUPLICATE = "duplicate"
 DROP_NO_TOKENS = "no_trained_tokens"
 
-_GAUGES = {"loss": LOSS, "entropy": ENTROPY, "is_weight_mean": IS_WEIGHT_MEAN, "is_weight_max": IS_WEIGHT_MAX,
-           "is_ess": IS_ESS, "reward_mean": REWARD_MEAN, "version": VERSION}
+# Importance weights are ratios around 1: buckets fine near 1, coarse in the tails that truncation cuts.
+_IS_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+_STALENESS_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0)
 
 
 class LearnerMetrics:
-    """Instruments of one learner process."""
+    """Instruments of one learner process.
+
+    The instruments are created with their names written out (module constants) so the chart's
+    test can read them from the source and check every dashboard query against them.
+    """
 
     def __init__(self) -> None:
         meter = metrics.get_meter("openforge.learner")
-        self.steps = meter.create_counter(STEPS, description="Optimizer steps taken")
+        self.steps = meter.create_counter(STEPS, unit="{step}", description="Optimizer steps taken")
         self.tokens = meter.create_counter(TOKENS, unit="{token}", description="Trained tokens")
-        self.trajectories = meter.create_counter(TRAJECTORIES, description="Trajectories trained")
-        self.dropped = meter.create_counter(DROPPED, description="Trajectories not trained, by reason")
+        self.trajectories = meter.create_counter(TRAJECTORIES, unit="{trajectory}",
+                                                 description="Trajectories trained")
+        self.dropped = meter.create_counter(DROPPED, unit="{trajectory}",
+                                            description="Trajectories not trained, by reason")
         self.staleness = meter.create_histogram(
-            STALENESS, unit="{version}", description="Versions between the learner and a trajectory's sampler")
+            STALENESS, unit="{version}", description="Versions between the learner and a trajectory's sampler",
+            explicit_bucket_boundaries_advisory=_STALENESS_BUCKETS)
         self.step_seconds = meter.create_histogram(STEP_SECONDS, unit="s", description="Wall time of one step")
-        self._gauges = {key: meter.create_gauge(name) for key, name in _GAUGES.items()}
+        self.importance_weight = meter.create_histogram(
+            IS_WEIGHT, description="Per-token importance weights (current over behaviour policy) of trained tokens",
+            explicit_bucket_boundaries_advisory=_IS_BUCKETS)
+        self._gauges = {
+            "loss": meter.create_gauge(LOSS, description="Policy loss of the last step"),
+            "entropy": meter.create_gauge(ENTROPY, description="Mean token entropy of the last batch"),
+            "is_weight_max": meter.create_gauge(IS_WEIGHT_MAX,
+                                                description="Largest importance weight of the last batch"),
+            "is_ess": meter.create_gauge(IS_ESS, description="Kish effective sample size of the importance weights, "
+                                                             "as a fraction of the batch's tokens"),
+            "reward_mean": meter.create_gauge(REWARD_MEAN, description="Mean reward of the last batch"),
+            "version": meter.create_gauge(VERSION, description="Weight version the learner has trained up to"),
+        }
 
-    def record_step(self, values: Mapping[str, float]) -> None:
-        """Record a step's scalar metrics (keys as in the worker's and trainer's dicts)."""
+    def record_step(self, values: Mapping[str, float], importance_weights: Sequence[float] = ()) -> None:
+        """Record a step's scalar metrics (keys as in the worker's and trainer's dicts) and its IS weights."""
         for key, gauge in self._gauges.items():
             if key in values:
                 gauge.set(values[key])
+        for weight in importance_weights:
+            self.importance_weight.record(weight)

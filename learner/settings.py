@@ -28,10 +28,17 @@ class LearnerSettings(BaseSettings):
     Must be readable by the checkpoint publisher and the engines."""
 
     engine: Literal["hf", "fsdp"] = "hf"
-    """Training engine: ``hf`` (transformers model, one device) or ``fsdp`` (veRL's FSDP engine, GPUs)."""
+    """Training engine: ``hf`` (transformers model, one device) or ``fsdp`` (FSDP2 sharding through
+    veRL's fsdp helpers; one process or ``torchrun``, GPUs or CPU)."""
 
     device: str = "cpu"
-    """torch device of the ``hf`` engine (``cpu``, ``cuda``, ``cuda:1``)."""
+    """torch device (``cpu``, ``cuda``, ``cuda:1``). The ``fsdp`` engine under ``torchrun`` uses
+    ``cuda:<local rank>`` whatever index is given."""
+
+    fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """``fsdp`` engine: dtype of the forward/backward compute (FSDP2 mixed precision). Master
+    weights, gradient reduction, optimizer state and checkpoints stay float32; ``bfloat16`` is the
+    usual choice on GPUs, ``float32`` matches the ``hf`` engine exactly."""
 
     seed: int = 0
     """Seeds torch before the model is loaded, for reproducible runs."""

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from opentelemetry import trace
 
 from learner.positions import Position, TopicPartitionKey
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, TrajectoryV1, decode
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
+from stream.telemetry import ConsumerLag, track_consumer_lag
 from stream.topics import DEAD_LETTERS, TRAJECTORIES, TopicRegistry
+from stream.tracing import extract_trace_context
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ class Incoming:
 
     trajectory: TrajectoryV1 | None
     position: Position
+    span_context: trace.SpanContext | None = None
+    """The assembler span that produced the record (from its headers), for the step span to link to."""
 
 
 class TrajectorySource(Protocol):
@@ -100,6 +105,8 @@ class KafkaTrajectorySource:
             request_timeout_ms=kafka.request_timeout_ms,
         )
         self._task: asyncio.Task[None] | None = None
+        self._handed: dict[TopicPartition, int] = {}
+        self._lag: ConsumerLag | None = None
         self._started = False
         self._stopped = False
         self.dead_lettered = 0
@@ -125,6 +132,8 @@ class KafkaTrajectorySource:
                 await self._consumer.seek_to_beginning(tp)
             else:
                 self._consumer.seek(tp, offset)
+        # No consumer group: the lag is that of records not yet handed to the trainer.
+        self._lag = track_consumer_lag("learner", self._consumer, lambda: self._handed)
         self._task = asyncio.create_task(self._pump(), name="learner-prefetch")
 
     async def _pump(self) -> None:
@@ -136,8 +145,9 @@ class KafkaTrajectorySource:
 
     async def _decode(self, record: ConsumerRecord[bytes, bytes]) -> Incoming:
         position = Position(record.topic, record.partition, record.offset)
+        headers = tuple(record.headers or ())
         try:
-            event = decode(tuple(record.headers or ()), record.value)
+            event = decode(headers, record.value)
         except DecodeError as exc:
             await self._dead_letter(record, exc.kind, exc.reason)
             return Incoming(None, position)
@@ -145,7 +155,8 @@ class KafkaTrajectorySource:
             await self._dead_letter(record, DeadLetterErrorType.INVALID_EVENT,
                                     f"{type(event).SCHEMA!r} events do not belong on {record.topic}")
             return Incoming(None, position)
-        return Incoming(event, position)
+        context = trace.get_current_span(extract_trace_context(headers)).get_span_context()
+        return Incoming(event, position, context if context.is_valid else None)
 
     async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], kind: DeadLetterErrorType, reason: str) -> None:
         logger.warning("dead-lettering %s[%d]@%d (%s): %s", record.topic, record.partition, record.offset,
@@ -162,9 +173,11 @@ class KafkaTrajectorySource:
         if self._task is not None and self._task.done() and self._queue.empty():
             self._task.result()  # raises what ended it
         try:
-            return await asyncio.wait_for(self._queue.get(), timeout_s)
+            item = await asyncio.wait_for(self._queue.get(), timeout_s)
         except TimeoutError:
             return None
+        self._handed[TopicPartition(item.position.topic, item.position.partition)] = item.position.offset + 1
+        return item
 
     @property
     def exhausted(self) -> bool:
@@ -176,6 +189,8 @@ class KafkaTrajectorySource:
         if self._stopped:
             return
         self._stopped = True
+        if self._lag is not None:
+            self._lag.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

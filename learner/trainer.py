@@ -18,6 +18,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opentelemetry import trace
+
 from learner import metrics as m
 from learner.checkpoint import (
     CheckpointError,
@@ -41,6 +43,7 @@ from stream.topics import CHECKPOINTS, TopicRegistry
 logger = logging.getLogger(__name__)
 
 _SEEN_IDS = 1_000_000  # trajectory ids remembered for deduplication
+_MAX_LINKS = 128  # span links per step: the SDK's default limit, which drops the rest anyway
 
 
 @dataclass
@@ -54,6 +57,10 @@ class LearnerStats:
     step_seconds: float = 0.0
     dropped: dict[str, int] = field(default_factory=dict)
     last_metrics: dict[str, float] = field(default_factory=dict)
+    first_metrics: dict[str, float] = field(default_factory=dict)
+    """Metrics of this process's first step (engine comparisons; that step also carries warm-up)."""
+    first_step_seconds: float = 0.0
+    first_step_tokens: int = 0
     checkpoints: list[CheckpointV1 | Path] = field(default_factory=list)
 
 
@@ -86,6 +93,8 @@ class Learner:
         self._policy = StalenessPolicy(self.settings.max_staleness, self.settings.unversioned_as)
         self._metrics = m.LearnerMetrics()
         self._seen: OrderedDict[str, None] = OrderedDict()
+        # The assembler span of each waiting trajectory, by trajectory id: the step span links to them.
+        self._spans: dict[str, trace.SpanContext] = {}
         self._trained_since: list[str] = []
         self._dropped_since: dict[str, str] = {}
         self._since_checkpoint = 0
@@ -221,6 +230,8 @@ class Learner:
             self._ledger.finish(position)
             return
         self._seen[trajectory.trajectory_id] = None
+        if item.span_context is not None:
+            self._spans[trajectory.trajectory_id] = item.span_context
         if len(self._seen) > _SEEN_IDS:
             self._seen.popitem(last=False)
         if group is not None:
@@ -233,6 +244,8 @@ class Learner:
                 or now - self._ready[0].since >= self.settings.batch_wait_s)
 
     def _drop(self, trajectory: TrajectoryV1, reason: str) -> None:
+        if reason != m.DROP_DUPLICATE:  # a duplicate's id belongs to the copy that is kept
+            self._spans.pop(trajectory.trajectory_id, None)
         self.stats.dropped[reason] = self.stats.dropped.get(reason, 0) + 1
         self._dropped_since[trajectory.trajectory_id] = reason
         self._metrics.dropped.add(1, {"reason": reason})
@@ -289,9 +302,16 @@ class Learner:
         batch, members = self.build_batch(groups)
         took_step = bool(batch.rows) and batch.trained_tokens > 0
         if took_step:
-            started = time.perf_counter()
-            values = await asyncio.to_thread(self._worker.train_step, batch)
-            elapsed = time.perf_counter() - started
+            # One span per step, linked to the assembler span of every trajectory it trains on, so a
+            # model call's trace leads (proxy -> assembler -> learner) to the step that used it.
+            links = [trace.Link(c) for c in (self._spans.pop(t.trajectory_id, None) for t in members) if c]
+            with m.tracer.start_as_current_span(
+                    "learner step", links=links[:_MAX_LINKS],
+                    attributes={"openforge.step": self.step + 1, "openforge.trajectories": len(members),
+                                "openforge.tokens": batch.trained_tokens}):
+                started = time.perf_counter()
+                values = await asyncio.to_thread(self._worker.train_step, batch)
+                elapsed = time.perf_counter() - started
             self.step += 1
             self.version = self.step
             self._since_checkpoint += 1
@@ -302,12 +322,15 @@ class Learner:
             self.stats.processed_tokens += batch.total_tokens
             self.stats.step_seconds += elapsed
             self.stats.last_metrics = values
+            if self.stats.steps == 1:
+                self.stats.first_metrics = values
+                self.stats.first_step_seconds, self.stats.first_step_tokens = elapsed, batch.total_tokens
             self._trained_since.extend(t.trajectory_id for t in members)
             self._metrics.steps.add(1)
             self._metrics.tokens.add(batch.trained_tokens)
             self._metrics.trajectories.add(len(members))
             self._metrics.step_seconds.record(elapsed)
-            self._metrics.record_step(values)
+            self._metrics.record_step(values, self._worker.importance_weights())
             logger.info("step %d: loss %.4f, reward %.3f, %d trajectories, %d tokens, %.2fs", self.step,
                         values.get("loss", math.nan), values.get("reward_mean", math.nan), len(members),
                         batch.trained_tokens, elapsed)

@@ -41,9 +41,14 @@ def watcher_command(namespace: str | None) -> None:
     # Imported here: the Kubernetes client takes a second to import, which every other
     # `openforge` command (the pod-side `openforge reward` among them) should not pay.
     from consumers.rollouts.kubernetes import KubernetesSettings
+    from openforge.otel import configure_telemetry
     from producers.pod_watcher import PodWatcherSettings
 
     settings = PodWatcherSettings()
     if namespace:
         settings = settings.model_copy(update={"namespace": namespace})
-    asyncio.run(run_watcher(settings, KubernetesSettings(), KafkaSettings()))
+    shutdown_telemetry = configure_telemetry("openforge-watcher")
+    try:
+        asyncio.run(run_watcher(settings, KubernetesSettings(), KafkaSettings()))
+    finally:
+        shutdown_telemetry()

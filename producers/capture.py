@@ -9,13 +9,19 @@ protocol reaches the engine as a chat completion.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from schemas import ModelCallV1
+from pydantic import BaseModel
+
+from schemas import Logprobs, ModelCallV1, TokenIds
+from schemas._base import new_event_id
+from schemas._common import WeightVersionRange
 from schemas.call.v1 import (
+    _CREDENTIAL_HEADERS,
     ApiProtocol,
     CallChoice,
     CallStatus,
@@ -63,13 +69,17 @@ def normalize_request(chat: dict[str, Any], asked: dict[str, Any]) -> Normalized
     extra = {k: v for k, v in chat.items()
              if k not in SAMPLING_KEYS and k not in _STRUCTURE_KEYS and k not in CAPTURE_KEYS}
     extra.update(asked)
-    return NormalizedRequest(
-        messages=chat.get("messages") or [],
-        tools=chat.get("tools"),
-        tool_choice=chat.get("tool_choice"),
-        sampling=sampling,
-        extra=extra,
-    )
+    messages = chat.get("messages") or []
+    tools = chat.get("tools")
+    fields = {"messages": messages, "tools": tools, "tool_choice": chat.get("tool_choice"),
+              "sampling": sampling, "extra": extra}
+    if type(messages) is list and (tools is None or type(tools) is list):
+        # The body came from a JSON parser (and, for the translated protocols, from the
+        # adapters, which build plain JSON values), so validating it as JSON again only costs
+        # time, which grows with the conversation. ``build`` validates it if the event's other
+        # checks fail.
+        return _construct(NormalizedRequest, fields)
+    return NormalizedRequest.model_validate(fields)
 
 
 @dataclass
@@ -233,52 +243,214 @@ class CallCapture:
         upstream_status_code: int | None = None,
         error_message: str | None = None,
         upstream_replica: str | None = None,
+        validate: bool = False,
     ) -> ModelCallV1:
-        """The event for this call, whatever its outcome."""
-        choices = []
+        """The event for this call, whatever its outcome.
+
+        Everything in the event was either produced by this object or taken from the engine's
+        answer, so full pydantic validation mostly re-checks our own work; on the proxy's hot
+        path it cost about as much CPU as publishing the event. The event is therefore
+        constructed without validation when explicit checks (:func:`_trusted_event`) show that
+        validation could not fail; anything those checks do not vouch for, for example an engine
+        that reports a negative choice index, goes through full validation and fails there as
+        before, with pydantic's error. Both paths give the same JSON (the unit tests compare
+        them).
+
+        Args:
+            status: How the call ended.
+            upstream_status_code: The engine's HTTP status, if it answered.
+            error_message: What went wrong, for a status other than ``ok``.
+            upstream_replica: The replica that served the call.
+            validate: Always validate fully (tests, and callers that want the slow path).
+
+        Raises:
+            pydantic.ValidationError: The call's data do not make a valid event.
+        """
+        choices: list[dict[str, Any]] = []
         for c in sorted(self._choices.values(), key=lambda c: c.index):
             # Logprobs arrive per sampled token; a cut stream may leave them one short.
             n = min(len(c.token_ids), len(c.logprobs)) if c.logprobs else len(c.token_ids)
-            choices.append(CallChoice(
-                index=c.index,
-                completion_token_ids=c.token_ids[:n],
-                logprobs=c.logprobs[:n] if c.logprobs else [],
-                weight_versions=_clip_versions(c.weight_versions, n) if c.weight_versions else (
+            choices.append({
+                "index": c.index,
+                "completion_token_ids": c.token_ids[:n],
+                "logprobs": c.logprobs[:n] if c.logprobs else [],
+                "weight_versions": _clip_versions(c.weight_versions, n) if c.weight_versions else (
                     [{"version": self.weight_version, "start": 0, "end": n}] if self.weight_version and n else []),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
-            ))
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            })
         if status is CallStatus.OK and not choices:
             status, error_message = CallStatus.UPSTREAM_ERROR, error_message or "engine returned no choices"
         usage = None
         if self.usage:
-            usage = CallUsage(
-                prompt_tokens=int(self.usage.get("prompt_tokens") or 0),
-                completion_tokens=int(self.usage.get("completion_tokens") or 0),
-                cached_prompt_tokens=(self.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            )
-        return ModelCallV1(
-            rollout_id=self.rollout_id,
-            task_id=self.task_id,
-            call_id=self.call_id,
-            attempt=self.attempt,
-            retry_of=self.retry_of,
-            protocol=self.protocol,
-            model=self.model,
-            request=self.request,
-            response=self.response_summary() if self._choices else None,
-            prompt_token_ids=self.prompt_token_ids,
-            choices=choices,
-            usage=usage,
-            timings=CallTimings(started_at=self.started_at, time_to_first_token_s=self.first_token_s,
-                                total_s=self.elapsed()),
-            status=status,
-            upstream_status_code=upstream_status_code,
-            error_message=error_message if status is not CallStatus.OK else None,
-            upstream_replica=upstream_replica,
-            streamed=self.streamed,
-            session_headers=self.headers,
-        )
+            usage = {
+                "prompt_tokens": int(self.usage.get("prompt_tokens") or 0),
+                "completion_tokens": int(self.usage.get("completion_tokens") or 0),
+                "cached_prompt_tokens": (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            }
+        data: dict[str, Any] = {
+            "rollout_id": self.rollout_id,
+            "task_id": self.task_id,
+            "call_id": self.call_id,
+            "attempt": self.attempt,
+            "retry_of": self.retry_of,
+            "protocol": self.protocol,
+            "model": self.model,
+            "request": self.request,
+            "response": self.response_summary() if self._choices else None,
+            "prompt_token_ids": self.prompt_token_ids,
+            "choices": choices,
+            "usage": usage,
+            "timings": {"started_at": self.started_at, "time_to_first_token_s": self.first_token_s,
+                        "total_s": self.elapsed()},
+            "status": status,
+            "upstream_status_code": upstream_status_code,
+            "error_message": error_message if status is not CallStatus.OK else None,
+            "upstream_replica": upstream_replica,
+            "streamed": self.streamed,
+            "session_headers": self.headers,
+        }
+        if not validate:
+            event = _trusted_event(data)
+            if event is not None:
+                return event
+        if isinstance(self.request, NormalizedRequest):
+            # A constructed request would be taken as is; validate its content too.
+            data["request"] = self.request.model_dump()
+        return ModelCallV1.model_validate(data)
+
+
+# -- construction without validation --------------------------------------------------------------
+#
+# Each check below mirrors one constraint of schemas.call.v1 (field types, bounds, validators).
+# When a check fails the caller validates fully, so a check that is too strict costs only time;
+# one that is too lax would let an invalid event through, which the unit tests guard against by
+# decoding every fast-built event with full validation.
+
+_MAX_ID = 256
+_MAX_VERSION = 128
+
+_M = TypeVar("_M", bound=BaseModel)
+_FIELDS: dict[type[BaseModel], tuple[str, ...]] = {}
+
+
+def _construct(cls: type[_M], values: dict[str, Any]) -> _M:
+    """An instance holding ``values`` as they are, every field given, nothing validated.
+
+    What ``BaseModel.model_construct`` ends with, without its per-field Python loop (which
+    also inspects each default factory's signature on every call, and cost more than
+    validating). Values must name every field, in the model's order; a mismatch is a bug here,
+    not bad input, hence the assertion-style error.
+    """
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(cls.model_fields)
+    if tuple(values) != names:
+        raise RuntimeError(f"{cls.__name__} needs fields {names}, got {tuple(values)}")
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(names))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
+
+def _is_id(value: object, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return type(value) is str and 0 < len(value) <= _MAX_ID
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_seconds(value: object) -> bool:
+    return type(value) is float and 0.0 <= value < math.inf
+
+
+def _trusted_choice(raw: dict[str, Any]) -> CallChoice | None:
+    if not _is_count(raw["index"]):
+        return None
+    if not (raw["finish_reason"] is None or type(raw["finish_reason"]) is str):
+        return None
+    if not (raw["stop_reason"] is None or type(raw["stop_reason"]) in (str, int)):
+        return None
+    ids = TokenIds(raw["completion_token_ids"])  # packing checks every value
+    logprobs = Logprobs(raw["logprobs"])
+    if len(ids) != len(logprobs):
+        return None
+    ranges = []
+    position = 0
+    for r in raw["weight_versions"]:
+        version, start, end = r["version"], r["start"], r["end"]
+        if not (type(version) is str and 0 < len(version) <= _MAX_VERSION
+                and type(start) is int and type(end) is int and start == position and end > start):
+            return None
+        position = end
+        ranges.append(_construct(WeightVersionRange, {"version": version, "start": start, "end": end}))
+    if ranges and position != len(ids):
+        return None
+    return _construct(CallChoice, {"index": raw["index"], "completion_token_ids": ids, "logprobs": logprobs,
+                                   "weight_versions": ranges, "finish_reason": raw["finish_reason"],
+                                   "stop_reason": raw["stop_reason"]})
+
+
+def _trusted_event(data: dict[str, Any]) -> ModelCallV1 | None:
+    """``ModelCallV1`` built without validation, or None when validation could fail."""
+    try:
+        if not (_is_id(data["rollout_id"]) and _is_id(data["call_id"]) and _is_id(data["task_id"], True)
+                and _is_id(data["retry_of"], True) and _is_count(data["attempt"])):
+            return None
+        if (data["attempt"] == 0) != (data["retry_of"] is None) or data["retry_of"] == data["call_id"]:
+            return None
+        if not (type(data["model"]) is str and data["model"]):
+            return None
+        if type(data["protocol"]) is not ApiProtocol or type(data["status"]) is not CallStatus:
+            return None
+        if not isinstance(data["request"], NormalizedRequest):
+            return None
+        code = data["upstream_status_code"]
+        if not (code is None or (type(code) is int and 100 <= code <= 599)):
+            return None
+        for name in ("error_message", "upstream_replica"):
+            if not (data[name] is None or type(data[name]) is str):
+                return None
+        if type(data["streamed"]) is not bool:
+            return None
+        headers = data["session_headers"]
+        if type(headers) is not dict or not all(
+                type(k) is str and type(v) is str and k == k.lower() for k, v in headers.items()):
+            return None
+        if not _CREDENTIAL_HEADERS.isdisjoint(headers):
+            return None
+        choices = [_trusted_choice(raw) for raw in data["choices"]]
+        if any(c is None for c in choices):
+            return None
+        if len({raw["index"] for raw in data["choices"]}) != len(choices):
+            return None
+        if data["status"] is CallStatus.OK and (not choices or data["error_message"] is not None):
+            return None
+        usage = data["usage"]
+        if usage is not None:
+            cached = usage["cached_prompt_tokens"]
+            if not (_is_count(usage["prompt_tokens"]) and _is_count(usage["completion_tokens"])
+                    and (cached is None or _is_count(cached))):
+                return None
+            usage = _construct(CallUsage, usage)
+        timings = data["timings"]
+        started = timings["started_at"]
+        ttft = timings["time_to_first_token_s"]
+        if not (type(started) is datetime and started.tzinfo is UTC and _is_seconds(timings["total_s"])
+                and (ttft is None or _is_seconds(ttft))):
+            return None
+        prompt = TokenIds(data["prompt_token_ids"])
+    except (ValueError, TypeError, KeyError, OverflowError):
+        return None  # full validation will say what is wrong
+    return _construct(ModelCallV1, {
+        "event_id": new_event_id(), "created_at": datetime.now(UTC),
+        **data, "prompt_token_ids": prompt, "choices": choices, "usage": usage,
+        "timings": _construct(CallTimings, timings), "session_headers": dict(headers)})
 
 
 def _clip_versions(ranges: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:

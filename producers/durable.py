@@ -102,11 +102,11 @@ class DurablePublisher:
         key, value, headers = encode_record(resolved, event)
         if self._direct and self._producer is not None:
             try:
-                future = await asyncio.wait_for(
-                    self._producer.send_raw(resolved.name, value, key=key, headers=headers),
-                    self.ack_timeout_s,
-                )
-                await asyncio.wait_for(future, self.ack_timeout_s)
+                # One deadline for queueing and acknowledgement. ``asyncio.timeout`` instead of
+                # ``wait_for``: the latter wraps the send in a task of its own, on every call.
+                async with asyncio.timeout(self.ack_timeout_s):
+                    future = await self._producer.send_raw(resolved.name, value, key=key, headers=headers)
+                    await future
                 return "kafka"
             except Exception as exc:  # noqa: BLE001 - any send failure falls back to the spool
                 self.publish_errors += 1

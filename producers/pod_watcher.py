@@ -52,6 +52,7 @@ from schemas.rollout.pod import (
 )
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase, RolloutReason
 from stream import ROLLOUTS, EventProducer
+from stream.telemetry import count_rollout_outcome
 
 __all__ = ["PodOutcome", "PodWatcher", "PodWatcherSettings", "WatcherStats", "derive_phases"]
 
@@ -463,6 +464,9 @@ class PodWatcher:
             )
             await self._producer.publish(ROLLOUTS, event)
             self.stats.published += 1
+            if outcome.phase.is_terminal:
+                count_rollout_outcome(outcome.phase.value, outcome.reason.value if outcome.reason else None,
+                                      outcome.infrastructure_failure)
             done.add(outcome.phase.value)
             self._done[uid] = set(done)
             logger.info("rollout %s: %s%s", base["rollout_id"], outcome.phase.value,

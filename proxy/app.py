@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from producers.durable import DurablePublisher
 from producers.spool import DiskSpool
@@ -58,7 +60,7 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstream = UpstreamPool(settings.upstreams, timeout_s=settings.upstream_timeout_s)
         upstream.start_version_poll(settings.weight_poll_s)
-        kafka = settings.kafka.model_copy(update={"linger_ms": 0})  # latency over batching
+        kafka = settings.kafka.model_copy(update={"linger_ms": settings.capture_linger_ms})
         publisher = DurablePublisher(
             lambda: EventProducer(kafka, registry=registry, client_id="openforge-proxy"),
             DiskSpool(settings.spool_dir, settings.spool_max_bytes), registry,
@@ -83,10 +85,7 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
-        body: dict[str, Any] = {"error": {"message": exc.message, "type": exc.error_type}}
-        if "/v1/messages" in request.url.path:
-            body = {"type": "error", "error": {"type": exc.error_type, "message": exc.message}}
-        return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
+        return _error_response(request.url.path, exc)
 
     async def read_body(request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
@@ -111,6 +110,16 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
                             status_code=503, media_type="application/json", headers={"retry-after": "5"})
         raw = await read_body(request, st.settings.max_body_bytes)
         return await st.calls.handle(request, adapter, Caller(credential.rollout_id, credential.task_id), raw)
+
+    async def hot(request: Request, kind: str, rollout_id: str | None) -> Response:
+        try:
+            return await call(request, kind, rollout_id)
+        except ProxyError as exc:
+            return _error_response(request.url.path, exc)
+
+    # The model-call routes are served before FastAPI's router (see _HotRoutes); the FastAPI
+    # routes below stay for the rest (trailing slashes, wrong methods) and the schema.
+    app.add_middleware(_HotRoutes, handler=hot)
 
     for prefix in ("", "/rollouts/{rollout_id}"):
         def routes(prefix: str = prefix) -> None:
@@ -212,6 +221,47 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
         return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")
 
     return app
+
+
+def _error_response(path: str, exc: ProxyError) -> Response:
+    body: dict[str, Any] = {"error": {"message": exc.message, "type": exc.error_type}}
+    if "/v1/messages" in path:
+        body = {"type": "error", "error": {"type": exc.error_type, "message": exc.message}}
+    return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
+
+
+_HOT_PATH = re.compile(r"(?:/rollouts/(?P<rollout_id>[^/]+))?/v1/(?P<kind>chat/completions|messages|responses)")
+_HOT_KINDS = {"chat/completions": "chat", "messages": "messages", "responses": "responses"}
+
+
+class _HotRoutes:
+    """Serve ``POST`` model calls as a plain ASGI app, ahead of FastAPI's router.
+
+    Matching a request against every route, solving the endpoint's dependencies and wrapping
+    it in FastAPI's exception handling took about 15% of the proxy's CPU per call in profiles.
+    These routes need none of it: their only parameter is the rollout id in the path, and their
+    only expected exception is ``ProxyError``. Anything else (other methods and paths, trailing
+    slashes) goes on to FastAPI unchanged, and an unexpected exception still reaches the
+    server-error middleware outside this one.
+    """
+
+    def __init__(self, app: ASGIApp, handler: Callable[[Request, str, str | None], Awaitable[Response]]) -> None:
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            root: str = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root):]
+            match = _HOT_PATH.fullmatch(path)
+            if match is not None:
+                request = Request(scope, receive)
+                response = await self.handler(request, _HOT_KINDS[match["kind"]], match["rollout_id"])
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class PayloadTooLargeError(ProxyError):

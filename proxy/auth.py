@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 from fastapi import Request
 
 from proxy.errors import ProxyError
 from proxy.settings import ProxySettings
 from schemas.credentials import Credential, CredentialError, Role, verify_token
+
+#: Verified tokens remembered at most (one per live rollout is typical).
+_VERIFIED_CACHE_SIZE = 100_000
 
 #: Header a harness may use to name its rollout when the path does not.
 ROLLOUT_HEADER = "x-openforge-rollout-id"
@@ -40,6 +45,10 @@ class Authenticator:
     def __init__(self, settings: ProxySettings) -> None:
         self.key = settings.signing_key()
         self.allow_anonymous = settings.allow_anonymous
+        self._verified: dict[str, Credential] = {}
+        """Tokens whose signature checked out, by the whole token (signature included): a
+        harness sends the same token on every call, and the HMAC plus claims parsing were a
+        visible share of a proxied call's CPU. Expiry is still checked on every call."""
         if self.key is None and not self.allow_anonymous:
             raise ValueError(
                 "set OPENFORGE_PROXY_CREDENTIAL_KEY (or _FILE), or allow anonymous calls explicitly"
@@ -64,10 +73,16 @@ class Authenticator:
             raise UnauthorizedError(
                 "missing credential: send the rollout token as a bearer token or x-api-key"
             )
-        try:
-            credential = verify_token(self.key, token)
-        except CredentialError as exc:
-            raise UnauthorizedError(str(exc)) from exc
+        credential = self._verified.get(token)
+        if credential is None or credential.expires_at < time.time():
+            try:
+                credential = verify_token(self.key, token)
+            except CredentialError as exc:
+                self._verified.pop(token, None)
+                raise UnauthorizedError(str(exc)) from exc
+            if len(self._verified) >= _VERIFIED_CACHE_SIZE:
+                self._verified.clear()  # crude but bounded; live rollouts re-verify once
+            self._verified[token] = credential
         if named is not None and named != credential.rollout_id:
             raise UnauthorizedError("the token belongs to another rollout")
         if need is Role.VERIFIER and credential.role is not Role.VERIFIER:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from schemas._base import new_event_id
 
 
 @dataclass
@@ -41,7 +42,7 @@ class RetryTracker:
         now = time.monotonic()
         key = (rollout_id, fingerprint)
         previous = self._attempts.get(key)
-        call_id = uuid.uuid4().hex
+        call_id = new_event_id()
         if previous is not None and now - previous.at <= self.window_s and previous.finished_ok is not True:
             attempt, retry_of = previous.attempt + 1, previous.call_id
         else:

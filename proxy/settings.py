@@ -62,6 +62,13 @@ class ProxySettings(BaseSettings):
     capture: bool = True
     """Record every call on Kafka. Off only to measure what capture costs (benchmarks)."""
 
+    capture_linger_ms: int = Field(default=0, ge=0, le=1000)
+    """How long the producer holds a call event to batch it with others (Kafka's
+    ``linger.ms``). A whole answer waits for its event's acknowledgement, so this adds to every
+    call's latency; under load events batch anyway while a produce request is in flight. 0
+    (the default) favours latency; a few ms trade latency for fewer produce requests, which
+    saves broker CPU (see docs/benchmarks.md)."""
+
     weight_poll_s: float = Field(default=0.5, gt=0)
     """How often each engine's weight version is read, to label calls with it."""
 

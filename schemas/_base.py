@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from datetime import UTC, datetime
 from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-__all__ = ["EventBase", "FrozenModel", "UtcDatetime"]
+__all__ = ["EventBase", "FrozenModel", "UtcDatetime", "new_event_id"]
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -22,8 +22,17 @@ UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
 depends on the producing machine's clock settings, which consumers cannot know."""
 
 
-def _new_event_id() -> str:
-    return uuid.uuid4().hex
+def new_event_id() -> str:
+    """A random uuid4 in hex, as ``uuid.uuid4().hex`` gives but in a third of its time.
+
+    Every event and every proxied call needs one; ``uuid.UUID``'s constructor is pure Python
+    and showed up in profiles of the proxy.
+    """
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return raw.hex()
+
 
 
 def _utc_now() -> datetime:
@@ -61,7 +70,7 @@ class EventBase(FrozenModel):
     VERSION: ClassVar[int]
     """Major version of the schema; bumped only for breaking changes."""
 
-    event_id: str = Field(default_factory=_new_event_id, min_length=1, max_length=128)
+    event_id: str = Field(default_factory=new_event_id, min_length=1, max_length=128)
     """Unique id of this event (uuid4 hex by default). Consumers use it to drop duplicates that
     producer retries or spool replays can create, so a re-sent event must keep its id."""
 

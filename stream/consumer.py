@@ -31,6 +31,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, EventBase, decode
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
+from stream.telemetry import ConsumerLag, track_consumer_lag
 from stream.topics import DEAD_LETTERS, Topic, TopicRegistry, TopicSpec
 from stream.tracing import extract_trace_context
 
@@ -150,6 +151,7 @@ class EventConsumer:
         self._started = False
         self._stopped = False
         self._last_commit = 0.0
+        self._lag: ConsumerLag | None = None
         self.dead_lettered = 0
         """Records sent to the dead-letter topic by this instance (for metrics and tests)."""
 
@@ -171,6 +173,7 @@ class EventConsumer:
             topics=[t.name for t in self._topics], listener=_CommitOnRevoke(self)
         )
         await self._consumer.start()
+        self._lag = track_consumer_lag(self.group_id, self._consumer, lambda: self._progress.handled)
         self._task = asyncio.create_task(self._run(), name=f"consume:{self.group_id}")
 
     async def wait(self) -> None:
@@ -187,6 +190,8 @@ class EventConsumer:
             return
         self._stopped = True
         self._stopping.set()  # 1 stop intake: the loop fetches nothing more
+        if self._lag is not None:
+            self._lag.close()
         if self._task is not None:
             # 2 drain: the in-flight record may finish; past the deadline it is
             # cancelled, stays uncommitted and is redelivered to the next owner.

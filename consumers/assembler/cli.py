@@ -17,6 +17,7 @@ def assembler_command(instance_id: str | None) -> None:
 
     from consumers.assembler.service import AssemblerService
     from consumers.assembler.settings import AssemblerSettings
+    from openforge.otel import configure_telemetry
     from stream.lifecycle import supervise
 
     settings = AssemblerSettings()
@@ -26,4 +27,8 @@ def assembler_command(instance_id: str | None) -> None:
     async def run() -> None:
         await supervise([AssemblerService(settings)])
 
-    asyncio.run(run())
+    shutdown_telemetry = configure_telemetry("openforge-assembler")
+    try:
+        asyncio.run(run())
+    finally:
+        shutdown_telemetry()

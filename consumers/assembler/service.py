@@ -42,16 +42,24 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from opentelemetry import trace
 
 from consumers.assembler import telemetry
 from consumers.assembler.settings import AssemblerSettings
 from consumers.assembler.state import Finalized, Outcome, RolloutTable
-from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, decode
+from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, ModelCallV1, decode
 from stream.producer import EventProducer, EventTooLargeError, encode_record
 from stream.settings import KafkaSettings
+from stream.telemetry import ConsumerLag, track_consumer_lag
 from stream.topics import CALLS, DEAD_LETTERS, REWARDS, ROLLOUTS, TRAJECTORIES, Topic, TopicRegistry
+from stream.tracing import extract_trace_context
 
 __all__ = ["AssemblerService", "AssemblerStats", "encode_trajectory"]
+
+_MAX_LINKS = 128
+"""Call spans a trajectory span links to at most: the SDK's default link limit, which drops the rest anyway."""
+_MAX_LINKED_ROLLOUTS = 100_000
+"""Open rollouts whose call spans are kept; the oldest are forgotten first (revoked partitions' rollouts)."""
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +134,9 @@ class AssemblerService:
             request_timeout_ms=self.kafka.request_timeout_ms,
         )
         self._positions: dict[TopicPartition, int] = {}
+        # Span contexts of the model calls joined per open rollout: the trajectory's span links to them.
+        self._call_spans: dict[str, list[trace.SpanContext]] = {}
+        self._lag: ConsumerLag | None = None
         self._committed: dict[TopicPartition, int] = {}
         self._letters: list[DeadLetterV1] = []
         self._lock = asyncio.Lock()  # one batch or one rebalance step at a time
@@ -153,6 +164,7 @@ class AssemblerService:
         except BaseException:
             await self._producer.stop()
             raise
+        self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._positions)
         self._task = asyncio.create_task(self._run(), name=f"assembler:{self.settings.group_id}")
 
     async def wait(self) -> None:
@@ -170,6 +182,8 @@ class AssemblerService:
             return
         self._stopped = True
         self._stopping.set()
+        if self._lag is not None:
+            self._lag.close()
         try:
             if self._task is not None:
                 done, _ = await asyncio.wait({self._task}, timeout=self.settings.drain_timeout_s)
@@ -229,6 +243,8 @@ class AssemblerService:
             return
         outcome = self.table.add(event, tp, record.offset, now)
         attributes = {"topic": topic.spec.base_name}
+        if outcome is Outcome.ACCEPTED and isinstance(event, ModelCallV1):
+            self._remember_call_span(event.rollout_id, headers)
         if outcome is Outcome.DUPLICATE:
             self.stats.duplicates += 1
             telemetry.duplicates.add(1, attributes)
@@ -242,6 +258,33 @@ class AssemblerService:
             self._dead_letter(record, DeadLetterErrorType.HANDLER_ERROR,
                               f"late event: rollout {rollout_id} was already finalized and published; "
                               "this event is not in its trajectory")
+
+    def _remember_call_span(self, rollout_id: str, headers: tuple[tuple[str, bytes], ...]) -> None:
+        """Keep the span context the call's record carried, for the trajectory span to link to."""
+        context = trace.get_current_span(extract_trace_context(headers)).get_span_context()
+        if not context.is_valid:
+            return
+        if rollout_id not in self._call_spans and len(self._call_spans) >= _MAX_LINKED_ROLLOUTS:
+            del self._call_spans[next(iter(self._call_spans))]  # a rollout another instance took over
+        spans = self._call_spans.setdefault(rollout_id, [])
+        if len(spans) < _MAX_LINKS:
+            spans.append(context)
+
+    def _encode(self, item: Finalized) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+        """Encode a trajectory inside its own span, linked to the spans of the calls it joined.
+
+        The record's headers carry this span's context (``encode_record`` injects the current one),
+        so the learner step that trains on the trajectory links back to it, and through its links
+        to each model call's proxy span.
+        """
+        trajectory = item.trajectory
+        links = [trace.Link(c) for c in self._call_spans.pop(trajectory.rollout_id, [])]
+        with telemetry.tracer.start_as_current_span(
+                "assemble trajectory", kind=trace.SpanKind.PRODUCER, links=links,
+                attributes={"openforge.rollout_id": trajectory.rollout_id, "openforge.task_id": trajectory.task_id,
+                            "openforge.finalize_reason": trajectory.finalize_reason.value,
+                            "openforge.calls": len(links)}):
+            return encode_trajectory(self._output, item)
 
     def _dead_letter(self, record: ConsumerRecord[bytes, bytes], kind: DeadLetterErrorType, reason: str) -> None:
         logger.warning("assembler: dead-lettering %s[%d]@%d (%s): %s", record.topic, record.partition,
@@ -266,7 +309,7 @@ class AssemblerService:
         idle = not finalized and not self._letters
         if idle and (not moved or (not force and now - self._last_commit < self.settings.commit_interval_s)):
             return
-        records = [encode_trajectory(self._output, f) for f in finalized]
+        records = [self._encode(f) for f in finalized]
         letters = [self._producer.encode(self.registry[DEAD_LETTERS], letter) for letter in self._letters]
         async with self._producer.transaction():
             for key, value, headers in records:
@@ -290,6 +333,8 @@ class AssemblerService:
         trajectory = item.trajectory
         harness = trajectory.harness or "unknown"
         telemetry.trajectories.add(1, {"finalize_reason": trajectory.finalize_reason.value, "harness": harness})
+        if trajectory.reward is not None:
+            telemetry.reward.record(trajectory.reward, {"task": trajectory.task_id})
         stats = trajectory.merge_stats
         used = stats.calls - stats.skipped
         if used:

@@ -6,9 +6,10 @@ import weakref
 from collections.abc import Iterable
 from typing import Protocol
 
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
+tracer = trace.get_tracer("openforge.assembler")
 _meter = metrics.get_meter("openforge.assembler")
 
 trajectories = _meter.create_counter(
@@ -32,6 +33,10 @@ replayed_events = _meter.create_counter(
 dead_letters = _meter.create_counter(
     "openforge.assembler.dead_letters", unit="{record}",
     description="Records sent to the dead-letter topic, by error_type.")
+reward = _meter.create_histogram(
+    "openforge.assembler.reward", unit="{reward}",
+    description="Verifier reward of each published trajectory that has one, by task.",
+    explicit_bucket_boundaries_advisory=[-1.0, -0.5, 0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 2.0, 5.0])
 oversized = _meter.create_counter(
     "openforge.assembler.oversized", unit="{trajectory}",
     description="Trajectories too large for the topic, published without samples.")

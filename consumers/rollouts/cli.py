@@ -15,6 +15,7 @@ import click
 def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: str | None) -> None:
     """Consume tasks and launch group_size rollouts per task, until SIGTERM or SIGINT."""
     from consumers.rollouts.launcher import Launcher, LauncherSettings
+    from openforge.otel import configure_telemetry
     from stream.lifecycle import supervise
 
     updates: dict[str, object] = {}
@@ -36,7 +37,10 @@ def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: 
         # Kafka clients bind to the running loop, so the launcher is made inside it.
         await supervise([Launcher(settings)])
 
+    shutdown_telemetry = configure_telemetry("openforge-launcher")
     try:
         asyncio.run(run())
     except ValueError as exc:  # configuration problems found while building the backend
         raise click.ClickException(str(exc)) from exc
+    finally:
+        shutdown_telemetry()

@@ -48,6 +48,7 @@ from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase
 from stream.broker import cache_root
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
+from stream.telemetry import ConsumerLag, track_consumer_lag
 from stream.topics import DEAD_LETTERS, ROLLOUTS, TASKS, TopicRegistry
 
 __all__ = ["Launcher", "LauncherSettings", "build_spec", "make_backend", "rollout_id_for"]
@@ -248,6 +249,7 @@ class Launcher:
         self._backlog: deque[ConsumerRecord[bytes, bytes]] = deque()
         self._work: _Work | None = None
         self._handled: dict[TopicPartition, int] = {}
+        self._lag: ConsumerLag | None = None
         self._committed: dict[TopicPartition, int] = {}
         self._known: set[str] = set()
         self._stopping = asyncio.Event()
@@ -273,6 +275,7 @@ class Launcher:
             logger.info("launcher: %d rollouts already exist; they will not be launched again", len(self._known))
         self._consumer.subscribe([self.registry[TASKS].name], listener=_Rebalance(self))
         await self._consumer.start()
+        self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._handled)
         self._task = asyncio.create_task(self._run(), name="launcher")
 
     async def wait(self) -> None:
@@ -286,6 +289,8 @@ class Launcher:
             return
         self._stopped = True
         self._stopping.set()
+        if self._lag is not None:
+            self._lag.close()
         if self._task is not None:
             done, _ = await asyncio.wait({self._task}, timeout=self.settings.drain_timeout_s)
             if not done:

@@ -36,6 +36,7 @@ import orjson
 from consumers.rollouts.backend import ENV_REWARD_URL, ENV_VERIFIER_TOKEN, RolloutSpec, harness_argv
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase, RolloutReason
 from stream.producer import EventProducer
+from stream.telemetry import count_rollout_outcome
 from stream.topics import ROLLOUTS
 
 __all__ = ["LocalBackend", "inherited_environment"]
@@ -332,6 +333,8 @@ class LocalBackend:
             (folder / _PROCESS_FILE).unlink()
         if await self._publish(event):
             record.write_bytes(orjson.dumps({"published": True, "event": event.model_dump(mode="json")}))
+        count_rollout_outcome(event.phase.value, event.reason.value if event.reason else None,
+                              event.infrastructure_failure)
         logger.info("rollout %s: %s%s", event.rollout_id, event.phase.value,
                     f" ({event.reason.value}: {event.message})" if event.reason else "")
 

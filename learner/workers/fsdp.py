@@ -1,35 +1,266 @@
-"""veRL's FSDP engine behind the learner's worker interface: not built yet.
+"""The ``fsdp`` worker: the ``hf`` worker's step on a model sharded with FSDP2 the way veRL shards it.
 
-What is missing: wrapping the model with veRL's FSDP engine (``verl.workers.engine``), a process
-group per rank (NCCL on GPUs, gloo with a CPU platform shim for tests), sharded micro-batch
-dispatch of :class:`~learner.protocol.TrainBatch`, and a full-state-dict gather before
-``save_pretrained``. Until then ``OPENFORGE_LEARNER_ENGINE=fsdp`` fails at start with this message.
+What this is, exactly: veRL 0.9.1's FSDP *engine* (``verl.workers.engine.fsdp.FSDPEngine``) is not
+driven here. It is built to be constructed inside veRL's Ray worker groups (``engine_workers``),
+takes its batches as nested ``TensorDict`` with veRL's padding modes, and pulls in LoRA, Ulysses and
+offload machinery this learner does not use. Instead the model is wrapped with torch FSDP2
+(``fully_shard``) through veRL's own helpers, as that engine's ``fsdp2`` strategy does:
+
+* ``verl.utils.fsdp_utils.apply_fsdp2`` shards each decoder layer (``_no_split_modules``) and the
+  root, with a ``MixedPrecisionPolicy`` (float32 reduce; float32 or bfloat16 compute by
+  ``OPENFORGE_LEARNER_FSDP_PARAM_DTYPE``), on a one-dimensional device mesh over all ranks;
+* ``verl.utils.fsdp_utils.fsdp2_load_full_state_dict`` loads the float32 weights into the shards;
+* ``verl.utils.fsdp_utils.fsdp2_clip_grad_norm_`` clips the sharded gradients;
+* ``verl.utils.fsdp_utils.get_fsdp_full_state_dict`` gathers the full state dict for saving, and
+  torch's ``get_optimizer_state_dict`` gathers the optimizer state.
+
+Forward, losses, rollout correction and micro-batching are the ``hf`` worker's (it is the base
+class), so both engines compute the same step. Process group: when ``torch.distributed`` is not
+initialised the worker starts a group of size 1 itself (gloo on CPU, NCCL on CUDA) from an
+in-process store, so one process needs no launcher; under ``torchrun`` the group is already there
+(or is created from torchrun's environment) and each rank trains its share of the batch's rows.
+
+On CPU veRL needs a platform shim: its device helpers assume an accelerator (``get_device_id``
+calls ``torch.cuda.current_device``), so :class:`CpuPlatform` is registered with veRL's platform
+manager when the device is ``cpu``. CPU runs use gloo, float32 and sdpa attention: they are the
+tests' real FSDP2 code path, not a simulation of it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from learner.protocol import TrainBatch
-from learner.settings import LearnerSettings
-
-MISSING = (
-    "the fsdp engine is not implemented yet: it needs veRL's FSDP engine wrapping, one process group per "
-    "rank (NCCL, or gloo with a CPU platform shim), sharded micro-batch dispatch and a full-state-dict "
-    "gather before saving; use OPENFORGE_LEARNER_ENGINE=hf"
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from learner.settings import LearnerSettings
+from learner.workers.hf import HFPolicyWorker
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class FSDPPolicyWorker:
-    """Placeholder that names what the FSDP engine still needs."""
+def use_cpu_platform() -> None:
+    """Point veRL's device helpers at the CPU (before veRL's FSDP helpers are used).
+
+    veRL auto-detects an accelerator platform and, finding none, falls back to CUDA, whose
+    ``current_device()`` fails without a driver. Idempotent.
+    """
+    from verl.plugin.platform import platform_manager
+
+    current = platform_manager._current_platform  # set_platform warns when replacing one
+    if current is None or current.device_name != "cpu":
+        platform_manager.set_platform(_cpu_platform())
+
+
+def _cpu_platform() -> Any:
+    from verl.plugin.platform.platform_base import PlatformBase
+
+    class CpuPlatform(PlatformBase):
+        """veRL platform for a CPU-only process: device "cpu", gloo, no profiler, no IPC."""
+
+        @property
+        def device_name(self) -> str:
+            return "cpu"
+
+        @property
+        def vendor_name(self) -> str:
+            return "cpu"
+
+        @property
+        def device_module(self) -> ModuleType:
+            return torch.cpu
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self) -> Any:
+            return "cpu"
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            return None
+
+        def synchronize(self, device_index: int | None = None) -> None:
+            return None
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return None
+
+        def empty_cache(self) -> None:
+            return None
+
+        def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+            return (None, None)
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "CUDA_VISIBLE_DEVICES"
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str) -> Iterator[None]:
+            yield
+
+        def profiler_start(self) -> None:
+            return None
+
+        def profiler_stop(self) -> None:
+            return None
+
+        def ray_resource_name(self) -> str:
+            return "CPU"
+
+        def ray_noset_envvars(self) -> list[str]:
+            return []
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self) -> Any:
+            return None
+
+    return CpuPlatform()
+
+
+def ensure_process_group(device_type: str) -> bool:
+    """Initialise ``torch.distributed`` unless it already is; return whether this call did it.
+
+    Under ``torchrun`` (``WORLD_SIZE`` in the environment) the group is made from torchrun's
+    rendezvous; otherwise a one-process group from an in-process store, which needs no port.
+    """
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if "WORLD_SIZE" in _launcher_env():
+        dist.init_process_group(backend=backend)
+    else:
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
+    return True
+
+
+def _launcher_env() -> dict[str, str]:
+    # The launcher's contract (torchrun sets these), not a setting of ours.
+    import os
+
+    return {k: v for k, v in os.environ.items() if k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+
+
+class FSDPPolicyWorker(HFPolicyWorker):
+    """The ``hf`` worker's step on an FSDP2-sharded model (see the module docstring)."""
 
     def __init__(self, settings: LearnerSettings, model_dir: Path) -> None:
-        raise NotImplementedError(MISSING)
+        super().__init__(settings, model_dir)
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """Not implemented."""
-        raise NotImplementedError(MISSING)
+    def _setup_device(self) -> torch.device:
+        requested = torch.device(self.settings.device)
+        if requested.type not in ("cpu", "cuda"):
+            raise ValueError(f"the fsdp engine runs on cpu or cuda, not {self.settings.device!r}")
+        if requested.type == "cpu":
+            use_cpu_platform()
+        self.owns_group = ensure_process_group(requested.type)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        if requested.type == "cuda":
+            if requested.index is None or self.world_size > 1:
+                requested = torch.device("cuda", dist.get_node_local_rank(fallback_rank=0))
+            torch.cuda.set_device(requested)
+        return requested
 
-    def save(self, folder: Path) -> None:
-        """Not implemented."""
-        raise NotImplementedError(MISSING)
+    def _wrap(self, model: Any) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+        from verl.utils.fsdp_utils import apply_fsdp2, fsdp2_load_full_state_dict
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
+        policy = MixedPrecisionPolicy(param_dtype=_DTYPES[self.settings.fsdp_param_dtype],
+                                      reduce_dtype=torch.float32, cast_forward_inputs=True)
+        full_state = model.state_dict()
+        # veRL's FSDPEngine order for fsdp2: shard on the host, then load the full state into the
+        # shards on the device (rank 0's copy is broadcast to the others).
+        apply_fsdp2(model, {"mesh": mesh, "mp_policy": policy, "offload_policy": None,  # type: ignore[no-untyped-call]
+                            "reshard_after_forward": True}, {})
+        fsdp2_load_full_state_dict(model, full_state, mesh, None)
+        return model
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        # Accept the hf worker's format (parameter indices) as well as this worker's (parameter names).
+        names = [name for name, _ in self.model.named_parameters()]
+        if state.get("state") and all(isinstance(k, int) for k in state["state"]):
+            state = {
+                "state": {names[k]: v for k, v in state["state"].items()},
+                "param_groups": [{**g, "params": [names[k] for k in g["params"]]} for g in state["param_groups"]],
+            }
+        set_optimizer_state_dict(self.model, self.optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        state = get_optimizer_state_dict(self.model, self.optimizer,
+                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.rank == 0 else None
+
+    def _clip_grad_norm(self) -> float:
+        from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_
+
+        norm = fsdp2_clip_grad_norm_(self.model.parameters(), max_norm=self.settings.grad_clip)  # type: ignore[no-untyped-call]
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _micro_batch_count(self, local: int) -> int:
+        if self.world_size == 1:
+            return local
+        count = torch.tensor([local], dtype=torch.long, device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count.item())
+
+    def _sum_across_ranks(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor)
+        return [float(v) for v in tensor.tolist()]
+
+    def _write_weights(self, folder: Path) -> bool:
+        from verl.utils.fsdp_utils import get_fsdp_full_state_dict
+
+        # Collective: every rank takes part; rank 0 receives the full float32 tensors on the host.
+        state = get_fsdp_full_state_dict(self.model, offload_to_cpu=True, rank0_only=True)
+        if self.rank != 0:
+            return False
+        # Tied parameters (embeddings and lm_head) come back as separate copies when gathered from
+        # several ranks; keep the first name of each, as save_pretrained does for shared storage,
+        # so the layout stays the reference model's.
+        first: dict[int, str] = {}
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            if first.setdefault(id(param), name) != name:
+                state.pop(name, None)
+        self.model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+        return True
+
+    def close(self) -> None:
+        """Destroy the process group if this worker created it (tests, repeated workers in one process)."""
+        if getattr(self, "owns_group", False) and dist.is_initialized():
+            dist.destroy_process_group()
+            self.owns_group = False

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ OPTIMIZER_FILE = "optimizer.pt"
 # Files of a model folder that save_pretrained does not write but an engine needs to serve it.
 _CARRIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json")
+_WEIGHT_SAMPLE = 512  # importance weights reported per step, as evenly spaced quantiles of all of them
 
 
 class HFPolicyWorker:
@@ -39,21 +41,56 @@ class HFPolicyWorker:
     def __init__(self, settings: LearnerSettings, model_dir: Path) -> None:
         self.settings = settings
         self.model_dir = model_dir
-        self.device = torch.device(settings.device)
+        self.rank, self.world_size = 0, 1
+        """Data-parallel rank and size; the ``fsdp`` worker sets them from its process group."""
+        self.device = self._setup_device()
         torch.manual_seed(settings.seed)
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.model = model.to(self.device)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                          attn_implementation="sdpa")
+        self.model = self._wrap(model)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr,
                                            weight_decay=settings.weight_decay)
         state = model_dir / OPTIMIZER_FILE
         if state.exists():
-            self.optimizer.load_state_dict(torch.load(state, map_location=self.device, weights_only=True))
+            self._load_optimizer(torch.load(state, map_location="cpu", weights_only=True))
         self._loss_fn = policy_loss(settings.policy_loss)
         self._actor = ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
                                   rollout_n=1, clip_ratio=settings.clip_ratio, clip_ratio_low=settings.clip_ratio,
                                   clip_ratio_high=settings.clip_ratio)
-        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self._last_weights: list[float] = []
+
+    # -- what an engine changes ------------------------------------------------------------------
+
+    def _setup_device(self) -> torch.device:
+        return torch.device(self.settings.device)
+
+    def _wrap(self, model: Any) -> Any:
+        """Place (and, in subclasses, shard) the freshly loaded float32 model."""
+        return model.to(self.device)
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def _optimizer_state(self) -> dict[str, Any] | None:
+        """The optimizer state to save (None on ranks that do not write)."""
+        return self.optimizer.state_dict()
+
+    def _clip_grad_norm(self) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip))
+
+    def _micro_batch_count(self, local: int) -> int:
+        """How many micro-batches every rank runs (ranks must agree: each backward is collective)."""
+        return local
+
+    def _sum_across_ranks(self, values: list[float]) -> list[float]:
+        return values
+
+    def _write_weights(self, folder: Path) -> bool:
+        """Write weights and config into ``folder``; return whether this rank wrote files."""
+        self.model.save_pretrained(folder, safe_serialization=True)
+        return True
 
     def _tensors(self, rows: list[Row]) -> dict[str, torch.Tensor]:
         width = max(len(r.input_ids) for r in rows)
@@ -86,19 +123,29 @@ class HFPolicyWorker:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step over ``batch`` (see the module docstring)."""
         s = self.settings
-        rows = [r for r in batch.rows if r.trained_tokens > 0]
-        if not rows:
+        every = [r for r in batch.rows if r.trained_tokens > 0]
+        if not every:
             return {}
+        # Data parallel: every rank holds the whole batch and trains its share of the rows; the loss
+        # is normalised by the whole step's tokens and scaled by dp_size, because the gradient
+        # reduction averages over ranks (veRL's agg_loss contract).
         actor = dataclasses.replace(self._actor, global_batch_info={
-            "dp_size": 1, "batch_num_tokens": sum(r.trained_tokens for r in rows), "global_batch_size": len(rows),
+            "dp_size": self.world_size, "batch_num_tokens": sum(r.trained_tokens for r in every),
+            "global_batch_size": len(every),
         })
+        rows = every[self.rank::self.world_size]
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         weights_seen: list[torch.Tensor] = []
         total_loss = 0.0
         entropy_sum, mask_sum = 0.0, 0.0
-        parts = micro_batches(rows, s.token_budget)
-        for part in parts:
+        parts = micro_batches(rows, s.token_budget) if rows else []
+        count = self._micro_batch_count(len(parts))
+        for index in range(count):
+            # A rank with fewer micro-batches than the others runs a zero-weighted one, so that every
+            # rank enters the same number of (collective) backward passes.
+            padding = index >= len(parts)
+            part = [every[0]] if padding else parts[index]
             logprobs, entropy, t = self.token_logprobs(part)
             current = logprobs.detach()
             weights, mask, corr = rollout_correction(
@@ -111,6 +158,9 @@ class HFPolicyWorker:
                 old_log_prob=current, log_prob=logprobs, advantages=t["advantages"], response_mask=mask,
                 loss_agg_mode=s.loss_agg_mode, config=actor, rollout_is_weights=weights,
             )
+            if padding:
+                (loss * 0.0).backward()  # type: ignore[no-untyped-call]
+                continue
             loss.backward()  # type: ignore[no-untyped-call]
             total_loss += float(loss.detach())
             entropy_sum += float((entropy * t["mask"]).sum())
@@ -119,14 +169,18 @@ class HFPolicyWorker:
                 weights_seen.append(weights[t["mask"] > 0].detach().flatten())
             for key, value in {**corr, **_floats(loss_metrics)}.items():
                 sums[key] = sums.get(key, 0.0) + value
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip))
+        grad_norm = self._clip_grad_norm()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = {k: v / len(parts) for k, v in sums.items()}
-        metrics.update({"loss": total_loss, "entropy": entropy_sum / max(mask_sum, 1.0), "grad_norm": grad_norm,
-                        "micro_batches": float(len(parts))})
+        # The step's loss is the sum over ranks of their dp_size-scaled parts, divided by dp_size.
+        total_loss, entropy_sum, mask_sum = self._sum_across_ranks([total_loss, entropy_sum, mask_sum])
+        metrics = {k: v / max(len(parts), 1) for k, v in sums.items()}
+        metrics.update({"loss": total_loss / self.world_size, "entropy": entropy_sum / max(mask_sum, 1.0),
+                        "grad_norm": grad_norm, "micro_batches": float(count)})
+        self._last_weights = []
         if weights_seen:
             w = torch.cat(weights_seen)
+            self._last_weights = _quantile_sample(w, _WEIGHT_SAMPLE)
             metrics.update({
                 "is_weight_mean": float(w.mean()), "is_weight_max": float(w.max()), "is_weight_min": float(w.min()),
                 # Kish's effective sample size, as a fraction of the tokens.
@@ -134,15 +188,36 @@ class HFPolicyWorker:
             })
         return {k: v for k, v in metrics.items() if math.isfinite(v) or k == "loss"}
 
+    def importance_weights(self) -> Sequence[float]:
+        """The last step's per-token importance weights, at most ``_WEIGHT_SAMPLE`` evenly spaced quantiles.
+
+        A histogram of them has the batch's distribution without one record per token (a batch of
+        long rollouts has hundreds of thousands).
+        """
+        return list(self._last_weights)
+
     def save(self, folder: Path) -> None:
         """Weights as safetensors, the config, tokenizer files from the source folder, optimizer state."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(folder, safe_serialization=True)
+        optimizer = self._optimizer_state()  # collective under FSDP: every rank takes part
+        if not self._write_weights(folder):
+            return
         for name in _CARRIED:
             src = self.model_dir / name
             if src.exists() and not (folder / name).exists():
                 shutil.copy2(src, folder / name)
-        torch.save(self.optimizer.state_dict(), folder / OPTIMIZER_FILE)
+        if optimizer is not None:
+            torch.save(optimizer, folder / OPTIMIZER_FILE)
+
+
+def _quantile_sample(values: torch.Tensor, limit: int) -> list[float]:
+    """All of ``values`` when there are at most ``limit``, else ``limit`` evenly spaced order statistics."""
+    flat = values.detach().flatten().float().cpu()
+    if flat.numel() <= limit:
+        return [float(v) for v in flat]
+    ordered = flat.sort().values
+    index = torch.linspace(0, flat.numel() - 1, limit).round().long()
+    return [float(v) for v in ordered[index]]
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:

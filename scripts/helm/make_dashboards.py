@@ -116,11 +116,28 @@ def pipeline() -> dict[str, Any]:
         panel("Rollout outcomes by reason", "Finished rollouts by outcome (completed, failed, timed out) and reason.",
               [(f"sum by (outcome, reason) (rate(openforge_rollout_outcomes_total{{{NS}}}[{RATE}]))",
                 "{{outcome}} {{reason}}")]),
-        panel("Checkpoint publish latency", "From checkpoint event to every vLLM replica serving it.",
-              quantiles("openforge_publisher_publish_latency_seconds"), "s"),
+        panel("Checkpoint publish latency", "Time to load one checkpoint into one vLLM replica (pause, reload, "
+              "relabel, resume).", quantiles("openforge_publisher_publish_latency_seconds"), "s"),
+        panel("Checkpoint loads", "Checkpoint loads attempted on vLLM replicas, by outcome.",
+              [(f"sum by (outcome) (rate(openforge_publisher_applied_total{{{NS}}}[{RATE}]))", "{{outcome}}")]),
         panel("Staleness distribution", "Weight versions between the sample's policy and the learner's.",
               [(f"sum by (le) (rate(openforge_learner_staleness_bucket{{{NS}}}[{RATE}]))", "{{le}}")],
               kind="heatmap"),
+        panel("Open rollouts", "Rollouts the assembler has joined but not yet finalized.",
+              [(f"sum(openforge_assembler_open_rollouts{{{NS}}})", "open")]),
+        panel("Sample merge break rate", "Share of calls whose prompt did not extend the previous context "
+              "(a new sample started), by harness.",
+              [(f"sum by (harness) (rate(openforge_assembler_merge_breaks_total{{{NS}}}[{RATE}])) / "
+                f"sum by (harness) (rate(openforge_assembler_merge_calls_total{{{NS}}}[{RATE}]))", "{{harness}}")],
+              "percentunit"),
+        panel("Assembler anomalies", "Events the assembler dropped or set aside: duplicates, late and replayed "
+              "events, dead letters, oversized trajectories.", [
+                  (f"sum(rate(openforge_assembler_duplicates_total{{{NS}}}[{RATE}]))", "duplicates"),
+                  (f"sum(rate(openforge_assembler_late_events_total{{{NS}}}[{RATE}]))", "late"),
+                  (f"sum(rate(openforge_assembler_replayed_events_total{{{NS}}}[{RATE}]))", "replayed"),
+                  (f"sum by (error_type) (rate(openforge_assembler_dead_letters_total{{{NS}}}[{RATE}]))",
+                   "dead letters {{error_type}}"),
+                  (f"sum(rate(openforge_assembler_oversized_total{{{NS}}}[{RATE}]))", "oversized")]),
     ])
 
 
@@ -130,15 +147,28 @@ def learner() -> dict[str, Any]:
         panel("Loss", "Policy loss of the last step.", [(f"avg(openforge_learner_loss{{{NS}}})", "loss")]),
         panel("Entropy", "Mean token entropy of the policy on the last batch.",
               [(f"avg(openforge_learner_entropy{{{NS}}})", "entropy")]),
-        panel("Importance weights", "Quantiles and mean of the per-token importance weights (behavior vs current "
-              "policy).", [*quantiles("openforge_learner_importance_weight"),
-                           (f"sum(rate(openforge_learner_importance_weight_sum{{{NS}}}[{RATE}])) / "
-                            f"sum(rate(openforge_learner_importance_weight_count{{{NS}}}[{RATE}]))", "mean")]),
+        panel("Importance weights", "Quantiles, mean and maximum of the per-token importance weights (behavior "
+              "vs current policy).", [*quantiles("openforge_learner_importance_weight"),
+                                      (f"sum(rate(openforge_learner_importance_weight_sum{{{NS}}}[{RATE}])) / "
+                                       f"sum(rate(openforge_learner_importance_weight_count{{{NS}}}[{RATE}]))",
+                                       "mean"),
+                                      (f"max(openforge_learner_importance_weight_max{{{NS}}})", "max")]),
         panel("Effective sample size", "Effective sample size of the importance weights, as a fraction of the batch.",
               [(f"avg(openforge_learner_effective_sample_size{{{NS}}})", "ESS")], "percentunit"),
         panel("Staleness", "Quantiles of sample staleness in weight versions.",
               quantiles("openforge_learner_staleness")),
         panel("Steps/s", "Optimizer steps.", [(f"sum(rate(openforge_learner_steps_total{{{NS}}}[{RATE}]))", "steps")]),
+        panel("Step duration", "Wall time of one optimizer step.", quantiles("openforge_learner_step_duration_seconds"),
+              "s"),
+        panel("Trained tokens/s", "Tokens the learner trained on (loss-masked completion tokens).",
+              [(f"sum(rate(openforge_learner_tokens_total{{{NS}}}[{RATE}]))", "tokens")]),
+        panel("Trajectories trained and dropped", "Trajectories trained, and those not trained by reason.", [
+            (f"sum(rate(openforge_learner_trajectories_total{{{NS}}}[{RATE}]))", "trained"),
+            (f"sum by (reason) (rate(openforge_learner_dropped_total{{{NS}}}[{RATE}]))", "dropped {{reason}}")]),
+        panel("Batch reward", "Mean reward of the trajectories in the last step.",
+              [(f"avg(openforge_learner_reward_mean{{{NS}}})", "reward")]),
+        panel("Weight version", "The version the learner has trained up to.",
+              [(f"max(openforge_learner_version{{{NS}}})", "version")]),
     ])
 
 

@@ -32,6 +32,9 @@ REQUIREMENTS=(
     "codetiming"
     "dill"
     "cachetools"
+    # The fsdp engine's verl.utils.fsdp_utils imports peft at module level (accelerate and psutil
+    # come with it):
+    "peft>=0.17"
 )
 RECIPE_REVISION="1"
 STAMP="recipe=${RECIPE_REVISION} verl==${VERL_VERSION} ${REQUIREMENTS[*]}"
@@ -67,6 +70,7 @@ log "import check"
 "$PY" - <<'PY'
 import torch, transformers, safetensors  # noqa: F401
 from verl.trainer.ppo import core_algos, rollout_corr_helper  # noqa: F401
+from verl.utils import fsdp_utils  # noqa: F401
 print(f"torch {torch.__version__}, transformers {transformers.__version__}")
 PY
 printf '%s\n' "$STAMP" > "$MARKER"

@@ -5,7 +5,7 @@ The result is a Hugging Face model folder that vLLM serves (``--tool-call-parser
 transformers loads for training:
 
 * ``config.json`` / ``model.safetensors`` / ``generation_config.json``: Qwen2, hidden 128, 2 layers,
-  4 heads (2 KV heads), vocab 4096, tied embeddings, float32, random init from ``--seed``.
+  4 heads (2 KV heads), vocab 4096, untied embeddings, float32, random init from ``--seed``.
 * ``tokenizer.json`` / ``tokenizer_config.json`` / ``chat_template.jinja``: a byte-level BPE trained
   with ``tokenizers`` on a corpus this script generates (English-like prose, JSON, code and shell
   snippets, and chat transcripts rendered with the model's own template, tool calls included), plus
@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RECIPE = "openforge-tiny-qwen2/1"
+RECIPE = "openforge-tiny-qwen2/2"
 STAMP_FILE = "openforge-tiny-model.json"
 TOKENIZER_SEED = 1234
 VOCAB_SIZE = 4096
@@ -54,7 +54,11 @@ MODEL_SHAPE: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
+    # Untied: vLLM's CPU build packs the output projection for its matmul kernel at load time and,
+    # when it is tied to the input embedding, an in-place weight reload updates the embedding but
+    # not that packed copy, so a published checkpoint would be served with a stale output layer.
+    # A separate lm_head is reloaded and repacked like every other linear layer.
+    "tie_word_embeddings": False,
 }
 
 QWEN2_PRETOKENIZE_REGEX = (

@@ -9,10 +9,6 @@ from typing import Any
 import pytest
 from helm_chart import Combo, Helm, combos, install_helm, strimzi_crds
 
-# The server-side dry run needs the `kube_api` fixture (a real kube-apiserver) from the Kubernetes
-# backend's branch; it is collected once that fixture is in tests/conftest.py. Remove this line then.
-collect_ignore = ["test_chart_dry_run.py"]
-
 
 @pytest.fixture(scope="session")
 def helm() -> Helm:

@@ -155,12 +155,47 @@ class Instrument:
     where: str
 
 
+def module_constants(tree: ast.Module) -> dict[str, str]:
+    """Module-level ``NAME = "text"`` (or ``NAME: str = "text"``) assignments of a module, bound once."""
+    found: dict[str, str] = {}
+    rebound: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for target in targets:
+            if not isinstance(target, ast.Name):
+                continue
+            if target.id in found or not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
+                rebound.add(target.id)
+            else:
+                found[target.id] = value.value
+    return {name: value for name, value in found.items() if name not in rebound}
+
+
+def _literal(node: ast.expr | None, constants: dict[str, str]) -> str | None:
+    """A string literal, or a module constant naming one; None for anything computed."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    return None
+
+
 def code_instruments(root: Path = REPO) -> list[Instrument]:
-    """Every instrument created with a literal name anywhere in the project's packages (read from the AST)."""
+    """Every instrument created anywhere in the project's packages (read from the AST).
+
+    The name at the ``create_*`` call must be a string literal or a module-level string constant of
+    the same module (modules that keep their metric names in one place, like ``learner/metrics.py``).
+    """
     found = []
     for package in CODE_PACKAGES:
         for path in sorted((root / package).rglob("*.py")) if (root / package).is_dir() else []:
             tree = ast.parse(path.read_text(), str(path))
+            constants = module_constants(tree)
             for node in ast.walk(tree):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                     continue
@@ -169,12 +204,15 @@ def code_instruments(root: Path = REPO) -> list[Instrument]:
                     continue
                 name_node = node.args[0] if node.args else next(
                     (k.value for k in node.keywords if k.arg == "name"), None)
-                if not (isinstance(name_node, ast.Constant) and isinstance(name_node.value, str)):
-                    raise AssertionError(f"{path}:{node.lineno}: instrument name must be a string literal "
-                                         "so dashboards can be checked against it")
+                name = _literal(name_node, constants)
+                if name is None:
+                    raise AssertionError(f"{path}:{node.lineno}: instrument name must be a string literal or a "
+                                         "module-level string constant, so dashboards can be checked against it")
                 unit_node = next((k.value for k in node.keywords if k.arg == "unit"), None)
-                unit = unit_node.value if isinstance(unit_node, ast.Constant) and isinstance(unit_node.value, str) else ""
-                found.append(Instrument(name_node.value, kind, unit, f"{path.relative_to(root)}:{node.lineno}"))
+                if unit_node is None and len(node.args) > 1:
+                    unit_node = node.args[1]
+                unit = _literal(unit_node, constants) or ""
+                found.append(Instrument(name, kind, unit, f"{path.relative_to(root)}:{node.lineno}"))
     return found
 
 

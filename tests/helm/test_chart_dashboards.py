@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,20 +31,8 @@ INTERNAL: dict[str, str] = {
     # "openforge.x.y": "why it is not on a dashboard",
 }
 
-# name -> (kind, unit, which process will define it)
-PENDING: dict[str, tuple[str, str, str]] = {
-    "openforge.consumer.lag": ("gauge", "{message}", "stream consumers (observable, by group and topic)"),
-    "openforge.assembler.trajectories": ("counter", "{trajectory}", "assembler"),
-    "openforge.assembler.reward": ("histogram", "{reward}", "assembler (by task)"),
-    "openforge.rollout.outcomes": ("counter", "{rollout}", "pod watcher / local backend (by outcome, reason)"),
-    "openforge.publisher.publish_latency": ("histogram", "s", "checkpoint publisher"),
-    "openforge.learner.staleness": ("histogram", "{version}", "learner"),
-    "openforge.learner.loss": ("gauge", "", "learner"),
-    "openforge.learner.entropy": ("gauge", "", "learner"),
-    "openforge.learner.importance_weight": ("histogram", "", "learner"),
-    "openforge.learner.effective_sample_size": ("gauge", "", "learner"),
-    "openforge.learner.steps": ("counter", "{step}", "learner"),
-}
+# name -> (kind, unit, which process will define it); every dashboard metric is defined now.
+PENDING: dict[str, tuple[str, str, str]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +141,18 @@ def test_dashboards_ship_as_sidecar_config_maps(default_objects: list[dict[str, 
         (filename, text), = config_map["data"].items()
         dashboard = json.loads(text)
         assert dashboard["uid"] == filename.removesuffix(".json")
+
+
+def test_scanner_resolves_module_constants_and_refuses_computed_names(tmp_path: Path) -> None:
+    package = tmp_path / "stream"
+    package.mkdir()
+    (package / "named.py").write_text(
+        'LAG = "a.lag"\nUNIT = "s"\nmeter.create_histogram(LAG, unit=UNIT)\nmeter.create_counter("a.b", "{x}")\n')
+    found = {i.name: (i.kind, i.unit) for i in code_instruments(tmp_path)}
+    assert found == {"a.lag": ("histogram", "s"), "a.b": ("counter", "{x}")}
+    (package / "computed.py").write_text('for name in ("a", "b"):\n    meter.create_gauge(name)\n')
+    with pytest.raises(AssertionError, match="string literal or a module-level string constant"):
+        code_instruments(tmp_path)
+    (package / "computed.py").write_text('X = "a"\nX = "b"\nmeter.create_gauge(X)\n')  # rebound: ambiguous
+    with pytest.raises(AssertionError, match="module-level string constant"):
+        code_instruments(tmp_path)

@@ -2,7 +2,7 @@
 
 Needs the `kube_api` fixture (a real kube-apiserver with etcd, from the Kubernetes backend's test setup),
 which provides the API URL, an admin bearer token and the CA bundle that signed the server's certificate.
-Accepted shapes: an object with `url`, `token` and `ca_file` (or `ca`/`ca_path`) attributes, or a tuple
+Accepted shapes: an object with `url`, `token` (or `admin_token`) and `ca_file` (or `ca`/`ca_path`) attributes, or a tuple
 (url, token, ca_file). Strimzi's CRDs (generated from Maven Central) are installed for real first, so the
 Strimzi resources are checked by the API server's own structural-schema validation too.
 """
@@ -27,7 +27,8 @@ def _connection(kube_api: Any) -> tuple[str, str, str]:
     if isinstance(kube_api, tuple | list):
         url, token, ca = kube_api
     else:
-        url, token = kube_api.url, kube_api.token
+        url = kube_api.url
+        token = next(getattr(kube_api, name) for name in ("token", "admin_token") if hasattr(kube_api, name))
         ca = next(getattr(kube_api, name) for name in ("ca_file", "ca", "ca_path") if hasattr(kube_api, name))
     return str(url).rstrip("/"), str(token), str(ca)
 

@@ -139,7 +139,7 @@ def test_vllm_replicas_have_the_rl_endpoints(default_objects: list[dict[str, Any
     upstreams = "http://of-openforge-vllm-0.of-openforge-vllm-headless.openforge.svc:8000," \
                 "http://of-openforge-vllm-1.of-openforge-vllm-headless.openforge.svc:8000"
     assert env_of(one(default_objects, "Deployment", "-proxy"))["OPENFORGE_PROXY_UPSTREAMS"] == upstreams
-    assert env_of(one(default_objects, "Deployment", "-publisher"))["OPENFORGE_PUBLISHER_ENGINES"] == upstreams
+    assert env_of(one(default_objects, "Deployment", "-publisher"))["OPENFORGE_PUBLISHER_REPLICAS"] == upstreams
 
 
 def test_credentials_secret_is_mounted_where_tokens_are_signed(default_objects: list[dict[str, Any]]) -> None:
@@ -226,14 +226,12 @@ def test_checkpoints_on_a_read_write_many_claim(default_objects: list[dict[str, 
     assert mounts["-publisher"]["readOnly"] is True and mounts["-vllm"]["readOnly"] is True
 
 
-def test_checkpoints_in_an_object_store(helm: Helm, helm_tmp: Path) -> None:
-    objects = helm.render({"checkpoints": {"storage": "objectStore",
-                                           "objectStore": {"url": "s3://bucket/run1", "credentialsSecret": "s3"}}},
-                          helm_tmp)
-    assert find(objects, "PersistentVolumeClaim") == []
-    learner = one(objects, "Deployment", "-learner")
-    assert env_of(learner)["OPENFORGE_LEARNER_CHECKPOINT_URL"] == "s3://bucket/run1"
-    assert learner["spec"]["template"]["spec"]["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3"}}]
+def test_checkpoints_in_an_object_store_are_refused_until_a_process_reads_them(helm: Helm, helm_tmp: Path) -> None:
+    proc = helm.template({"checkpoints": {"storage": "objectStore",
+                                          "objectStore": {"url": "s3://bucket/run1", "credentialsSecret": "s3"}}},
+                         helm_tmp)
+    assert proc.returncode != 0
+    assert "checkpoints.storage=objectStore is not supported yet" in proc.stderr
 
 
 def test_helm_test_hook_checks_proxy_health(default_objects: list[dict[str, Any]]) -> None:
@@ -264,7 +262,7 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"kafka": {"mode": "external"}}, "kafka.bootstrapServers is required"),
     ({"kafka": {"mode": "external", "bootstrapServers": "no-port"}}, "bootstrapServers"),
     ({"credentials": {"signingKey": "short"}}, "signingKey"),
-    ({"checkpoints": {"storage": "objectStore"}}, "checkpoints.objectStore.url is required"),
+    ({"checkpoints": {"storage": "objectStore"}}, "checkpoints.storage=objectStore is not supported yet"),
     ({"kafka": {"strimzi": {"replicas": 1, "replicationFactor": 3}}}, "replicationFactor cannot exceed"),
     ({"proxy": {"replicaz": 3}}, "replicaz"),
     ({"learner": {"gpu": {"count": 0}}}, "count"),

@@ -60,41 +60,43 @@ OPENFORGE_LAUNCHER_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
 OPENFORGE_LAUNCHER_MAX_IN_FLIGHT: {{ $v.maxInFlight | quote }}
 OPENFORGE_KUBE_NAMESPACE: {{ include "openforge.rolloutNamespace" . | quote }}
 OPENFORGE_KUBE_IN_CLUSTER: "true"
-OPENFORGE_KUBE_ROLLOUT_IMAGE: {{ $v.rolloutImage | quote }}
-OPENFORGE_KUBE_ROLLOUT_LABEL: {{ .Values.rollouts.podLabel | quote }}
+OPENFORGE_KUBE_VERIFIER_IMAGE: {{ $v.rolloutImage | quote }}
 {{- end }}
 
+{{/* The watcher finds rollout pods by the label the launcher always sets (its default selector). */}}
 {{- define "openforge.env.watcher" -}}
+OPENFORGE_WATCHER_NAMESPACE: {{ include "openforge.rolloutNamespace" . | quote }}
 OPENFORGE_KUBE_NAMESPACE: {{ include "openforge.rolloutNamespace" . | quote }}
 OPENFORGE_KUBE_IN_CLUSTER: "true"
-OPENFORGE_KUBE_ROLLOUT_LABEL: {{ .Values.rollouts.podLabel | quote }}
 {{- end }}
 
 {{- define "openforge.env.assembler" -}}
 OPENFORGE_ASSEMBLER_GROUP_ID: {{ printf "%s-assembler" (include "openforge.fullname" .) | quote }}
 {{- end }}
 
+{{/*
+Checkpoints are folders on a filesystem the learner writes and the publisher and vLLM read (the event
+carries the folder's path); no process reads an object-store URL yet, so that storage fails the render.
+*/}}
 {{- define "openforge.env.checkpoints" -}}
-{{- if eq .Values.checkpoints.storage "pvc" -}}
-{{ .prefix }}CHECKPOINT_DIR: {{ .Values.checkpoints.mountPath | quote }}
-{{- else -}}
-{{ .prefix }}CHECKPOINT_URL: {{ required "checkpoints.objectStore.url is required when checkpoints.storage is objectStore" .Values.checkpoints.objectStore.url | quote }}
-{{- end }}
+{{- if ne .Values.checkpoints.storage "pvc" -}}
+{{- fail "checkpoints.storage=objectStore is not supported yet: the learner, publisher and vLLM share checkpoint folders on a filesystem; use checkpoints.storage=pvc" -}}
+{{- end -}}
+OPENFORGE_LEARNER_CHECKPOINT_DIR: {{ .Values.checkpoints.mountPath | quote }}
 {{- end }}
 
 {{- define "openforge.env.learner" -}}
 {{- $v := .Values.learner }}
 OPENFORGE_LEARNER_DEVICE: {{ ternary "cuda" "cpu" $v.gpu.enabled | quote }}
-OPENFORGE_LEARNER_MODEL: {{ .Values.vllm.model | quote }}
-OPENFORGE_LEARNER_SERVED_MODEL: {{ .Values.vllm.servedModelName | quote }}
+OPENFORGE_LEARNER_MODEL_DIR: {{ .Values.vllm.model | quote }}
+OPENFORGE_LEARNER_MODEL_NAME: {{ .Values.vllm.servedModelName | quote }}
 OPENFORGE_LEARNER_MAX_STALENESS: {{ $v.maxStaleness | quote }}
-{{ include "openforge.env.checkpoints" (dict "Values" .Values "prefix" "OPENFORGE_LEARNER_") }}
+{{ include "openforge.env.checkpoints" . }}
 {{- end }}
 
 {{- define "openforge.env.publisher" -}}
-OPENFORGE_PUBLISHER_ENGINES: {{ include "openforge.vllmUpstreams" . | quote }}
+OPENFORGE_PUBLISHER_REPLICAS: {{ include "openforge.vllmUpstreams" . | quote }}
 OPENFORGE_PUBLISHER_MODEL: {{ .Values.vllm.servedModelName | quote }}
-{{ include "openforge.env.checkpoints" (dict "Values" .Values "prefix" "OPENFORGE_PUBLISHER_") }}
 {{- end }}
 
 {{/*

@@ -7,11 +7,9 @@ import asyncio
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from spans import memory_exporter
 
 from stream import CALLS
 
@@ -20,11 +18,7 @@ pytestmark = pytest.mark.kafka
 
 @pytest.fixture(scope="session")
 def spans() -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    return exporter
+    return memory_exporter()
 
 
 async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, proxy) -> None:

@@ -52,7 +52,7 @@ def checkpoints(engines: list[LocalEngine], tmp_path_factory: pytest.TempPathFac
     truncated = write_scaled_copy(base, root / "truncated", 1.0)
     file = truncated / "model.safetensors"
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
-    return Checkpoints(base=base, same=root / "same", scaled=write_scaled_copy(base, root / "scaled", 3.0),
+    return Checkpoints(base=base, same=root / "same", scaled=write_scaled_copy(base, root / "scaled", 3.0, tensor_suffix="lm_head.weight"),
                        scaled_more=write_scaled_copy(base, root / "scaled_more", 5.0), truncated=truncated)
 
 

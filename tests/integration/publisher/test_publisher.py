@@ -48,6 +48,29 @@ async def _greedy(url: str, model: str) -> tuple[list[int], list[float]]:
         return choice["token_ids"], [item["logprob"] for item in choice["logprobs"]["content"]]
 
 
+async def _served_exactly(url: str, model: str, folder: Path) -> float:
+    """Largest difference between the engine's logprobs and transformers' on the checkpoint folder.
+
+    Answers that merely change are not enough: an engine that reloads some tensors and keeps stale
+    copies of others also changes its answers (vLLM's CPU build kept a tied output layer stale).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(url + "/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "Say something about checkpoints."}],
+            "max_tokens": 6, "temperature": 0, "logprobs": True, "return_token_ids": True})
+    body = response.json()
+    prompt, completion = body["prompt_token_ids"], body["choices"][0]["token_ids"]
+    engine = [item["logprob"] for item in body["choices"][0]["logprobs"]["content"]]
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reference(torch.tensor([prompt + completion])).logits[0, :-1], dim=-1)
+    expected = [float(logprobs[len(prompt) - 1 + i, token]) for i, token in enumerate(completion)]
+    return max(abs(a - b) for a, b in zip(engine, expected, strict=True))
+
+
 async def _engine_state(url: str) -> tuple[str, bool]:
     async with httpx.AsyncClient(timeout=20) as client:
         version = (await client.get(url + "/weight_info")).json()["weight_version"]
@@ -92,6 +115,8 @@ async def test_publish_updates_every_replica_and_answers_change(
         changed = [await _greedy(url, model) for url in urls]
         assert changed[0] == changed[1]
         assert changed[0][1] != before[1], "the new weights must change the logprobs"
+        for url in urls:
+            assert await _served_exactly(url, model, checkpoints.scaled) < 1e-3, "the engine serves stale tensors"
         assert all(e.duration_s > 0 for e in events if e.version == v_scaled)
 
         # Another model's checkpoint and an older version change nothing.

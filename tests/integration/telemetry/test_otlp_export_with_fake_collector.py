@@ -7,15 +7,27 @@ what a collector would do first. What is real: the process, its SDK set-up and i
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from factories import reward
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from schemas import CheckpointV1
+from stream import KafkaSettings, TopicRegistry
+from stream.broker import free_port
+from stream.producer import EventProducer
+from stream.topics import CHECKPOINTS, REWARDS
 
 EMIT = """
 from opentelemetry import metrics, trace
@@ -33,6 +45,7 @@ class Collector:
         self.spans: list[str] = []
         self.metrics: list[str] = []
         self.services: set[str] = set()
+        self.metric_services: set[str] = set()
 
 
 @pytest.fixture
@@ -52,6 +65,8 @@ def collector() -> Iterator[tuple[Collector, str]]:
                 request = ExportMetricsServiceRequest.FromString(body)
                 seen.metrics += [m.name for rm in request.resource_metrics for sm in rm.scope_metrics
                                  for m in sm.metrics]
+                seen.metric_services.update(a.value.string_value for rm in request.resource_metrics
+                                            for a in rm.resource.attributes if a.key == "service.name")
             self.send_response(200)
             self.send_header("content-type", "application/x-protobuf")
             self.end_headers()
@@ -93,3 +108,51 @@ def test_nothing_is_exported_without_an_endpoint_or_when_disabled(collector: tup
     done = run_emitter({"PATH": "/usr/bin:/bin", **env})
     assert done.returncode == 0, done.stderr
     assert seen.spans == [] and seen.metrics == []
+
+
+# --- the real commands -------------------------------------------------------------------------
+
+def _record_for(name: str) -> tuple[object, object]:
+    """(topic, event) that the command's consumer handles, so its lag gauge has a position to report."""
+    if name == "assembler":
+        return REWARDS, reward("r-otlp")
+    return CHECKPOINTS, CheckpointV1(model="another-model", version=1, uri="/nowhere", step=1)
+
+
+async def _publish(kafka_settings: KafkaSettings, topic: object, event: object) -> None:
+    async with EventProducer(kafka_settings) as producer:
+        await producer.publish(topic, event)  # type: ignore[arg-type]
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("name", ["assembler", "publisher"])
+def test_a_command_exports_its_metrics_as_its_service(name: str, collector: tuple[Collector, str],
+                                                      kafka_settings: KafkaSettings, topics: TopicRegistry,
+                                                      tmp_path: Path) -> None:
+    """The command installs telemetry itself and flushes it on SIGTERM: its consumer's lag arrives."""
+    seen, url = collector
+    asyncio.run(_publish(kafka_settings, *_record_for(name)))
+    args = {"assembler": ["assembler"],
+            "publisher": ["publisher", "--replica", f"http://127.0.0.1:{free_port()}", "--model", "tiny"]}[name]
+    env = {**os.environ, "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+           "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka_settings.topic_prefix, "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+           "OTEL_METRIC_EXPORT_INTERVAL": "1000"}
+    env.pop("OTEL_SERVICE_NAME", None)
+    env.pop("OTEL_SDK_DISABLED", None)
+    log = tmp_path / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "openforge", *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while "openforge.consumer.lag" not in seen.metrics and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "openforge.consumer.lag" in seen.metrics, (seen.metrics, log.read_text()[-3000:])
+    assert seen.metric_services == {f"openforge-{name}"}

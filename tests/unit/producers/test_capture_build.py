@@ -1,0 +1,137 @@
+"""The call event built without validation equals the validated one, and bad engine data still fails."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
+
+from producers.capture import CallCapture, normalize_request
+from schemas import ModelCallV1, decode, encode
+from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
+
+CHAT = {"model": "m", "messages": [{"role": "system", "content": "be brief"},
+                                   {"role": "user", "content": "hi", "name": None}],
+        "max_tokens": 4, "temperature": 0.5, "response_format": {"type": "text"},
+        "tools": [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]}
+
+VOLATILE = ("event_id", "created_at")
+
+
+def _capture(**overrides: Any) -> CallCapture:
+    fields: dict[str, Any] = {
+        "rollout_id": "r-1", "call_id": "c-1", "protocol": ApiProtocol.OPENAI_CHAT, "model": "m",
+        "request": normalize_request(CHAT, {"logprobs": True}), "streamed": False, "task_id": "t-1",
+        "headers": {"user-agent": "harness/1.0", "x-session-id": "s"},
+    }
+    fields.update(overrides)
+    return CallCapture(**fields)
+
+
+def _whole(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"id": "cmpl-1", "model": "m", "prompt_token_ids": [1, 2, 3], "choices": choices,
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 1}},
+            **extra}
+
+
+def _choice(index: int = 0, ids: tuple[int, ...] = (7, 8), **extra: Any) -> dict[str, Any]:
+    return {"index": index, "token_ids": list(ids), "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "ab"},
+            "logprobs": {"content": [{"token": "a", "logprob": -0.25}, {"token": "b", "logprob": float("-inf")}]},
+            **extra}
+
+
+def _json(event: ModelCallV1) -> dict[str, Any]:
+    value, _ = encode(event)
+    body = orjson.loads(value)
+    for key in VOLATILE:
+        body.pop(key)
+    body["timings"].pop("total_s")
+    return body
+
+
+def _both(capture: CallCapture, status: CallStatus = CallStatus.OK, **kwargs: Any) -> ModelCallV1:
+    fast = capture.build(status, **kwargs)
+    slow = capture.build(status, validate=True, **kwargs)
+    assert list(_json(fast)) == list(_json(slow))  # same keys in the same order
+    assert _json(fast) == _json(slow)
+    # What went out without validation must pass it on the way in.
+    value, headers = encode(fast)
+    decoded = decode(headers, value)
+    assert isinstance(decoded, ModelCallV1)
+    assert decoded == fast
+    return fast
+
+
+def test_whole_answer_with_engine_versions() -> None:
+    capture = _capture()
+    capture.on_response(_whole([_choice(weight_versions=[{"version": "3", "start": 0, "end": 1},
+                                                         {"version": "4", "start": 1, "end": 2}])]))
+    event = _both(capture, upstream_status_code=200, upstream_replica="http://engine")
+    assert [r.version for r in event.choices[0].weight_versions] == ["3", "4"]
+    assert event.usage is not None and event.usage.cached_prompt_tokens == 1
+
+
+def test_whole_answer_with_proxy_version_and_two_choices() -> None:
+    capture = _capture()
+    capture.on_response(_whole([_choice(1, stop_reason=13), _choice(0, stop_reason="</s>")]))
+    capture.weight_version = "base"
+    event = _both(capture, upstream_status_code=200)
+    assert [c.index for c in event.choices] == [0, 1]
+
+
+def test_streamed_cut_with_tool_calls_and_retry() -> None:
+    capture = _capture(streamed=True, attempt=2, retry_of="c-0", protocol=ApiProtocol.ANTHROPIC_MESSAGES)
+    capture.on_chunk({"id": "x", "model": "m", "prompt_token_ids": [5, 6],
+                      "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    capture.on_chunk({"choices": [{"index": 0, "token_ids": [9], "logprobs": {"content": [{"logprob": -1.0}]},
+                                   "delta": {"tool_calls": [{"index": 0, "id": "t", "function": {"name": "ls"}}]}}]})
+    capture.on_chunk({"choices": [{"index": 0, "token_ids": [10],
+                                   "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]})
+    event = _both(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=200, error_message=None)
+    assert event.choices[0].completion_token_ids == [9]  # the unlogprobbed token is cut
+
+
+def test_failures_and_untranslated_requests() -> None:
+    bare = _capture(request=NormalizedRequest(messages=[], extra={"untranslated": {"weird": [1, None]}}))
+    event = _both(bare, CallStatus.INVALID_REQUEST, error_message="malformed JSON")
+    assert event.error_message == "malformed JSON"
+    # status ok without choices becomes an upstream error on both paths
+    assert _both(_capture(), upstream_status_code=200).status is CallStatus.UPSTREAM_ERROR
+
+
+@pytest.mark.parametrize(("choice", "needle"), [
+    (_choice(index=-1), "greater than or equal to 0"),
+    (_choice(finish_reason=3), "finish_reason"),
+    (_choice(weight_versions=[{"version": "1", "start": 0, "end": 1}]), "cover every token"),
+    (_choice(weight_versions=[{"version": "", "start": 0, "end": 2}]), "version"),
+])
+def test_bad_engine_data_still_fails_validation(choice: dict[str, Any], needle: str) -> None:
+    capture = _capture()
+    capture.on_response(_whole([choice]))
+    with pytest.raises(ValidationError, match=needle):
+        capture.build(CallStatus.OK, upstream_status_code=200)
+
+
+def test_bad_usage_and_headers_still_fail_validation() -> None:
+    capture = _capture()
+    capture.on_response(_whole([_choice()], usage={"prompt_tokens": -1, "completion_tokens": 2}))
+    with pytest.raises(ValidationError, match="prompt_tokens"):
+        capture.build(CallStatus.OK)
+    leaky = _capture(headers={"authorization": "Bearer x"})
+    leaky.on_response(_whole([_choice()]))
+    with pytest.raises(ValidationError, match="credentials"):
+        leaky.build(CallStatus.OK)
+
+
+def test_request_that_is_not_json_shaped_is_validated() -> None:
+    with pytest.raises(ValidationError, match="messages"):
+        normalize_request({"messages": "hello"}, {})
+    # Adapters build plain JSON values; something that is not one cannot reach Kafka silently.
+    capture = _capture(request=normalize_request({"messages": [{"content": object()}]}, {}))
+    capture.on_response(_whole([_choice()]))
+    with pytest.raises(PydanticSerializationError):
+        encode(capture.build(CallStatus.OK))

@@ -1,0 +1,46 @@
+"""The authenticator remembers verified tokens, yet still refuses expired and forged ones."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from starlette.requests import Request
+
+from proxy.auth import Authenticator, UnauthorizedError
+from proxy.settings import ProxySettings
+from schemas.credentials import Role, mint_token
+
+KEY = "k" * 32
+
+
+def _request(token: str) -> Request:
+    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                    "headers": [(b"authorization", f"Bearer {token}".encode())]})
+
+
+def test_cached_token_still_expires() -> None:
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    now = time.time()
+    expires = int(now) + 2  # claims hold whole seconds
+    token = mint_token(KEY.encode(), "r-1", Role.AGENT, expires - now + 0.001, now=now)
+    assert auth.authenticate(_request(token), "r-1").rollout_id == "r-1"
+    assert auth.authenticate(_request(token), None).rollout_id == "r-1"  # from the cache
+    time.sleep(expires - time.time() + 0.05)
+    with pytest.raises(UnauthorizedError, match="expired"):
+        auth.authenticate(_request(token), "r-1")
+
+
+def test_cache_does_not_admit_a_forged_signature_or_another_rollout() -> None:
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    token = mint_token(KEY.encode(), "r-1", Role.AGENT, 60.0)
+    auth.authenticate(_request(token), "r-1")
+    body, _, signature = token.rpartition(".")
+    forged = f"{body}.{'A' * len(signature)}"
+    with pytest.raises(UnauthorizedError, match="signature"):
+        auth.authenticate(_request(forged), "r-1")
+    with pytest.raises(UnauthorizedError, match="another rollout"):
+        auth.authenticate(_request(token), "r-2")
+    other = mint_token(("x" * 32).encode(), "r-1", Role.AGENT, 60.0)
+    with pytest.raises(UnauthorizedError):
+        auth.authenticate(_request(other), "r-1")
