@@ -51,7 +51,7 @@ def schemas_export(out_dir: Path) -> None:
               help="Budget of the learning phase (start-up not counted).")
 @click.option("--group-size", type=int, default=8, show_default=True, help="Rollouts per task (GRPO group).")
 @click.option("--max-in-flight", type=int, default=8, show_default=True, help="Rollouts running at once.")
-@click.option("--stop-at", type=float, default=0.9, show_default=True,
+@click.option("--stop-at", type=float, default=0.75, show_default=True,
               help="Stop early once the mean reward of the last 64 rollouts reaches this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the tiny model's weights.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".openforge-demo"),

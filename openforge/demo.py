@@ -24,7 +24,7 @@ from pathlib import Path
 import click
 
 from openforge.demo_procs import Child, ChildExitedError
-from openforge.demo_report import Curve, RewardPoint, summarize, write_plot
+from openforge.demo_report import Curve, RewardPoint, Summary, summarize, write_plot
 from openforge.engine import LocalEngine, install_vllm, make_tiny_model
 from openforge.toy import toy_tasks
 from schemas import CheckpointAppliedV1, CheckpointV1, TrajectoryV1
@@ -57,7 +57,7 @@ class DemoOptions:
     """Rollouts per task: GRPO compares rewards within a group."""
     max_in_flight: int = 8
     """Rollouts running at once."""
-    stop_at: float = 0.9
+    stop_at: float = 0.75
     """Stop early once the mean reward of the last window reaches this."""
     seed: int = 0
     """Seed of the tiny model's weights and of the learner."""
@@ -67,6 +67,8 @@ class DemoOptions:
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
     """Leave the broker running afterwards."""
+    bootstrap: str | None = None
+    """Use this Kafka cluster instead of starting (or reusing) the local broker."""
 
 
 def _wait_http(url: str, timeout_s: float, what: str, check: Child | None = None) -> None:
@@ -84,22 +86,30 @@ def _wait_http(url: str, timeout_s: float, what: str, check: Child | None = None
     raise click.ClickException(f"{what} did not become ready at {url} within {timeout_s:.0f} s")
 
 
-def run_demo(options: DemoOptions) -> None:
-    """Run the loop, show progress, write the plot and summary; stop everything it started."""
+def run_demo(options: DemoOptions) -> tuple[Summary, Curve]:
+    """Run the loop, show progress, write the plot and summary; stop everything it started.
+
+    Returns:
+        The summary and every recorded point, so tests can judge the run.
+    """
     run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     out = options.workdir.resolve() / run_id
     out.mkdir(parents=True, exist_ok=True)
     click.echo(f"OpenForge demo {run_id}: logs, checkpoints and the plot go to {out}")
 
-    broker = LocalBroker(BrokerSettings())
-    already = broker.status().running
-    click.echo(f"==> Kafka {broker.settings.version} on {broker.bootstrap}"
-               + (" (already running)" if already else " (starting; the first run fetches its jars)"))
-    broker.start()
+    broker: LocalBroker | None = None
+    already = True
+    if options.bootstrap is None:
+        broker = LocalBroker(BrokerSettings())
+        already = broker.status().running
+        click.echo(f"==> Kafka {broker.settings.version} on {broker.bootstrap}"
+                   + (" (already running)" if already else " (starting; the first run fetches its jars)"))
+        broker.start()
+    bootstrap = options.bootstrap or (broker.bootstrap if broker is not None else "")
     children: list[Child] = []
     engine: LocalEngine | None = None
     try:
-        kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"{run_id}.")
+        kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"{run_id}.")
         click.echo("==> vLLM's CPU build (installed once, about 3 GiB) and a tiny model made locally")
         python = install_vllm()
         model_dir = make_tiny_model(python, cache_root() / "models" / f"tiny-seed{options.seed}", seed=options.seed)
@@ -127,7 +137,7 @@ def run_demo(options: DemoOptions) -> None:
             child.stop()
         if engine is not None:
             engine.stop()
-        if not already and not options.keep_broker:
+        if broker is not None and not already and not options.keep_broker:
             broker.stop()
     summary = summarize(curve, duration)
     summary.write_json(out / "summary.json")
@@ -137,6 +147,7 @@ def run_demo(options: DemoOptions) -> None:
         plot = out / "reward_curve.png"
         write_plot(curve, plot, f"OpenForge demo {run_id}: toy letters task, tiny model, RL only")
         click.echo(f"reward curve: {plot}")
+    return summary, curve
 
 
 def _base_env(kafka: KafkaSettings, key: str) -> dict[str, str]:
@@ -232,9 +243,10 @@ def _progress_line(curve: Curve, elapsed: float) -> str:
     step = int(curve.checkpoints[-1][2].get("step", 0)) if curve.checkpoints else 0
     served = max((v for _, v, _ in curve.applied), default=0)
     lag = ""
-    versions = [p.version for p in curve.rewards[-64:] if p.version is not None]
-    if versions and curve.checkpoints:
-        lag = f" | staleness ~{curve.checkpoints[-1][1] - min(versions)} versions"
+    if curve.checkpoints and "staleness_mean" in curve.checkpoints[-1][2]:
+        lag = f" | trained data {curve.checkpoints[-1][2]['staleness_mean']:.1f} versions old"
+    if curve.applied:
+        lag += f" | publish {curve.applied[-1][2]:.2f}s"
     reward = "reward    -" if window is None else (
         f"reward {window:.2f} (first {sum(first) / len(first):.2f})")
     return (f"[{elapsed:5.0f}s] rollouts {len(curve.rewards):5d} | {reward} | learner step {step:4d} | "
