@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,6 +44,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from consumers.checkpoint_files import CheckpointError, TensorInfo, local_path, read_layout
 from schemas import CheckpointAppliedV1, CheckpointV1, DecodeError
 from stream.consumer import EventConsumer, Received
+from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.tooling import read_topic
@@ -157,7 +157,7 @@ class ReplicaState:
     """Failed attempts so far."""
 
 
-class CheckpointPublisher:
+class CheckpointPublisher(Managed):
     """Consume checkpoint events and apply them to every replica; see the module docstring.
 
     Use as ``async with CheckpointPublisher(settings) as publisher: await publisher.wait()``.
@@ -238,16 +238,6 @@ class CheckpointPublisher:
         await self._http.aclose()
         await self._producer.stop()
 
-    async def __aenter__(self) -> CheckpointPublisher:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def __del__(self) -> None:
-        if getattr(self, "_started", False) and not self._stopped:
-            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
     # -- intake -------------------------------------------------------------------------------
 

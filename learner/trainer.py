@@ -13,7 +13,6 @@ import contextlib
 import logging
 import math
 import time
-import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from learner.sources import Incoming, KafkaTrajectorySource, TrajectorySource
 from learner.staleness import StalenessPolicy
 from learner.workers import PolicyWorker, make_worker
 from schemas import CheckpointV1, TopicOffset, TrajectoryV1
+from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.topics import CHECKPOINTS, TopicRegistry
@@ -70,7 +70,7 @@ class _Ready:
     since: float
 
 
-class Learner:
+class Learner(Managed):
     """The off-policy learner process: ``start()``, ``wait()``, idempotent ``stop()``.
 
     With ``source=None`` it reads the trajectories topic and resumes from the newest published
@@ -174,16 +174,6 @@ class Learner:
             if self._producer is not None:
                 await self._producer.stop()
 
-    async def __aenter__(self) -> Learner:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def __del__(self) -> None:
-        if self._started and not self._stopped:
-            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
     # -- the loop --------------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ import contextlib
 import logging
 import time
 import traceback
-import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +28,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, EventBase, decode
+from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
@@ -103,7 +103,7 @@ class _Progress:
         return {tp: off for tp, off in chosen.items() if self.committed.get(tp) != off}
 
 
-class EventConsumer:
+class EventConsumer(Managed):
     """Consume registry topics in a group and hand each event to ``handler``.
 
     Use as ``async with EventConsumer(...) as consumer: await consumer.wait()``;
@@ -209,16 +209,6 @@ class EventConsumer:
             if self._own_dlq:
                 await self._dlq.stop()  # 5 flush dead letters
 
-    async def __aenter__(self) -> EventConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def __del__(self) -> None:
-        if self._started and not self._stopped:
-            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
     @property
     def committed_offsets(self) -> dict[TopicPartition, int]:

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import logging
 import signal
+import warnings
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, Self
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,36 @@ class Component(Protocol):
 
     async def stop(self) -> None:
         """Drain and release resources; idempotent."""
+
+
+class Managed:
+    """``async with`` and a leak warning for a component with ``start()``/``stop()``.
+
+    The component sets ``_started`` in ``start()`` and ``_stopped`` in ``stop()``; one that was
+    started and then dropped without ``stop()`` has not drained, which is worth a warning.
+    """
+
+    _started = False
+    _stopped = False
+
+    async def start(self) -> None:
+        """Begin work (the component's own)."""
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Drain and release resources (the component's own)."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __del__(self) -> None:
+        if self._started and not self._stopped:
+            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
 
 async def supervise(

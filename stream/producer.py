@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import warnings
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from aiokafka.structs import RecordMetadata, TopicPartition
 
 from schemas import EventBase, encode
 from stream.broker import BROKER_MESSAGE_MAX_BYTES
+from stream.lifecycle import Managed
 from stream.settings import KafkaSettings
 from stream.topics import Topic, TopicRegistry, TopicSpec
 from stream.tracing import Headers, inject_trace_context
@@ -61,7 +61,7 @@ def encode_record(
     return (record_key.encode() if isinstance(record_key, str) else record_key), value, headers
 
 
-class EventProducer:
+class EventProducer(Managed):
     """Publish registry events to their topics.
 
     ``send`` returns once the record is queued in the client's buffer and gives a
@@ -143,17 +143,6 @@ class EventProducer:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(stopping, timeout_s)
 
-    async def __aenter__(self) -> EventProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def __del__(self) -> None:
-        # getattr: __init__ may have failed before these were set.
-        if getattr(self, "_started", False) and not getattr(self, "_stopped", True):
-            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
     def topic(self, spec: TopicSpec | Topic | str) -> Topic:
         """Resolve a spec, resolved topic or name against this producer's registry."""

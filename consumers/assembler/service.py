@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -48,6 +47,7 @@ from consumers.assembler import telemetry
 from consumers.assembler.settings import AssemblerSettings
 from consumers.assembler.state import Finalized, Outcome, RolloutTable
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, ModelCallV1, decode
+from stream.lifecycle import Managed
 from stream.producer import EventProducer, EventTooLargeError, encode_record
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
@@ -92,7 +92,7 @@ def encode_trajectory(topic: Topic, item: Finalized) -> tuple[bytes | None, byte
     return key, value, list(headers)
 
 
-class AssemblerService:
+class AssemblerService(Managed):
     """Join rollouts into trajectories with exactly-once publication (see the module docstring).
 
     ``start()`` / ``wait()`` / idempotent ``stop()``, so :func:`stream.supervise` can run it.
@@ -200,16 +200,6 @@ class AssemblerService:
             await self._consumer.stop()  # leave the group: another member takes over at once
             await self._producer.stop()
 
-    async def __aenter__(self) -> AssemblerService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def __del__(self) -> None:
-        if self._started and not self._stopped:
-            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
     # -- the loop -----------------------------------------------------------------------------
 

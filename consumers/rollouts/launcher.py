@@ -17,7 +17,6 @@ import importlib
 import logging
 import re
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from schemas.credentials import Role, mint_token
 from schemas.rollout.pod import LABEL_ROLLOUT, LABEL_RUN, LABEL_TASK, scheduled_event_id
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase
 from stream.broker import cache_root
+from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
@@ -222,7 +222,7 @@ class _Work:
     next_index: int = 0
 
 
-class Launcher:
+class Launcher(Managed):
     """Consume tasks and launch their rollouts on a backend, within the in-flight cap.
 
     Use ``async with Launcher(settings) as launcher: await launcher.wait()``. ``stop()`` stops
@@ -308,16 +308,6 @@ class Launcher:
             finally:
                 await self.producer.stop()
 
-    async def __aenter__(self) -> Launcher:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def __del__(self) -> None:
-        if self._started and not self._stopped:
-            warnings.warn(f"{self!r} was started but never stopped", ResourceWarning, stacklevel=1)
 
     @property
     def committed_offsets(self) -> dict[TopicPartition, int]:
