@@ -35,7 +35,8 @@ class SpooledRecord:
     headers: tuple[tuple[str, bytes], ...]
 
 
-def _pack(topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> bytes:
+def pack_record(topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> bytes:
+    """One Kafka record as bytes (spool files and journal frames share this encoding)."""
     parts = [_MAGIC]
 
     def field(data: bytes) -> None:
@@ -53,7 +54,12 @@ def _pack(topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str,
     return b"".join(parts)
 
 
-def _unpack(path: Path, blob: bytes) -> SpooledRecord:
+def unpack_record(path: Path, blob: bytes) -> SpooledRecord:
+    """The record :func:`pack_record` encoded; ``path`` names its file in errors.
+
+    Raises:
+        ValueError: not a record, or truncated.
+    """
     if not blob.startswith(_MAGIC):
         raise ValueError(f"{path} is not a spool record")
     pos = len(_MAGIC)
@@ -122,7 +128,7 @@ class DiskSpool:
         Raises:
             SpoolFullError: the spool is full and ``force`` is false.
         """
-        blob = _pack(topic, key, value, headers)
+        blob = pack_record(topic, key, value, headers)
         with self._lock:
             if not force and self._bytes + len(blob) > self.max_bytes:
                 raise SpoolFullError(f"spool holds {self._bytes:,} of {self.max_bytes:,} bytes")
@@ -144,7 +150,7 @@ class DiskSpool:
         out = []
         for path in sorted(self.directory.glob("*.rec"))[:limit]:
             try:
-                out.append(_unpack(path, path.read_bytes()))
+                out.append(unpack_record(path, path.read_bytes()))
             except (ValueError, struct.error, FileNotFoundError):
                 size = path.stat().st_size if path.exists() else 0
                 with contextlib.suppress(OSError):
