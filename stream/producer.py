@@ -195,6 +195,44 @@ class EventProducer(Managed):
         return await self._send(topic, value, key, list(headers), partition, self.registry.by_name(topic),
                                 timestamp_ms=timestamp_ms)
 
+    async def send_many_raw(
+        self, records: Sequence[tuple[str, bytes | None, bytes | None, Sequence[tuple[str, bytes]]]]
+    ) -> list[asyncio.Future[Any]]:
+        """Queue many encoded ``(topic, key, value, headers)`` records, one batch per partition.
+
+        Far cheaper per record than :meth:`send_raw` (no future, partition lookup and
+        accumulator round per record), for callers that ship a backlog (the proxy's journal).
+        Records land on the partitions :meth:`send_raw` would choose, in the given order within
+        each partition. A record too large for a batch of its own size goes through
+        :meth:`send_raw`. The futures resolve when the broker has acknowledged each batch.
+        """
+        futures: list[asyncio.Future[Any]] = []
+        open_batches: dict[tuple[str, int], Any] = {}
+        for topic, key, value, headers in records:
+            await self._producer.partitions_for(topic)  # waits for metadata, as send() does
+            # aiokafka's own choice (partitioner over the metadata's partitions), so a record
+            # shipped here lands where send() would put it: a rollout's events stay together.
+            partition: int = self._producer._partition(topic, None, key, value, key, value)
+            batch = open_batches.get((topic, partition))
+            if batch is None:
+                batch = open_batches[(topic, partition)] = self._producer.create_batch()
+            if batch.append(timestamp=None, key=key, value=value, headers=list(headers)) is not None:
+                continue
+            if batch.record_count() > 0:  # full: submit it (keeps order) and start another
+                batch.close()
+                futures.append(await self._producer.send_batch(batch, topic, partition=partition))
+                batch = open_batches[(topic, partition)] = self._producer.create_batch()
+                if batch.append(timestamp=None, key=key, value=value, headers=list(headers)) is not None:
+                    continue
+            # Larger than a batch: on its own, after what was queued for its partition.
+            del open_batches[(topic, partition)]
+            futures.append(await self._send(topic, value, key, list(headers), partition, self.registry.by_name(topic)))
+        for (topic, partition), batch in open_batches.items():
+            if batch.record_count() > 0:
+                batch.close()
+                futures.append(await self._producer.send_batch(batch, topic, partition=partition))
+        return futures
+
     async def _send(
         self,
         name: str,

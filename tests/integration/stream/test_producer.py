@@ -131,3 +131,27 @@ async def test_trace_context_travels_in_headers(kafka_settings, topics: TopicReg
     carried = trace.get_current_span(extract_trace_context(record.headers)).get_span_context()
     assert carried.trace_id == parent.trace_id
     assert headers["schema"] == b"reward" and headers["schema-version"] == b"1"
+
+
+async def test_send_many_raw_keeps_send_raws_partitions_and_order_and_takes_large_records(
+        kafka_settings, topics: TopicRegistry) -> None:
+    name = topics[CALLS].name
+    small = [(name, f"r-{i % 7}".encode(), f"small-{i}".encode(), [("n", str(i).encode())]) for i in range(60)]
+    big = (name, b"r-3", b"x" * (2 * 1024 * 1024), [("n", b"big")])  # larger than a producer batch
+    records = [*small[:30], big, *small[30:]]
+    async with EventProducer(kafka_settings) as producer:
+        # Where send_raw puts each key, for comparison.
+        probes = {key: (await (await producer.send_raw(name, b"probe", key=key))).partition
+                  for key in {r[1] for r in records}}
+        futures = await producer.send_many_raw(records)
+        assert len(futures) < len(records)  # batched, not one future per record
+        await asyncio.gather(*futures)
+    got = [r for r in await drain(kafka_settings.bootstrap_servers, name, expect=len(records) + len(probes))
+           if r.value != b"probe"]
+    assert len(got) == len(records)
+    for record in got:
+        assert record.partition == probes[record.key]
+        assert dict(record.headers)["n"] in (b"big", *(str(i).encode() for i in range(60)))
+    for key in probes:  # per key (hence per partition), the order they were given in
+        sent = [r[3][0][1] for r in records if r[1] == key]
+        assert [dict(r.headers)["n"] for r in sorted(got, key=lambda r: r.offset) if r.key == key] == sent
