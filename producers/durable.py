@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, Protocol
 
 from producers.spool import DiskSpool
 from schemas import EventBase
@@ -27,7 +27,35 @@ from stream.producer import encode_record
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["kafka", "spool"]
+Outcome = Literal["kafka", "spool", "journal"]
+"""Where a published event went: acknowledged by Kafka, fsynced to the spool, or in the journal."""
+
+
+class EventLog(Protocol):
+    """What the proxy needs of whatever keeps its events: this module's or the journal's."""
+
+    publish_errors: int
+
+    @property
+    def kafka_ok(self) -> bool:
+        """Events are reaching Kafka (readiness reports it)."""
+
+    @property
+    def backlog(self) -> int:
+        """Events kept on local disk that Kafka does not have yet."""
+
+    @property
+    def accepting(self) -> bool:
+        """False when the local bound is reached: answer 503 rather than take work."""
+
+    async def start(self) -> None:
+        """Open local storage and connect to Kafka if it is there."""
+
+    async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = ...) -> Outcome:
+        """Keep ``event`` durably; with ``wait_for_kafka``, try to have it in Kafka before returning."""
+
+    async def stop(self) -> None:
+        """Hand over what Kafka will take in time; keep the rest on disk. Idempotent."""
 
 
 class DurablePublisher:
@@ -62,6 +90,16 @@ class DurablePublisher:
         return self._direct
 
     @property
+    def kafka_ok(self) -> bool:
+        """Readiness's view: events reach Kafka directly."""
+        return self._direct
+
+    @property
+    def backlog(self) -> int:
+        """Events waiting on disk for Kafka."""
+        return len(self.spool)
+
+    @property
     def accepting(self) -> bool:
         """False when the spool is full: the proxy answers 503 instead of taking work."""
         return self._direct or not self.spool.full
@@ -88,8 +126,11 @@ class DurablePublisher:
         self._producer = producer
         return True
 
-    async def publish(self, topic: TopicSpec, event: EventBase) -> Outcome:
+    async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = True) -> Outcome:
         """Make ``event`` durable; say where it went.
+
+        ``wait_for_kafka`` is accepted for the journal publisher's sake: here every event
+        waits for Kafka's acknowledgement (or the spool's fsync) anyway.
 
         Admission is the caller's job (check :attr:`accepting` before doing the work
         the event records): once the work is done its event is kept even if that
@@ -98,6 +139,7 @@ class DurablePublisher:
         Raises:
             ValueError: the event does not fit its topic (wrong type or too large).
         """
+        del wait_for_kafka
         resolved = self.registry[topic]
         key, value, headers = encode_record(resolved, event)
         if self._direct and self._producer is not None:
@@ -179,4 +221,4 @@ class DurablePublisher:
             self._producer = None
 
 
-__all__ = ["DurablePublisher", "Outcome"]
+__all__ = ["DurablePublisher", "EventLog", "Outcome"]

@@ -15,7 +15,9 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from producers.durable import DurablePublisher
+from producers.durable import DurablePublisher, EventLog
+from producers.journal import Journal
+from producers.shipper import JournalPublisher, import_spool, spool_path
 from producers.spool import DiskSpool
 from proxy import telemetry
 from proxy.adapters import Adapter, ChatAdapter
@@ -29,7 +31,7 @@ from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
 from schemas import RewardV1
 from schemas.credentials import Role
-from stream import REWARDS, EventProducer, TopicRegistry
+from stream import REWARDS, EventProducer, KafkaSettings, TopicRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +43,23 @@ class AppState:
     settings: ProxySettings
     auth: Authenticator
     upstream: UpstreamPool
-    publisher: DurablePublisher
+    publisher: EventLog
     calls: CallService
     adapters: dict[str, Adapter]
+
+
+def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSettings) -> EventLog:
+    """The event log the settings ask for (see ``ProxySettings.durability``)."""
+    def producer() -> EventProducer:
+        return EventProducer(kafka, registry=registry, client_id="openforge-proxy")
+
+    spool = DiskSpool(settings.spool_dir, settings.spool_max_bytes)
+    if settings.durability == "ack":
+        return DurablePublisher(producer, spool, registry, ack_timeout_s=settings.publish_timeout_s)
+    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes)
+    return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,
+                            fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
+                            before_start=lambda: import_spool(spool, journal))
 
 
 def _adapters() -> dict[str, Adapter]:
@@ -61,13 +77,9 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
         upstream = UpstreamPool(settings.upstreams, timeout_s=settings.upstream_timeout_s)
         upstream.start_version_poll(settings.weight_poll_s)
         kafka = settings.kafka.model_copy(update={"linger_ms": settings.capture_linger_ms})
-        publisher = DurablePublisher(
-            lambda: EventProducer(kafka, registry=registry, client_id="openforge-proxy"),
-            DiskSpool(settings.spool_dir, settings.spool_max_bytes), registry,
-            ack_timeout_s=settings.publish_timeout_s,
-        )
+        publisher = _publisher(settings, registry, kafka)
         await publisher.start()
-        telemetry.observe_spool(lambda: len(publisher.spool))
+        telemetry.observe_spool(lambda: publisher.backlog)
         calls = CallService(settings, upstream, publisher)
         app.state.openforge = AppState(settings, auth, upstream, publisher, calls, _adapters())
         try:
@@ -202,7 +214,7 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
         if not st.publisher.accepting:
             return Response(b'{"error":{"message":"event log is full; retry later"}}', status_code=503,
                             media_type="application/json", headers={"retry-after": "5"})
-        outcome = await st.publisher.publish(REWARDS, event)
+        outcome = await st.publisher.publish(REWARDS, event, wait_for_kafka=True)
         return Response(orjson.dumps({"event_id": event.event_id, "stored": outcome}), status_code=202,
                         media_type="application/json")
 
@@ -214,7 +226,7 @@ def build_app(settings: ProxySettings | None = None) -> FastAPI:
     async def ready(request: Request) -> Response:
         st = state(request)
         engine = await st.upstream.ready()
-        body = {"engine": engine, "kafka": st.publisher.direct, "spooled": len(st.publisher.spool),
+        body = {"engine": engine, "kafka": st.publisher.kafka_ok, "spooled": st.publisher.backlog,
                 "accepting": st.publisher.accepting}
         # Spooling is degraded but serving; no engine or a full spool is not ready.
         ok = engine and st.publisher.accepting

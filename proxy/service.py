@@ -2,10 +2,10 @@
 
 Admit, translate, call the engine, capture, make the event durable, answer.
 
-The event of a call is durable (acknowledged by Kafka or fsynced to the spool)
-before the harness sees the end of its answer: for a whole answer, before the
-response is sent; for a stream, before the closing events. Content tokens stream
-through as the engine produces them.
+The event of a call is durable (in the local journal, or acknowledged by Kafka or
+fsynced to the spool, as ``durability`` says) before the harness sees the end of its
+answer: for a whole answer, before the response is sent; for a stream, before the
+closing events. Content tokens stream through as the engine produces them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from producers.capture import CAPTURE_KEYS, CallCapture, normalize_request, session_headers
-from producers.durable import DurablePublisher
+from producers.durable import EventLog
 from proxy import telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
@@ -50,7 +50,7 @@ class Caller:
 class CallService:
     """Runs calls for the routers; owns nothing it does not need per call."""
 
-    def __init__(self, settings: ProxySettings, upstream: UpstreamPool, publisher: DurablePublisher) -> None:
+    def __init__(self, settings: ProxySettings, upstream: UpstreamPool, publisher: EventLog) -> None:
         self.settings = settings
         self.upstream = upstream
         self.publisher = publisher

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -47,14 +47,28 @@ class ProxySettings(BaseSettings):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     """Largest request body accepted; larger ones get 413."""
 
+    durability: Literal["journal", "ack"] = "journal"
+    """When a call's event counts as kept, so its answer may complete. ``journal`` (default):
+    written to the local journal in ``spool_dir`` (page cache, flushed every
+    ``journal_fsync_interval_ms``), then shipped to Kafka in order and in batches. ``ack``: Kafka
+    acknowledged it (acks=all), or, while Kafka is unreachable, it is fsynced into the spool.
+    ``ack`` puts a broker round trip into every answer; see docs/proxy.md."""
+
     spool_dir: Path = Path("./.openforge-spool")
-    """Where call events wait while Kafka is unreachable."""
+    """Where events wait for Kafka: the journal (``journal/`` inside it), or the spool."""
 
     spool_max_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
-    """Spool bound; when reached the proxy answers 503 with Retry-After instead of taking calls."""
+    """Bound on what waits for Kafka; when reached the proxy answers 503 with Retry-After
+    instead of taking calls."""
+
+    journal_fsync_interval_ms: int = Field(default=100, ge=0, le=60_000)
+    """How often the journal is flushed to disk. A crashed proxy loses nothing either way (its
+    writes are in the page cache); a crashed machine loses at most this window of events not
+    yet in Kafka, the same trade Kafka's brokers make by default. 0 flushes before every answer."""
 
     publish_timeout_s: float = Field(default=5.0, gt=0)
-    """How long to wait for Kafka's acknowledgement before spooling the event instead."""
+    """How long to wait for Kafka's acknowledgement: before spooling (``ack``), per shipped
+    batch (``journal``), and for a reward to reach Kafka before answering its verifier."""
 
     retry_window_s: float = Field(default=600.0, gt=0)
     """How long a failed call is remembered, so an identical re-send is linked as its retry."""
@@ -64,10 +78,9 @@ class ProxySettings(BaseSettings):
 
     capture_linger_ms: int = Field(default=0, ge=0, le=1000)
     """How long the producer holds a call event to batch it with others (Kafka's
-    ``linger.ms``). A whole answer waits for its event's acknowledgement, so this adds to every
-    call's latency; under load events batch anyway while a produce request is in flight. 0
-    (the default) favours latency; a few ms trade latency for fewer produce requests, which
-    saves broker CPU (see docs/benchmarks.md)."""
+    ``linger.ms``). With ``ack`` durability a whole answer waits for its event's
+    acknowledgement, so this adds to every call's latency; with ``journal`` the shipper batches
+    anyway. 0 (the default) favours latency (see docs/benchmarks.md)."""
 
     weight_poll_s: float = Field(default=0.5, gt=0)
     """How often each engine's weight version is read, to label calls with it."""

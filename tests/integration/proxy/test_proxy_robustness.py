@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from netutil import free_port, free_port_pair
 from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, serve, shutdown
 
+from producers.journal import Journal
+from producers.shipper import spool_path
 from schemas import RewardV1
 from schemas.call.v1 import CallStatus
 from schemas.credentials import Role, mint_token
@@ -67,6 +75,8 @@ async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
     accepted = await post(url, json={"value": 0.75, "info": {"passed": 3}},
                           token=proxy.token("r-v", Role.VERIFIER, task_id="t-9"))
     assert accepted.status_code == 202
+    # A reward is answered only once Kafka has it (and so the rollout's calls journalled before it).
+    assert accepted.json()["stored"] == "kafka"
     [reward] = await rewards_of(proxy, 1)
     assert isinstance(reward, RewardV1)
     assert (reward.rollout_id, reward.task_id, reward.value, reward.info) == ("r-v", "t-9", 0.75, {"passed": 3})
@@ -141,8 +151,30 @@ async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(prox
     assert (new_call.retry_of, new_call.attempt) == (None, 0)
 
 
-async def test_kafka_outage_spools_then_delivers_and_a_full_spool_refuses(
-    vllm_url: str, tmp_path: Path
+def _waiting_on_disk(spool: Path, durability: str) -> int:
+    """Events a stopped proxy left for Kafka: spool files, or unshipped journal records."""
+    if durability == "ack":
+        return len(list(spool.glob("*.rec")))
+    journal = Journal(spool_path(spool), 1 << 30)
+    journal.open()
+    try:
+        return len(journal)
+    finally:
+        journal.close()
+
+
+async def _ready_until(port: int, check: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        ready: dict[str, Any] = (await get(f"http://127.0.0.1:{port}/ready")).json()
+        if check(ready) or asyncio.get_running_loop().time() > deadline:
+            return ready
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("durability", ["journal", "ack"])
+async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_refuses(
+    vllm_url: str, tmp_path: Path, durability: str
 ) -> None:
     port = free_port_pair()
     broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
@@ -153,33 +185,32 @@ async def test_kafka_outage_spools_then_delivers_and_a_full_spool_refuses(
         await admin.create_topics()
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
-                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0)
+                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0,
+                             durability=durability)
     server, task = await serve(settings)
     url = f"http://127.0.0.1:{settings.port}/rollouts/r-k/v1/chat/completions"
     token = mint_token(KEY, "r-k", Role.AGENT, 600)
     try:
         assert (await post(url, json=CHAT, token=token)).status_code == 200
+        await _ready_until(settings.port, lambda r: r["spooled"] == 0)
         broker.stop()
         during = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(5)]
         assert [r.status_code for r in during] == [200] * 5  # harness unaffected
-        ready = (await get(f"http://127.0.0.1:{settings.port}/ready")).json()
+        ready = await _ready_until(settings.port, lambda r: r["kafka"] is False)
         assert ready["spooled"] == 5 and ready["kafka"] is False
     finally:
-        await shutdown(server, task)  # the proxy stops with events still spooled
-    assert len(list((tmp_path / "spool").glob("*.rec"))) == 5
+        await shutdown(server, task)  # the proxy stops with events still on disk
+    assert _waiting_on_disk(tmp_path / "spool", durability) == 5
     broker.start()
-    server, task = await serve(settings)  # a restarted proxy drains what was spooled
+    server, task = await serve(settings)  # a restarted proxy delivers what was left
     try:
-        for _ in range(100):
-            if (await get(f"http://127.0.0.1:{settings.port}/ready")).json()["spooled"] == 0:
-                break
-            await asyncio.sleep(0.2)
+        await _ready_until(settings.port, lambda r: r["spooled"] == 0)
         events = await read_events(kafka, registry, expect=6)
         assert len(events) == 6 and len({e.event_id for e in events}) == 6
         assert sorted(e.request.sampling.get("seed", -1) for e in events) == [-1, 0, 1, 2, 3, 4]
     finally:
         await shutdown(server, task)
-    # With Kafka gone and a tiny spool, the proxy refuses new calls instead of losing them.
+    # With Kafka gone and a tiny bound, the proxy refuses new calls instead of losing them.
     broker.stop()
     tiny = settings.model_copy(update={"spool_max_bytes": 1, "port": free_port()})
     server, task = await serve(tiny)
@@ -194,5 +225,52 @@ async def test_kafka_outage_spools_then_delivers_and_a_full_spool_refuses(
         assert refused_reward.status_code == 503
     finally:
         await shutdown(server, task)
-    assert len(list((tmp_path / "spool").glob("*.rec"))) == 1
+    assert _waiting_on_disk(tmp_path / "spool", durability) == 1
 
+
+
+async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, tmp_path: Path) -> None:
+    """SIGKILL after answering: the journal holds every answered call, and the next process ships it."""
+    port = free_port_pair()
+    broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
+    broker.start()
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=1, linger_ms=0, request_timeout_ms=5000)
+    registry = TopicRegistry.from_settings(kafka)
+    async with KafkaAdmin(kafka, registry) as admin:
+        await admin.create_topics()
+    broker.stop()  # nothing can be shipped: every answered call exists only in the journal
+    proxy_port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
+           "OPENFORGE_PROXY_CREDENTIAL_KEY": KEY.decode(), "OPENFORGE_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
+           "OPENFORGE_PROXY_PUBLISH_TIMEOUT_S": "1", "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openforge", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
+        "--upstream", vllm_url, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    token = mint_token(KEY, "r-crash", Role.AGENT, 600)
+    try:
+        for _ in range(300):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await get(f"http://127.0.0.1:{proxy_port}/health")).status_code == 200:
+                    break
+            assert process.returncode is None, "the proxy exited while starting"
+            await asyncio.sleep(0.1)
+        url = f"http://127.0.0.1:{proxy_port}/rollouts/r-crash/v1/chat/completions"
+        answered = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(4)]
+        assert [r.status_code for r in answered] == [200] * 4
+    finally:
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    assert _waiting_on_disk(tmp_path / "spool", "journal") == 4
+    broker.start()
+    from proxy.settings import ProxySettings
+    settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
+                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0)
+    server, task = await serve(settings)
+    try:
+        await _ready_until(settings.port, lambda r: r["spooled"] == 0)
+        events = await read_events(kafka, registry, expect=4)
+        assert sorted(e.request.sampling["seed"] for e in events) == [0, 1, 2, 3]
+        assert {e.rollout_id for e in events} == {"r-crash"}
+    finally:
+        await shutdown(server, task)
+        broker.stop()
