@@ -10,6 +10,9 @@ What runs, each in its own process, all on 127.0.0.1:
 * **openforge**: the real proxy (``openforge proxy``: uvicorn, one worker) publishing every call
   to Kafka (a private single-node broker on free ports, or ``--bootstrap``; topics are created under
   a fresh ``benchproxy<hex>.`` prefix);
+* **openforge-ack**: the same proxy with ``OPENFORGE_PROXY_DURABILITY=ack``: every whole answer
+  waits for Kafka's acknowledgement of its event instead of the local journal (``--skip-ack``
+  leaves it out);
 * **openforge-nocap**: the same proxy started with ``OPENFORGE_PROXY_CAPTURE=false`` (the
   ``capture`` setting), which answers the same way but publishes nothing. Proxy code without that
   setting cannot be measured this way; this target is then left out, with a warning;
@@ -31,7 +34,7 @@ Measured, in one run, alternating targets so that a noisy machine disturbs them 
    percentiles);
    alongside, after each round of requests, one Kafka produce-and-acknowledge of a call event
    of the same shape with the capturing proxy's producer settings (``AckProbe``): the floor
-   under capture-on's added latency, since a whole answer waits for its event's ack;
+   under the ``ack`` proxy's added latency, since its whole answers wait for their event's ack;
 2. streaming time to first token (the first SSE chunk with content), measured the same way;
 3. throughput: non-streaming requests/s with 1, 16 and 64 concurrent keep-alive connections, each
    cell running for a fixed time (``--duration``) after a warm-up request per connection; rounds
@@ -49,8 +52,9 @@ Knobs for what capture costs: ``--compression`` (the capturing proxy's and the p
 compression, ``OPENFORGE_KAFKA_COMPRESSION``) and ``--linger-ms`` (the capturing proxy's
 ``OPENFORGE_PROXY_CAPTURE_LINGER_MS``).
 
-Checks: every target's answer is validated once before timing; after the run the calls topic must
-hold exactly one event per call answered by the capturing proxy, and the upstream must have served
+Checks: every target's answer is validated once before timing; after the run (once the
+journalling proxy has shipped its backlog) the calls topic must hold exactly one event per call
+answered by the capturing proxies, and the upstream must have served
 at least one call per answered request. Goals (reported, not enforced): capture-on throughput at
 least 80% of capture-off, added p50 latency below 1 ms (non-streaming, capture on), OpenForge at
 least 2x LiteLLM's throughput. Exit status 0 when the benchmark ran, non-zero on any error (a
@@ -459,10 +463,11 @@ class Results:
 
 
 class AckProbe:
-    """Kafka's produce-and-acknowledge round trip alone: the floor under capture's added latency.
+    """Kafka's produce-and-acknowledge round trip alone: the floor under ``ack`` durability's latency.
 
-    A whole answer leaves the capturing proxy only after Kafka acknowledged its event, so no
-    proxy code can make capture-on latency lower than this. The probe sends a call event of
+    With ``ack`` durability a whole answer leaves the proxy only after Kafka acknowledged its
+    event, so no proxy code can make that target's added latency lower than this (the default
+    ``journal`` durability takes the round trip out of the answer). The probe sends a call event of
     the benchmark's shape (built by the proxy's own capture code from the upstream's canned
     answer) with the proxy's producer configuration (``EventProducer``: acks=all, idempotent,
     the settings' compression, linger 0) to a topic of its own with the calls topic's
@@ -601,7 +606,8 @@ def base_env() -> dict[str, str]:
             if not k.startswith(("OPENFORGE_PROXY_", "OPENFORGE_KAFKA_", "LITELLM_"))}
 
 
-def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool, linger_ms: int = 0) -> dict[str, str]:
+def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool, linger_ms: int = 0,
+                  durability: str = "journal") -> dict[str, str]:
     return {
         "OPENFORGE_KAFKA_COMPRESSION": kafka.compression,
         **base_env(),
@@ -609,6 +615,7 @@ def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool,
         "OPENFORGE_PROXY_SPOOL_DIR": str(spool),
         "OPENFORGE_PROXY_CAPTURE": "true" if capture else "false",
         "OPENFORGE_PROXY_CAPTURE_LINGER_MS": str(linger_ms),
+        "OPENFORGE_PROXY_DURABILITY": durability,
         "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
         "PYTHONUNBUFFERED": "1",
@@ -786,7 +793,7 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
     floor = summary.get("kafka_ack_floor")
     if floor:
         lines.insert(len(lines) - 1, f"{'Kafka produce+ack alone':<{width}} {floor['p50_ms']:>8.2f} "
-                                     f"{floor['p99_ms']:>8.2f}   (the floor under capture-on's added latency)")
+                                     f"{floor['p99_ms']:>8.2f}   (the floor under capture-on-with-ack's added latency)")
     latency_table(f"streaming TTFT ({args.requests}/target)", summary["ttft"])
 
     conc = [str(c) for c in args.concurrency]
@@ -875,13 +882,20 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                 await admin.create_topics()
 
             key = secrets.token_hex(24)
-            of_port, nocap_port = free_port(), free_port()
+            of_port, nocap_port, ack_port = free_port(), free_port(), free_port()
             of_argv = [sys.executable, "-m", "openforge", "--log-level", "WARNING", "proxy", "--host", "127.0.0.1",
                        "--upstream", f"http://127.0.0.1:{upstream_port}", "--port"]
             openforge = Process("openforge proxy (capture on)", [*of_argv, str(of_port)],
                                 openforge_env(kafka, key, tmp / "spool-on", capture=True, linger_ms=args.linger_ms),
                                 tmp / "openforge.log")
             processes.append(openforge)
+            acked: Process | None = None
+            if not args.skip_ack:
+                acked = Process("openforge proxy (capture on, ack)", [*of_argv, str(ack_port)],
+                                openforge_env(kafka, key, tmp / "spool-ack", capture=True, linger_ms=args.linger_ms,
+                                              durability="ack"),
+                                tmp / "openforge-ack.log")
+                processes.append(acked)
             nocap: Process | None = None
             if capture_switch_exists():
                 nocap = Process("openforge proxy (capture off)", [*of_argv, str(nocap_port)],
@@ -897,6 +911,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
 
             targets = [Target("direct", "direct (upstream)", upstream_port, lambda _r: None, upstream.pid),
                        Target("openforge", "openforge, capture on", of_port, agent, openforge.pid)]
+            if acked is not None:
+                targets.append(Target("openforge-ack", "openforge, capture on, ack", ack_port, agent, acked.pid))
             if nocap is not None:
                 targets.append(Target("openforge-nocap", "openforge, capture off", nocap_port, agent, nocap.pid))
             if litellm is not None:
@@ -904,7 +920,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
 
             waited = await wait_ready(upstream, upstream_port, "/health", 30)
             progress(f"fast upstream ready on :{upstream_port} ({waited:.1f}s)")
-            for process, port in ((openforge, of_port), (nocap, nocap_port)):
+            for process, port in ((openforge, of_port), (acked, ack_port), (nocap, nocap_port)):
                 if process is not None:
                     waited = await wait_ready(process, port, "/health", 60)
                     progress(f"{process.name} ready on :{port} ({waited:.1f}s)")
@@ -925,11 +941,17 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                 process.check_alive()
             summary = summarize(targets, results, args)
 
-            # Checks: one event per call the capturing proxy answered, none from the other.
+            # Checks: one event per call the capturing proxies answered, none from the other. The
+            # journalling proxy answers before Kafka has the event: give its shipper time to finish.
             topic = f"{kafka.topic_prefix}{CALLS.base_name}"
+            expected = sum(t.ok for t in targets if t.name in ("openforge", "openforge-ack"))
             async with KafkaAdmin(kafka) as admin:
-                stored = sum((await admin.end_offsets(await admin.partitions(topic))).values())
-            expected = next(t.ok for t in targets if t.name == "openforge")
+                deadline = time.monotonic() + 30
+                while True:
+                    stored = sum((await admin.end_offsets(await admin.partitions(topic))).values())
+                    if stored >= expected or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.2)
             served = (await http_get_json(upstream_port, "/stats"))["chat"] - before
             answered = sum(t.ok for t in targets)
             summary["checks"] = {"calls_topic_events": stored, "capture_on_calls": expected,
@@ -979,6 +1001,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--linger-ms", type=int, default=0,
                         help="the capturing proxy's OPENFORGE_PROXY_CAPTURE_LINGER_MS (default 0)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
+    parser.add_argument("--skip-ack", action="store_true",
+                        help="leave out the capturing proxy with ack durability (answers wait for Kafka)")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if min(args.requests, args.rounds, args.max_requests, *args.concurrency) < 1 or args.warmup < 0:
