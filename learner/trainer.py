@@ -168,6 +168,8 @@ class Learner(Managed):
         # Every rank loads the same folder: the one this rank resumes from.
         self._worker = await self._on_all_ranks(Order("start", model_dir=str(model_dir), version=self.version),
                                                 partial(make_worker, self.settings, model_dir))
+        if self._ranks is not None:
+            logger.info("all %d ranks loaded %s", self._ranks.world_size, model_dir)
         assert self._source is not None
         await self._source.start()
         self._task = asyncio.create_task(self._run(), name="learner")

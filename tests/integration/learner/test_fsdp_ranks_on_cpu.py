@@ -4,7 +4,8 @@ Rank 0 alone reads the trajectories and publishes checkpoints; rank 1 holds half
 follows rank 0's orders. Checked here: every checkpoint event is published once and its folder
 written once, the weights equal a one-process run's on the same batches, SIGTERM to torchrun
 drains (a final collective checkpoint) and ends every process in bounded time, and a restart
-resumes from the last event's offsets and ends cleanly by itself (``max_steps``).
+resumes from the last event's offsets, stays up while idle past the collective timeout (rank 0's
+keep-alives) and ends cleanly by itself (``max_steps``).
 """
 
 from __future__ import annotations
@@ -182,12 +183,21 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
     assert torch.equal(loaded.state_dict()[name], load_file(str(saved / "model.safetensors"))[name])
     _assert_same_weights(saved, checkpoint_folder(reference, 3), tiny_model, "after 3 steps")
 
-    # Restart: rank 0 resumes from v3's offsets, both ranks load v3, one step on the new groups,
-    # then max_steps ends rank 0's loop and its stop order ends rank 1's: torchrun exits 0.
-    await _publish(kafka, later)
+    # Restart: rank 0 resumes from v3's offsets, both ranks load v3. Nothing is there to train for
+    # longer than the collective timeout, which rank 0's keep-alives bridge; then one step on new
+    # groups, max_steps ends rank 0's loop and its stop order ends rank 1's: torchrun exits 0.
     resume_env = {k: v for k, v in env.items() if k != "OPENFORGE_LEARNER_MODEL_DIR"}  # only the checkpoint to load
-    again = _torchrun({**resume_env, "OPENFORGE_LEARNER_MAX_STEPS": "1"}, log)
+    again = _torchrun({**resume_env, "OPENFORGE_LEARNER_MAX_STEPS": "1", "OPENFORGE_LEARNER_RANK_TIMEOUT_S": "5"}, log)
     try:
+        deadline = time.monotonic() + 120
+        while f"all 2 ranks loaded {published[-1].uri}" not in log.read_text():
+            assert again.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            await asyncio.sleep(0.2)
+        assert "resuming tiny from checkpoint v3" in log.read_text()
+        await asyncio.sleep(7)
+        assert again.poll() is None, f"an idle rank timed out\n{log.read_text()[-4000:]}"
+        await _publish(kafka, later)
         assert again.wait(timeout=120) == 0, log.read_text()[-4000:]
     finally:
         _end(again, [])
