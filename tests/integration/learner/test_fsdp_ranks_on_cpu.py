@@ -35,7 +35,8 @@ from stream.settings import KafkaSettings
 from stream.tooling import read_topic
 from stream.topics import CHECKPOINTS, TRAJECTORIES, TopicRegistry
 
-pytestmark = pytest.mark.kafka
+# Two torchrun launches (each imports torch and veRL on two ranks) and a reference run: more than the default.
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 GROUPS_PER_STEP = 2
 # Same settings for both runs; a large lr so the comparison's tolerance is far below what a step moves.
