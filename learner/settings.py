@@ -125,6 +125,12 @@ class LearnerSettings(BaseSettings):
     """How long ``stop()`` lets the running step finish before giving up on it (the step is then
     lost and redone after restart, since no checkpoint recorded it)."""
 
+    rank_timeout_s: float = Field(default=600.0, gt=0)
+    """Several ranks (``torchrun``): how long a collective may wait for a peer before it fails, so a
+    rank that died or hung ends the others with an error instead of leaving them blocked. Must
+    exceed the longest legitimate wait: rank 0 writing a checkpoint's files while the others wait
+    for its next message. Rank 0 sends a keep-alive every quarter of it while no batch is due."""
+
     @model_validator(mode="after")
     def _thresholds(self) -> Self:
         if (self.rollout_rs is None) != (self.rollout_rs_threshold is None):

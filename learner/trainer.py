@@ -4,6 +4,11 @@ Torch work runs in a worker thread (``asyncio.to_thread``) so the event loop kee
 decoding the next trajectories while a step runs. Nothing here touches a tensor: the trainer
 decides what trains with which advantage and hands a :class:`~learner.protocol.TrainBatch` to the
 worker.
+
+Under ``torchrun`` with several ranks (``fsdp`` engine) rank 0 runs this loop and alone reads
+Kafka, writes checkpoint folders and publishes their events; before each collective (load, step,
+save) it sends the other ranks an order, and they follow (see :mod:`learner.ranks`). With one
+process none of that exists: the loop is exactly the one-process loop.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from opentelemetry import trace
 
@@ -23,6 +31,7 @@ from learner import metrics as m
 from learner.checkpoint import (
     CheckpointError,
     LearnerState,
+    checkpoint_folder,
     latest_checkpoint,
     read_state,
     write_checkpoint_folder,
@@ -30,6 +39,7 @@ from learner.checkpoint import (
 from learner.grouping import Group, GroupBuffer
 from learner.positions import Position, PositionLedger
 from learner.protocol import Row, TrainBatch
+from learner.ranks import Order, Ranks, launched_world_size
 from learner.settings import LearnerSettings
 from learner.sources import Incoming, KafkaTrajectorySource, TrajectorySource
 from learner.staleness import StalenessPolicy
@@ -44,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 _SEEN_IDS = 1_000_000  # trajectory ids remembered for deduplication
 _MAX_LINKS = 128  # span links per step: the SDK's default limit, which drops the rest anyway
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -75,7 +87,8 @@ class Learner(Managed):
 
     With ``source=None`` it reads the trajectories topic and resumes from the newest published
     checkpoint of its model; with a source given (benchmarks) it starts from ``model_dir`` and
-    writes checkpoint folders without publishing events.
+    writes checkpoint folders without publishing events. Launched as several ranks, rank 0 does
+    all of that and the others only follow its orders (see the module docstring).
     """
 
     def __init__(self, settings: LearnerSettings | None = None, kafka: KafkaSettings | None = None, *,
@@ -105,6 +118,11 @@ class Learner(Managed):
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._stopped = False
+        self._ranks: Ranks | None = None
+        """Set when several ranks were launched; None in the one-process learner."""
+        self._sent_at = 0.0
+        self._ranks_desynced = False
+        """A collective failed or was abandoned midway: orders would no longer line up."""
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -124,6 +142,11 @@ class Learner(Managed):
             raise
 
     async def _start(self) -> None:
+        if launched_world_size() > 1:
+            self._ranks = await asyncio.to_thread(Ranks.join, self.settings)
+            if not self._ranks.leader:
+                await self._start_follower()
+                return
         model_dir = self.settings.model_dir
         if self._given_source is None:
             self._producer = EventProducer(self.kafka, registry=self.registry,
@@ -142,7 +165,11 @@ class Learner(Managed):
                                                  prefetch=self.settings.prefetch_records)
         if model_dir is None:
             raise CheckpointError("no checkpoint to resume from and no OPENFORGE_LEARNER_MODEL_DIR to start with")
-        self._worker = await asyncio.to_thread(make_worker, self.settings, model_dir)
+        # Every rank loads the same folder: the one this rank resumes from.
+        self._worker = await self._on_all_ranks(Order("start", model_dir=str(model_dir), version=self.version),
+                                                partial(make_worker, self.settings, model_dir))
+        if self._ranks is not None:
+            logger.info("all %d ranks loaded %s", self._ranks.world_size, model_dir)
         assert self._source is not None
         await self._source.start()
         self._task = asyncio.create_task(self._run(), name="learner")
@@ -153,11 +180,20 @@ class Learner(Managed):
             await asyncio.shield(self._task)
 
     async def stop(self) -> None:
-        """Let the running step finish, checkpoint unsaved steps, close connections. Idempotent."""
+        """Let the running step finish, checkpoint unsaved steps, close connections. Idempotent.
+
+        With several ranks, rank 0 then tells the others to leave (``stop``, or ``abort`` when it
+        failed); the other ranks' ``stop`` waits for that order rather than leaving on their own,
+        because rank 0's final checkpoint still needs them.
+        """
         if self._stopped:
             return
         self._stopped = True
         self._stopping.set()
+        if self._ranks is not None and not self._ranks.leader:
+            await self._stop_follower()
+            return
+        ended_cleanly = False
         try:
             if self._task is not None:
                 done, _ = await asyncio.wait({self._task}, timeout=self.settings.drain_timeout_s)
@@ -166,14 +202,97 @@ class Learner(Managed):
                     self._task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._task
-                elif not self._task.cancelled() and self._task.exception() is None and self._since_checkpoint:
-                    await self._checkpoint()
+                elif not self._task.cancelled() and self._task.exception() is None:
+                    if self._since_checkpoint:
+                        await self._checkpoint()
+                    ended_cleanly = True
         finally:
+            if self._ranks is not None:
+                await self._dismiss_followers(ended_cleanly)
             if self._source is not None:
                 await self._source.stop()
             if self._producer is not None:
                 await self._producer.stop()
 
+    # -- several ranks ---------------------------------------------------------------------------
+
+    async def _on_all_ranks(self, order: Order, work: Callable[[], _T]) -> _T:
+        """Run ``work`` in a thread; with several ranks, first order the others to do their part of it.
+
+        The order and the work share one thread so that this rank's collectives keep one order.
+        """
+        if self._ranks is None:
+            return await asyncio.to_thread(work)
+        ranks = self._ranks
+
+        def lead() -> _T:
+            ranks.send(order)
+            self._sent_at = time.monotonic()
+            return work()
+
+        try:
+            return await asyncio.to_thread(lead)
+        except BaseException:
+            # Cancelled or failed midway: the others may sit in a collective this rank never finishes.
+            self._ranks_desynced = True
+            raise
+
+    async def _dismiss_followers(self, ended_cleanly: bool) -> None:
+        assert self._ranks is not None
+        try:
+            if self._ranks_desynced:
+                logger.error("a collective failed or was abandoned midway; the other ranks fail when this "
+                             "process exits or after OPENFORGE_LEARNER_RANK_TIMEOUT_S")
+                return
+            reason = "" if ended_cleanly else "rank 0 stopped on an error (see its log)"
+            order = Order("stop") if ended_cleanly else Order("abort", reason=reason)
+            try:
+                await asyncio.to_thread(self._ranks.send, order)
+            except Exception:
+                logger.exception("telling the other ranks to %s failed", order.kind)
+        finally:
+            self._ranks.close()
+
+    async def _start_follower(self) -> None:
+        assert self._ranks is not None
+        order = await asyncio.to_thread(self._ranks.receive)
+        if order.kind == "abort":
+            raise RuntimeError(f"rank 0 failed to start: {order.reason}")
+        if order.kind != "start" or order.model_dir is None:
+            raise RuntimeError(f"rank 0 sent {order.kind!r} before 'start'")
+        self.step = self.version = order.version
+        self._worker = await asyncio.to_thread(make_worker, self.settings, Path(order.model_dir))
+        self._task = asyncio.create_task(asyncio.to_thread(self._follow), name="learner-follower")
+
+    def _follow(self) -> None:
+        """The other ranks' loop (in a thread): do rank 0's orders until it says stop."""
+        assert self._ranks is not None
+        assert self._worker is not None
+        while True:
+            order = self._ranks.receive()
+            if order.kind == "step" and order.batch is not None:
+                self._worker.train_step(order.batch)
+                self.step += 1
+                self.version = self.step
+                self.stats.steps += 1
+            elif order.kind == "save":
+                # Takes part in gathering the full state; only rank 0 writes, so the folder is a name only.
+                self._worker.save(checkpoint_folder(self.settings.resolved_checkpoint_dir(), order.version))
+            elif order.kind == "stop":
+                return
+            elif order.kind == "abort":
+                raise RuntimeError(f"rank 0 stopped: {order.reason}")
+            elif order.kind != "idle":
+                raise RuntimeError(f"unexpected order {order.kind!r} from rank 0")
+
+    async def _stop_follower(self) -> None:
+        assert self._ranks is not None
+        try:
+            if self._task is not None:
+                # No deadline of its own: rank 0's stop order ends it, or the group's timeout does.
+                await asyncio.wait({self._task})
+        finally:
+            self._ranks.close()
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -185,6 +304,8 @@ class Learner(Managed):
             if item is not None:
                 self._accept(item)
             now = time.monotonic()
+            if self._ranks is not None and now - self._sent_at >= self._ranks.keepalive_s:
+                await self._on_all_ranks(Order("idle"), lambda: None)
             for group in self._groups.expired():
                 logger.info("group %s timed out with %d members", group.task_id, len(group.members))
                 self._ready.append(_Ready(group, now))
@@ -300,7 +421,8 @@ class Learner(Managed):
                     attributes={"openforge.step": self.step + 1, "openforge.trajectories": len(members),
                                 "openforge.tokens": batch.trained_tokens}):
                 started = time.perf_counter()
-                values = await asyncio.to_thread(self._worker.train_step, batch)
+                values = await self._on_all_ranks(Order("step", batch=batch),
+                                                  partial(self._worker.train_step, batch))
                 elapsed = time.perf_counter() - started
             self.step += 1
             self.version = self.step
@@ -338,8 +460,10 @@ class Learner(Managed):
         assert self._worker is not None
         state = LearnerState(self.version, self.step, self._ledger.watermarks(), self._ledger.finished_above(),
                              list(self._trained_since), dict(self._dropped_since))
-        folder = await asyncio.to_thread(write_checkpoint_folder, self.settings.resolved_checkpoint_dir(),
-                                         self.version, self._worker.save, state)
+        folder = await self._on_all_ranks(
+            Order("save", version=self.version),
+            partial(write_checkpoint_folder, self.settings.resolved_checkpoint_dir(), self.version,
+                    self._worker.save, state))
         self._trained_since.clear()
         self._dropped_since.clear()
         self._since_checkpoint = 0

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -145,17 +146,24 @@ def _cpu_platform() -> Any:
     return CpuPlatform()
 
 
-def ensure_process_group(device_type: str) -> bool:
+def ensure_process_group(device_type: str, timeout: timedelta | None = None) -> bool:
     """Initialise ``torch.distributed`` unless it already is; return whether this call did it.
 
     Under ``torchrun`` (``WORLD_SIZE`` in the environment) the group is made from torchrun's
     rendezvous; otherwise a one-process group from an in-process store, which needs no port.
+
+    Args:
+        device_type: ``cpu`` (gloo) or ``cuda`` (NCCL).
+        timeout: How long a collective waits for its peers before failing; torch's default when None.
     """
     if dist.is_initialized():
         return False
     backend = "nccl" if device_type == "cuda" else "gloo"
     if "WORLD_SIZE" in _launcher_env():
-        dist.init_process_group(backend=backend)
+        if timeout is None:
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout)
     else:
         store = dist.HashStore()  # type: ignore[attr-defined]
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)

@@ -198,8 +198,9 @@ class HFPolicyWorker:
 
     def save(self, folder: Path) -> None:
         """Weights as safetensors, the config, tokenizer files from the source folder, optimizer state."""
-        folder.mkdir(parents=True, exist_ok=True)
         optimizer = self._optimizer_state()  # collective under FSDP: every rank takes part
+        if self.rank == 0:  # the other ranks take part in the gathering but write nothing
+            folder.mkdir(parents=True, exist_ok=True)
         if not self._write_weights(folder):
             return
         for name in _CARRIED:
