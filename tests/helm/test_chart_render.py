@@ -94,14 +94,27 @@ def test_learner_switch(rendered: dict[str, list[dict[str, Any]]], combo: Combo)
     learner = one(rendered[combo.name], "Deployment", "-learner")
     resources = learner["spec"]["template"]["spec"]["containers"][0]["resources"]
     env = env_of(learner)
+    container = learner["spec"]["template"]["spec"]["containers"][0]
     if combo.learner == "gpu":
         assert resources["limits"]["nvidia.com/gpu"] == "8"
         assert resources["requests"]["nvidia.com/gpu"] == "8"
         assert env["OPENFORGE_LEARNER_DEVICE"] == "cuda"
+        # Eight GPUs, eight ranks: torchrun runs the openforge learner once per GPU, sharded.
+        assert container["command"] == ["python", "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc-per-node", "8", "-m", "openforge"]
+        assert container["args"] == ["learner"] and env["OPENFORGE_LEARNER_ENGINE"] == "fsdp"
     else:
         assert "nvidia.com/gpu" not in resources["limits"]
         assert env["OPENFORGE_LEARNER_DEVICE"] == "cpu"
+        assert "command" not in container and env["OPENFORGE_LEARNER_ENGINE"] == "hf"
     assert learner["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_one_gpu_runs_one_plain_learner_process(helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"learner": {"gpu": {"count": 1}}}, helm_tmp)
+    learner = one(objects, "Deployment", "-learner")
+    assert "command" not in learner["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(learner)["OPENFORGE_LEARNER_ENGINE"] == "hf"
 
 
 def test_every_process_has_a_deployment(default_objects: list[dict[str, Any]]) -> None:

@@ -9,6 +9,7 @@
   mounts     extra volumeMounts (list) or nil
   volumes    extra volumes (list) or nil
   envFrom    envFrom sources (list) or nil
+  command    container command replacing the image's `openforge` entrypoint (list) or nil
   token      mount a ServiceAccount token (only launcher and watcher talk to the API server)
 */}}
 {{- define "openforge.deployment" -}}
@@ -59,6 +60,9 @@ spec:
         - name: {{ .name }}
           image: {{ include "openforge.image" $root | quote }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          {{- with .command }}
+          command: {{ toJson . }}
+          {{- end }}
           args: [{{ .name | quote }}]
           env:
             {{- include "openforge.env" $ctx | trim | nindent 12 }}

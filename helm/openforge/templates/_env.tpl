@@ -89,10 +89,17 @@ OPENFORGE_LEARNER_CHECKPOINT_DIR: {{ .Values.checkpoints.mountPath | quote }}
 {{- define "openforge.env.learner" -}}
 {{- $v := .Values.learner }}
 OPENFORGE_LEARNER_DEVICE: {{ ternary "cuda" "cpu" $v.gpu.enabled | quote }}
+{{- /* Several GPUs: one rank per GPU under torchrun, the model sharded with FSDP2. */}}
+OPENFORGE_LEARNER_ENGINE: {{ ternary "fsdp" "hf" (include "openforge.learnerRanks" . | int | lt 1) | quote }}
 OPENFORGE_LEARNER_MODEL_DIR: {{ .Values.vllm.model | quote }}
 OPENFORGE_LEARNER_MODEL_NAME: {{ .Values.vllm.servedModelName | quote }}
 OPENFORGE_LEARNER_MAX_STALENESS: {{ $v.maxStaleness | quote }}
 {{ include "openforge.env.checkpoints" . }}
+{{- end }}
+
+{{/* "openforge.learnerRanks": learner processes in the pod, one per GPU (1 on CPU). */}}
+{{- define "openforge.learnerRanks" -}}
+{{- if .Values.learner.gpu.enabled }}{{ .Values.learner.gpu.count | int }}{{ else }}1{{ end -}}
 {{- end }}
 
 {{- define "openforge.env.publisher" -}}
