@@ -607,7 +607,7 @@ def base_env() -> dict[str, str]:
 
 
 def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool, linger_ms: int = 0,
-                  durability: str = "journal") -> dict[str, str]:
+                  durability: str = "journal", journal_linger_ms: int | None = None) -> dict[str, str]:
     return {
         "OPENFORGE_KAFKA_COMPRESSION": kafka.compression,
         **base_env(),
@@ -616,6 +616,7 @@ def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool,
         "OPENFORGE_PROXY_CAPTURE": "true" if capture else "false",
         "OPENFORGE_PROXY_CAPTURE_LINGER_MS": str(linger_ms),
         "OPENFORGE_PROXY_DURABILITY": durability,
+        **({"OPENFORGE_PROXY_JOURNAL_LINGER_MS": str(journal_linger_ms)} if journal_linger_ms is not None else {}),
         "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
         "PYTHONUNBUFFERED": "1",
@@ -886,7 +887,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
             of_argv = [sys.executable, "-m", "openforge", "--log-level", "WARNING", "proxy", "--host", "127.0.0.1",
                        "--upstream", f"http://127.0.0.1:{upstream_port}", "--port"]
             openforge = Process("openforge proxy (capture on)", [*of_argv, str(of_port)],
-                                openforge_env(kafka, key, tmp / "spool-on", capture=True, linger_ms=args.linger_ms),
+                                openforge_env(kafka, key, tmp / "spool-on", capture=True, linger_ms=args.linger_ms,
+                                              journal_linger_ms=args.journal_linger_ms),
                                 tmp / "openforge.log")
             processes.append(openforge)
             acked: Process | None = None
@@ -1001,6 +1003,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--linger-ms", type=int, default=0,
                         help="the capturing proxy's OPENFORGE_PROXY_CAPTURE_LINGER_MS (default 0)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
+    parser.add_argument("--journal-linger-ms", type=int, default=None,
+                        help="the journalling proxy's OPENFORGE_PROXY_JOURNAL_LINGER_MS (default: the setting's)")
     parser.add_argument("--skip-ack", action="store_true",
                         help="leave out the capturing proxy with ack durability (answers wait for Kafka)")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results as JSON here")

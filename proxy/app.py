@@ -59,6 +59,7 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
     journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes)
     return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,
                             fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
+                            linger_s=settings.journal_linger_ms / 1000,
                             before_start=lambda: import_spool(spool, journal))
 
 

@@ -66,6 +66,11 @@ class ProxySettings(BaseSettings):
     writes are in the page cache); a crashed machine loses at most this window of events not
     yet in Kafka, the same trade Kafka's brokers make by default. 0 flushes before every answer."""
 
+    journal_linger_ms: int = Field(default=20, ge=0, le=1000)
+    """How long the journal's shipper lets events gather before each produce request. No answer
+    waits for it, so it only delays when Kafka has an event; every produce request costs the
+    broker and the proxy CPU, so fewer, larger ones leave more for calls."""
+
     publish_timeout_s: float = Field(default=5.0, gt=0)
     """How long to wait for Kafka's acknowledgement: before spooling (``ack``), per shipped
     batch (``journal``), and for a reward to reach Kafka before answering its verifier."""
