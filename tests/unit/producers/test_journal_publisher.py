@@ -1,0 +1,82 @@
+"""The journalling publisher's failure paths that need no broker: damage found while shipping, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from producers.journal import Journal, JournalCorruptError
+from producers.shipper import JournalPublisher
+from stream import EventProducer, KafkaSettings, TopicRegistry
+
+# Nothing listens here: the publisher must keep working from its journal alone.
+UNREACHABLE = KafkaSettings(bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
+
+
+def _publisher(journal: Journal) -> JournalPublisher:
+    registry = TopicRegistry.from_settings(UNREACHABLE)
+    return JournalPublisher(lambda: EventProducer(UNREACHABLE, registry=registry), journal, registry,
+                            ack_timeout_s=0.5, fsync_interval_s=0, linger_s=0)
+
+
+def _corrupt_last_byte(folder: Path) -> Path:
+    """Flip bits in the oldest written segment: the disk returns something else than was written."""
+    segment = sorted(p for p in folder.glob("*.log") if p.stat().st_size)[0]
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    return segment
+
+
+async def test_damage_found_while_shipping_stops_intake_and_keeps_the_files(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
+    publisher = _publisher(journal)
+    await publisher.start()
+    try:
+        assert publisher.accepting
+        journal.append("t.calls", b"r-1", b"a value of some length", ())
+        segment = _corrupt_last_byte(tmp_path)
+        publisher._wake.set()
+        for _ in range(100):
+            if publisher.failed:
+                break
+            await asyncio.sleep(0.02)
+        assert publisher.failed and not publisher.accepting  # the proxy answers 503, not ready
+    finally:
+        await publisher.stop()
+    assert segment.exists()  # left for an operator
+
+
+async def test_without_kafka_events_stay_in_the_journal_across_stop(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
+    publisher = _publisher(journal)
+    await publisher.start()
+    try:
+        for i in range(3):
+            journal.append("t.calls", f"r-{i}".encode(), b"v", ())
+        publisher._wake.set()
+        await asyncio.sleep(0.3)
+        assert publisher.backlog == 3 and not publisher.kafka_ok
+    finally:
+        await publisher.stop()
+    again = Journal(tmp_path, 1 << 20)
+    again.open()
+    assert len(again) == 3 and [r.key for r in again.read(10, 1 << 20)] == [b"r-0", b"r-1", b"r-2"]
+    again.close()
+
+
+async def test_a_damaged_older_segment_stops_the_start_naming_the_file(tmp_path: Path) -> None:
+    first = Journal(tmp_path, 1 << 20)
+    first.open()
+    first.append("t.calls", b"r-1", b"value", ())
+    first.close()
+    second = Journal(tmp_path, 1 << 20)  # a second start: the first segment is now an older one
+    second.open()
+    second.append("t.calls", b"r-2", b"value", ())
+    second.close()
+    segment = _corrupt_last_byte(tmp_path)
+    publisher = _publisher(Journal(tmp_path, 1 << 20))
+    with pytest.raises(JournalCorruptError, match=segment.name):
+        await publisher.start()
