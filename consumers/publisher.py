@@ -48,7 +48,7 @@ from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.tooling import read_topic
-from stream.topics import CHECKPOINTS, TopicRegistry
+from stream.topics import CHECKPOINTS, MissingTopicsError, TopicRegistry
 
 _meter = metrics.get_meter("openforge.publisher")
 publish_latency = _meter.create_histogram(
@@ -198,7 +198,12 @@ class CheckpointPublisher(Managed):
         if self.settings.validate_checkpoints and self.settings.reference_weights is not None:
             self._layout = await asyncio.to_thread(read_layout, self.settings.reference_weights)
         await self._producer.start()
-        newest = await self._bootstrap()
+        try:
+            newest = await self._bootstrap()
+        except MissingTopicsError:
+            self._stopped = True  # nothing runs: there is nothing left to stop
+            await self._producer.stop()
+            raise
         if newest is not None:
             await self.offer(newest)
         for url in self.replicas:
@@ -292,8 +297,8 @@ class CheckpointPublisher(Managed):
                     elif (isinstance(event, CheckpointAppliedV1) and event.model == self.settings.model
                           and event.replica in self.replicas):
                         self.replicas[event.replica].reported = (event.version, event.ok)
-        except KeyError as exc:
-            raise RuntimeError(f"{exc.args[0]}; create it with `openforge topics create`") from exc
+        except KeyError:
+            raise MissingTopicsError.of([self._topic.name], self.settings.kafka.bootstrap_servers) from None
         logger.info("bootstrap: newest %s checkpoint on %s is %s", self.settings.model, self._topic.name,
                     f"v{newest.version}" if newest else "none")
         return newest

@@ -16,9 +16,20 @@ from openforge.watcher import watcher_command
 from producers.cli import reward_command, submit_command
 from proxy.cli import proxy_command, token_command
 from stream.cli import kafka_group, topics_group
+from stream.topics import MissingTopicsError
 
 
-@click.group()
+class _Main(click.Group):
+    """The command group; errors that are the operator's to fix end in one line, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except MissingTopicsError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=_Main)
 @click.version_option(__version__, prog_name="openforge")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))

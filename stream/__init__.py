@@ -21,9 +21,11 @@ from stream.topics import (
     ROLLOUTS,
     TASKS,
     TRAJECTORIES,
+    MissingTopicsError,
     Topic,
     TopicRegistry,
     TopicSpec,
+    start_consumer,
 )
 
 __all__ = [
@@ -46,11 +48,13 @@ __all__ = [
     "KafkaAdmin",
     "KafkaSettings",
     "LocalBroker",
+    "MissingTopicsError",
     "Received",
     "Topic",
     "TopicRegistry",
     "TopicSpec",
     "WrongTopicError",
     "ensure_kafka_jars",
+    "start_consumer",
     "supervise",
 ]

@@ -32,7 +32,7 @@ from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
-from stream.topics import DEAD_LETTERS, Topic, TopicRegistry, TopicSpec
+from stream.topics import DEAD_LETTERS, MissingTopicsError, Topic, TopicRegistry, TopicSpec, start_consumer
 from stream.tracing import extract_trace_context
 
 logger = logging.getLogger(__name__)
@@ -172,7 +172,13 @@ class EventConsumer(Managed):
         self._consumer.subscribe(
             topics=[t.name for t in self._topics], listener=_CommitOnRevoke(self)
         )
-        await self._consumer.start()
+        try:
+            await start_consumer(self._consumer, [t.name for t in self._topics], self.kafka.bootstrap_servers)
+        except MissingTopicsError:
+            self._stopped = True  # nothing runs: there is nothing left to stop
+            if self._own_dlq:
+                await self._dlq.stop()
+            raise
         self._lag = track_consumer_lag(self.group_id, self._consumer, lambda: self._progress.handled)
         self._task = asyncio.create_task(self._run(), name=f"consume:{self.group_id}")
 

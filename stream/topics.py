@@ -7,8 +7,10 @@ checks event sizes and types against them before anything reaches the wire.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from stream.settings import KafkaSettings
 
@@ -146,3 +148,48 @@ class TopicRegistry:
 
     def __len__(self) -> int:
         return len(self._topics)
+
+
+class MissingTopicsError(RuntimeError):
+    """Topics a process reads do not exist on the cluster.
+
+    Brokers here never auto-create topics (their partitions and configs come from this
+    registry). aiokafka's consumer then fails its start with a bare
+    ``UnknownTopicOrPartitionError`` that names nothing; this error says which topics and
+    what to do.
+    """
+
+    @classmethod
+    def of(cls, missing: list[str], bootstrap: str) -> MissingTopicsError:
+        """The error for these topic names, with the remedy."""
+        plural = len(missing) > 1
+        return cls(f"topic{'s' if plural else ''} {', '.join(missing)} {'do' if plural else 'does'} not exist "
+                   f"on {bootstrap}; create the registry's topics with `openforge topics create` (on a "
+                   "cluster, the chart's KafkaTopic resources do)")
+
+
+async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) -> None:
+    """Start a consumer subscribed to ``names``, or raise :class:`MissingTopicsError`.
+
+    On that error the consumer is stopped again, so nothing is left open.
+
+    Args:
+        consumer: An ``AIOKafkaConsumer``, subscribed but not started.
+        names: Full names of the topics it reads.
+        bootstrap: The cluster's address (for asking which topics exist, and for the message).
+    """
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.errors import UnknownTopicOrPartitionError
+
+    try:
+        await consumer.start()
+    except UnknownTopicOrPartitionError:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await probe.start()
+        try:
+            present = await probe.topics()
+        finally:
+            await probe.stop()
+        raise MissingTopicsError.of(sorted(set(names) - set(present)) or sorted(names), bootstrap) from None

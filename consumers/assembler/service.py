@@ -51,7 +51,16 @@ from stream.lifecycle import Managed
 from stream.producer import EventProducer, EventTooLargeError, encode_record
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
-from stream.topics import CALLS, DEAD_LETTERS, REWARDS, ROLLOUTS, TRAJECTORIES, Topic, TopicRegistry
+from stream.topics import (
+    CALLS,
+    DEAD_LETTERS,
+    REWARDS,
+    ROLLOUTS,
+    TRAJECTORIES,
+    Topic,
+    TopicRegistry,
+    start_consumer,
+)
 from stream.tracing import extract_trace_context
 
 __all__ = ["AssemblerService", "AssemblerStats", "encode_trajectory"]
@@ -160,8 +169,9 @@ class AssemblerService(Managed):
         await self._producer.start()
         self._consumer.subscribe([t.name for t in self._inputs], listener=_Rebalance(self))
         try:
-            await self._consumer.start()
+            await start_consumer(self._consumer, [t.name for t in self._inputs], self.kafka.bootstrap_servers)
         except BaseException:
+            self._stopped = True  # nothing runs: there is nothing left to stop
             await self._producer.stop()
             raise
         self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._positions)

@@ -222,3 +222,18 @@ async def test_sigterm_drains_in_flight_event_and_commits(kafka_settings, topics
     async with EventConsumer([REWARDS], collect, group_id="g-drain", kafka=kafka_settings, settings=FAST):
         await wait_until(lambda: len(finished) + len(rest) == 6, what="the remaining events")
     assert sorted(finished + rest) == [float(i) for i in range(6)]
+
+
+async def test_a_missing_topic_fails_the_start_naming_it_and_leaves_nothing_open(kafka_settings) -> None:
+    from stream.topics import MissingTopicsError
+
+    absent = kafka_settings.model_copy(update={"topic_prefix": f"absent{os.urandom(4).hex()}."})
+    name = TopicRegistry.from_settings(absent)[REWARDS].name
+
+    async def handle(_: Received) -> None:
+        raise AssertionError("nothing can arrive")
+
+    consumer = EventConsumer([REWARDS], handle, group_id="missing-topic", kafka=absent)
+    with pytest.raises(MissingTopicsError, match=rf"{name} does not exist.*openforge topics create"):
+        await consumer.start()
+    assert consumer._consumer._closed  # stopped again, not left running
