@@ -31,6 +31,23 @@ Outcome = Literal["kafka", "spool", "journal"]
 """Where a published event went: acknowledged by Kafka, fsynced to the spool, or in the journal."""
 
 
+async def connect_producer(factory: Callable[[], EventProducer], timeout_s: float,
+                           meanwhile: str) -> EventProducer | None:
+    """A started producer, or None (logged, saying what happens ``meanwhile``) when Kafka is unreachable.
+
+    Both event logs of the proxy start without Kafka and keep events on disk until it answers.
+    """
+    producer = factory()
+    try:
+        await asyncio.wait_for(producer.start(), timeout_s)
+    except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
+        logger.warning("Kafka unreachable (%s); %s", exc, meanwhile)
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        return None
+    return producer
+
+
 class EventLog(Protocol):
     """What the proxy needs of whatever keeps its events: this module's or the journal's."""
 
@@ -113,18 +130,10 @@ class DurablePublisher:
         self._task = asyncio.create_task(self._drain_forever(), name="spool-drainer")
 
     async def _connect(self) -> bool:
-        if self._producer is not None:
-            return True
-        producer = self._factory()
-        try:
-            await asyncio.wait_for(producer.start(), self.ack_timeout_s * 2)
-        except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
-            logger.warning("Kafka unreachable (%s); spooling to %s", exc, self.spool.directory)
-            with contextlib.suppress(Exception):
-                await producer.stop()
-            return False
-        self._producer = producer
-        return True
+        if self._producer is None:
+            self._producer = await connect_producer(self._factory, self.ack_timeout_s * 2,
+                                                    f"spooling to {self.spool.directory}")
+        return self._producer is not None
 
     async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = True) -> Outcome:
         """Make ``event`` durable; say where it went.
@@ -221,4 +230,4 @@ class DurablePublisher:
             self._producer = None
 
 
-__all__ = ["DurablePublisher", "EventLog", "Outcome"]
+__all__ = ["DurablePublisher", "EventLog", "Outcome", "connect_producer"]

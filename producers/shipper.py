@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from producers.durable import Outcome
+from producers.durable import Outcome, connect_producer
 from producers.journal import Journal, JournalCorruptError
 from producers.spool import DiskSpool
 from schemas import EventBase
@@ -122,21 +122,11 @@ class JournalPublisher:
         return "kafka" if self.journal.shipped >= seq else "journal"
 
     async def _connect(self) -> bool:
-        if self._producer is not None:
-            return True
-        producer = self._factory()
-        try:
-            await asyncio.wait_for(producer.start(), self.ack_timeout_s * 2)
-        except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
-            logger.warning("Kafka unreachable (%s); events wait in the journal at %s", exc,
-                           self.journal.directory)
-            with contextlib.suppress(Exception):
-                await producer.stop()
-            self._kafka_ok = False
-            return False
-        self._producer = producer
-        self._kafka_ok = True
-        return True
+        if self._producer is None:
+            self._producer = await connect_producer(self._factory, self.ack_timeout_s * 2,
+                                                    f"events wait in the journal at {self.journal.directory}")
+        self._kafka_ok = self._producer is not None
+        return self._kafka_ok
 
     async def _drop_producer(self) -> None:
         producer, self._producer = self._producer, None
