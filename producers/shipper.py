@@ -47,7 +47,7 @@ class JournalPublisher:
         fsync_interval_s: float = 0.1,
         batch_records: int = 1024,
         batch_bytes: int = 4 * 1024 * 1024,
-        linger_s: float = 0.005,
+        linger_s: float = 0.02,
         before_start: Callable[[], object] | None = None,
     ) -> None:
         self._factory = producer_factory
