@@ -102,6 +102,11 @@ class LearnerSettings(BaseSettings):
     clip_ratio: float = Field(default=0.2, gt=0)
     """PPO clip range of the policy loss."""
 
+    entropy_coeff: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus subtracted from the loss (veRL's ``entropy_coeff``), aggregated
+    like the policy loss. Zero (veRL's default) leaves it out; a small model trained at a large
+    step size needs it, or its sampling collapses onto one answer and GRPO's advantages vanish."""
+
     rollout_is: Literal["token", "sequence", "none"] = "token"
     """Rollout correction (veRL ``rollout_corr_helper``): importance weights per token (truncated IS,
     the default), per sequence, or none."""

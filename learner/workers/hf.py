@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
+from verl.trainer.ppo.core_algos import agg_loss
 from verl.utils import torch_functional as verl_F
 from verl.workers.config import ActorConfig
 
@@ -111,12 +112,17 @@ class HFPolicyWorker:
         out = {"ids": ids, "attention": attention, "mask": mask, "behavior": behavior, "advantages": advantages}
         return {k: v.to(self.device) for k, v in out.items()}
 
-    def token_logprobs(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """Current logprobs and entropies of every predicted token, with the padded tensors."""
+    def token_logprobs(self, rows: list[Row], *, entropy_grad: bool = False,
+                       ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Current logprobs and entropies of every predicted token, with the padded tensors.
+
+        The entropies carry gradients only when ``entropy_grad`` is set (an entropy bonus is
+        trained); otherwise they are a metric and cost no graph.
+        """
         t = self._tensors(rows)
         logits = self.model(input_ids=t["ids"], attention_mask=t["attention"]).logits[:, :-1].float()
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, t["ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = verl_F.entropy_from_logits(logits)
         return logprobs, entropy, t
 
@@ -146,7 +152,7 @@ class HFPolicyWorker:
             # rank enters the same number of (collective) backward passes.
             padding = index >= len(parts)
             part = [every[0]] if padding else parts[index]
-            logprobs, entropy, t = self.token_logprobs(part)
+            logprobs, entropy, t = self.token_logprobs(part, entropy_grad=s.entropy_coeff > 0)
             current = logprobs.detach()
             weights, mask, corr = rollout_correction(
                 current, t["behavior"], t["mask"], mode=s.rollout_is, threshold=s.rollout_is_threshold,
@@ -158,12 +164,18 @@ class HFPolicyWorker:
                 old_log_prob=current, log_prob=logprobs, advantages=t["advantages"], response_mask=mask,
                 loss_agg_mode=s.loss_agg_mode, config=actor, rollout_is_weights=weights,
             )
+            if s.entropy_coeff > 0:
+                # As veRL's actor does: the bonus is aggregated like the policy loss, over the same
+                # (correction-masked) tokens and the same whole-step normalisation.
+                bonus = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=s.loss_agg_mode,
+                                 **actor.global_batch_info)
+                loss = loss - s.entropy_coeff * bonus
             if padding:
                 (loss * 0.0).backward()  # type: ignore[no-untyped-call]
                 continue
             loss.backward()  # type: ignore[no-untyped-call]
             total_loss += float(loss.detach())
-            entropy_sum += float((entropy * t["mask"]).sum())
+            entropy_sum += float((entropy.detach() * t["mask"]).sum())
             mask_sum += float(t["mask"].sum())
             if weights is not None:
                 weights_seen.append(weights[t["mask"] > 0].detach().flatten())
