@@ -12,6 +12,7 @@ from consumers.assembler.cli import assembler_command
 from consumers.publisher_cli import publisher_command
 from consumers.rollouts.cli import launcher_command
 from openforge import __version__
+from openforge.demo import DemoOptions, run_demo
 from openforge.watcher import watcher_command
 from producers.cli import reward_command, submit_command
 from proxy.cli import proxy_command, token_command
@@ -57,6 +58,9 @@ def schemas_export(out_dir: Path) -> None:
         click.echo(f"wrote {out_dir / filename}")
 
 
+DEMO_DEFAULTS = DemoOptions()
+
+
 @main.command("demo")
 @click.option("--minutes", type=float, default=10.0, show_default=True,
               help="Budget of the learning phase (start-up not counted).")
@@ -68,13 +72,15 @@ def schemas_export(out_dir: Path) -> None:
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".openforge-demo"),
               show_default=True, help="Where logs, checkpoints, the plot and the summary go.")
 @click.option("--keep-broker", is_flag=True, help="Leave the broker running afterwards.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=DEMO_DEFAULTS.lr, show_default=True,
+              help="The learner's AdamW learning rate.")
+@click.option("--entropy-coeff", type=click.FloatRange(min=0), default=DEMO_DEFAULTS.entropy_coeff,
+              show_default=True, help="Weight of the learner's entropy bonus (0 leaves it out).")
 def demo(minutes: float, group_size: int, max_in_flight: int, stop_at: float, seed: int, workdir: Path,
-         keep_broker: bool) -> None:
+         keep_broker: bool, lr: float, entropy_coeff: float) -> None:
     """Run the whole learning loop on one machine and plot the reward as the tiny model learns."""
-    from openforge.demo import DemoOptions, run_demo
-
     run_demo(DemoOptions(minutes=minutes, group_size=group_size, max_in_flight=max_in_flight, stop_at=stop_at,
-                         seed=seed, workdir=workdir, keep_broker=keep_broker))
+                         seed=seed, workdir=workdir, keep_broker=keep_broker, lr=lr, entropy_coeff=entropy_coeff))
 
 
 main.add_command(kafka_group)

@@ -63,6 +63,10 @@ class DemoOptions:
     """Seed of the tiny model's weights and of the learner."""
     lr: float = 1e-2
     """The learner's AdamW learning rate: large, because the model is tiny and the demo short."""
+    entropy_coeff: float = 0.01
+    """The learner's entropy bonus. At this step size a policy without one collapses onto a single
+    answer within minutes (every rollout of a group alike, so GRPO's advantages are zero and
+    learning stops); the bonus keeps the groups varied."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
@@ -174,7 +178,8 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
           "OPENFORGE_LEARNER_CHECKPOINT_DIR": str(out / "checkpoints"), "OPENFORGE_LEARNER_SEED": str(options.seed),
           # A tiny model and few samples: a large step size, a checkpoint (and a new served version)
           # after every step, and little waiting for groups, so the curve moves within minutes.
-          "OPENFORGE_LEARNER_LR": str(options.lr), "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
+          "OPENFORGE_LEARNER_LR": str(options.lr), "OPENFORGE_LEARNER_ENTROPY_COEFF": str(options.entropy_coeff),
+          "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
           "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5",
           "OPENFORGE_LEARNER_MAX_STALENESS": "16"}),
         ("publisher", ["publisher", "--replica", engine_url, "--model", MODEL_NAME],
@@ -209,7 +214,8 @@ async def _learn(options: DemoOptions, kafka: KafkaSettings, run_id: str,
         event = received.event
         if isinstance(event, TrajectoryV1) and event.reward is not None and not event.infrastructure_failure:
             versions = [int(r.version) for s in event.samples for r in s.weight_versions if r.version.isdigit()]
-            curve.rewards.append(RewardPoint(now, event.reward, min(versions) if versions else None))
+            curve.rewards.append(RewardPoint(now, event.reward, min(versions) if versions else None,
+                                             event.task_id))
         elif isinstance(event, CheckpointV1):
             curve.checkpoints.append((now, event.version, {"step": float(event.step), **event.metrics}))
         elif isinstance(event, CheckpointAppliedV1) and event.ok:
@@ -245,6 +251,8 @@ def _progress_line(curve: Curve, elapsed: float) -> str:
     lag = ""
     if curve.checkpoints and "staleness_mean" in curve.checkpoints[-1][2]:
         lag = f" | trained data {curve.checkpoints[-1][2]['staleness_mean']:.1f} versions old"
+    if curve.checkpoints and "entropy" in curve.checkpoints[-1][2]:
+        lag += f" | entropy {curve.checkpoints[-1][2]['entropy']:.2f}"
     if curve.applied:
         lag += f" | publish {curve.applied[-1][2]:.2f}s"
     reward = "reward    -" if window is None else (

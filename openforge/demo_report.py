@@ -22,6 +22,8 @@ class RewardPoint:
     reward: float
     version: int | None
     """Oldest weight version that sampled any of its tokens (None when the engine reported none)."""
+    task_id: str = ""
+    """The rollout's task, i.e. its GRPO group."""
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Curve:
         with path.open("w", encoding="utf-8") as out:
             for p in self.rewards:
                 out.write(json.dumps({"kind": "reward", "t": p.elapsed_s, "reward": p.reward,
-                                      "version": p.version}) + "\n")
+                                      "version": p.version, "task_id": p.task_id}) + "\n")
             for t, version, metrics in self.checkpoints:
                 out.write(json.dumps({"kind": "checkpoint", "t": t, "version": version, **metrics}) + "\n")
             for t, version, seconds in self.applied:
@@ -49,6 +51,23 @@ class Curve:
         """Mean reward of the last ``last`` rollouts (None before any arrived)."""
         values = [p.reward for p in self.rewards[-last:]]
         return statistics.fmean(values) if values else None
+
+    def alike_groups(self, last: int) -> float | None:
+        """Share of the groups among the last ``last`` rollouts whose members all scored the same.
+
+        Such a group teaches GRPO nothing (every advantage is zero). A share near 1 means the
+        policy has collapsed onto one answer per task and learning has stopped, whatever the
+        reward. Groups with fewer than two members in the window are left out; None when no
+        group qualifies.
+        """
+        groups: dict[str, list[float]] = {}
+        for p in self.rewards[-last:]:
+            if p.task_id:
+                groups.setdefault(p.task_id, []).append(p.reward)
+        judged = [rewards for rewards in groups.values() if len(rewards) >= 2]
+        if not judged:
+            return None
+        return sum(max(r) - min(r) < 1e-9 for r in judged) / len(judged)
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,11 @@ class Summary:
     learner_steps: int
     versions_served: int
     publish_p50_s: float | None
+    alike_groups_last: float | None = None
+    """Share of the last window's groups in which every rollout scored the same (see
+    :meth:`Curve.alike_groups`): near 1 the policy collapsed and stopped learning."""
+    entropy_last: float | None = None
+    """Mean token entropy (nats) of the learner's last step: how varied the sampling still is."""
 
     def as_text(self) -> str:
         """A few lines for the terminal."""
@@ -77,6 +101,9 @@ class Summary:
             f"learner steps          {self.learner_steps}",
             f"weight versions served {self.versions_served}",
             f"publish latency p50    {fmt(self.publish_p50_s)} s",
+            f"groups all alike       {fmt(self.alike_groups_last)} of the last {self.window} rollouts' groups"
+            " (near 1: collapsed, nothing left to learn)",
+            f"policy entropy         {fmt(self.entropy_last)} nats per token at the last step",
         ])
 
     def write_json(self, path: Path) -> None:
@@ -93,13 +120,19 @@ def summarize(curve: Curve, duration_s: float, window: int = 64) -> Summary:
     steps = max((int(m.get("step", 0)) for _, _, m in curve.checkpoints), default=0)
     versions = len({v for _, v, _ in curve.applied})
     publish = [s for _, _, s in curve.applied]
+    entropies = [m["entropy"] for _, _, m in curve.checkpoints if "entropy" in m]
     return Summary(rollouts=n, duration_s=duration_s, reward_first=first, reward_last=last, window=w,
                    learner_steps=steps, versions_served=versions,
-                   publish_p50_s=statistics.median(publish) if publish else None)
+                   publish_p50_s=statistics.median(publish) if publish else None,
+                   alike_groups_last=curve.alike_groups(w), entropy_last=entropies[-1] if entropies else None)
 
 
 def write_plot(curve: Curve, path: Path, title: str) -> None:
-    """Reward per rollout (points), its moving mean (line) and the served weight version (steps).
+    """Plot the reward per rollout, its moving mean, the served version and the policy's entropy.
+
+    Rewards are points with a moving-mean line, the served weight version a step line on a second
+    axis; below, when the learner reported it, the entropy per step. The entropy panel is what
+    tells a plateau that is still exploring from a collapsed policy.
 
     Raises:
         ValueError: nothing was recorded, so there is no curve to draw.
@@ -115,10 +148,14 @@ def write_plot(curve: Curve, path: Path, title: str) -> None:
     ys = [p.reward for p in curve.rewards]
     k = max(1, min(32, len(ys) // 5))
     moving = [statistics.fmean(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    entropy = sorted((t / 60, m["entropy"]) for t, _, m in curve.checkpoints if "entropy" in m)
+    if entropy:
+        fig, (ax, low) = plt.subplots(2, 1, figsize=(8, 6), dpi=110, sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     ax.scatter(xs, ys, s=6, alpha=0.25, color="tab:blue", label="reward per rollout")
     ax.plot(xs, moving, color="tab:blue", linewidth=2, label=f"moving mean ({k} rollouts)")
-    ax.set_xlabel("minutes since the first rollout was submitted")
     ax.set_ylabel("reward")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
@@ -130,6 +167,14 @@ def write_plot(curve: Curve, path: Path, title: str) -> None:
         ax2.set_ylabel("weight version served", color="tab:orange")
     ax.legend(loc="upper left")
     ax.set_title(title)
+    bottom = ax
+    if entropy:
+        low.plot([t for t, _ in entropy], [e for _, e in entropy], color="tab:green", marker=".", linewidth=1)
+        low.set_ylabel("entropy\n(nats/token)")
+        low.set_ylim(bottom=0)
+        low.grid(alpha=0.3)
+        bottom = low
+    bottom.set_xlabel("minutes since the first rollout was submitted")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

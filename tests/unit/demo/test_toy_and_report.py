@@ -48,3 +48,17 @@ def test_plot_is_a_png_and_an_empty_curve_is_refused(tmp_path: Path) -> None:
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="no rollout finished"):
         write_plot(Curve(), tmp_path / "none.png", "test")
+
+
+def test_alike_groups_spot_a_collapsed_policy() -> None:
+    varied = [RewardPoint(float(i), (i % 3) / 4, None, f"t{i // 4}") for i in range(16)]
+    collapsed = [RewardPoint(16.0 + i, 0.5, None, f"u{i // 4}") for i in range(16)]
+    curve = Curve(rewards=varied + collapsed, checkpoints=[(1.0, 1, {"step": 1.0, "entropy": 0.25})])
+    assert curve.alike_groups(16) == 1.0
+    assert curve.alike_groups(32) == 0.5
+    # A group cut by the window's edge counts with the members inside it; one member is not judged.
+    assert Curve(rewards=[*varied[:3], RewardPoint(9.0, 0.1, None, "lonely")]).alike_groups(4) == 0.0
+    assert Curve(rewards=[RewardPoint(0.0, 0.1, None, "a")]).alike_groups(4) is None
+    summary = summarize(curve, 60.0, window=16)
+    assert (summary.alike_groups_last, summary.entropy_last) == (1.0, 0.25)
+    assert "1.00 of the last 10 rollouts' groups" in summary.as_text()  # window shrinks to n // 3
