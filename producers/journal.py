@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -86,6 +87,10 @@ class Journal:
         self._pending = 0
         self._pending_bytes = 0
         self._unsynced = False
+        # sync() runs on a worker thread (the shipper's periodic flush) while the event loop's
+        # thread appends, rolls segments and closes: the lock keeps a descriptor from being
+        # closed (and its number reused by the next segment) between reading it and flushing it.
+        self._fd_lock = threading.Lock()
         self._mark_written = -1
         self._mark_at = 0.0
         # Read cursor: the next record to hand to the shipper.
@@ -166,8 +171,9 @@ class Journal:
             return
         self.sync()
         self.write_mark(force=True)
-        os.close(self._fd)
-        self._fd = None
+        with self._fd_lock:
+            os.close(self._fd)
+            self._fd = None
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd, self._read_path = None, None
@@ -192,7 +198,9 @@ class Journal:
     def _new_segment(self) -> None:
         if self._fd is not None:
             self.sync()
-            os.close(self._fd)
+            with self._fd_lock:
+                os.close(self._fd)
+                self._fd = None
         path = self.directory / f"{self._next_seq:020d}.log"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._segments.append(_Segment(self._next_seq, path, 0))
@@ -224,10 +232,11 @@ class Journal:
         return seq
 
     def sync(self) -> None:
-        """Flush appended records to the disk itself (``fdatasync``)."""
-        if self._fd is not None and self._unsynced:
-            self._unsynced = False
-            os.fdatasync(self._fd)
+        """Flush appended records to the disk itself (``fdatasync``); safe from another thread."""
+        with self._fd_lock:
+            if self._fd is not None and self._unsynced:
+                self._unsynced = False
+                os.fdatasync(self._fd)
 
     # -- read and mark -----------------------------------------------------------------------
 

@@ -136,3 +136,57 @@ def test_an_old_spool_moves_into_the_journal_in_order(tmp_path: Path) -> None:
     assert len(spool) == 0 and not list((tmp_path / "spool").glob("*.rec"))
     records = journal.read(10, 1 << 20)
     assert _values(records) == [0, 1, 2, 3] and records[0].key is None
+
+
+def test_flushing_from_another_thread_is_safe_while_segments_roll_and_the_journal_closes(tmp_path: Path) -> None:
+    # The shipper flushes on a worker thread while appends roll segments (closing descriptors
+    # whose numbers the next open reuses) and stop() closes the journal.
+    import os
+    import threading
+    import time
+
+    journal = Journal(tmp_path, 1 << 24, segment_bytes=256)
+    journal.open()
+    errors: list[BaseException] = []
+    synced = 0
+    done = threading.Event()
+
+    def flush() -> None:
+        nonlocal synced
+        while not done.is_set():
+            try:
+                journal.sync()
+                synced += 1
+            except BaseException as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=flush)
+    thread.start()
+    real_fdatasync, flushed = os.fdatasync, []
+
+    def slow_flush(fd: int) -> None:
+        # A real flush takes a while, with the interpreter lock released: the descriptor must
+        # name the same open segment from the start of it to the end.
+        before = Path(f"/proc/self/fd/{fd}").readlink()
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.002)
+        assert Path(f"/proc/self/fd/{fd}").readlink() == before
+        real_fdatasync(fd)
+        flushed.append(before)
+
+    try:
+        os.fdatasync = slow_flush  # type: ignore[assignment]
+        for i in range(0, 600, 20):
+            _fill(journal, 20, start=i, size=40)
+            time.sleep(0.001)  # as between calls: the flushing thread gets its turns
+        journal.close()
+    finally:
+        done.set()
+        thread.join()
+        os.fdatasync = real_fdatasync
+    assert errors == [] and synced > 0
+    assert flushed and all(Path(p).parent == tmp_path and p.endswith(".log") for p in flushed)
+    again = Journal(tmp_path, 1 << 24)
+    again.open()
+    assert _values(again.read(1000, 1 << 24)) == list(range(600))
