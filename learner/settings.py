@@ -104,8 +104,21 @@ class LearnerSettings(BaseSettings):
 
     entropy_coeff: float = Field(default=0.0, ge=0)
     """Weight of the entropy bonus subtracted from the loss (veRL's ``entropy_coeff``), aggregated
-    like the policy loss. Zero (veRL's default) leaves it out; a small model trained at a large
-    step size needs it, or its sampling collapses onto one answer and GRPO's advantages vanish."""
+    like the policy loss; the starting weight when ``entropy_target`` is set. Zero (veRL's default)
+    leaves it out; a small model trained at a large step size needs it, or its sampling collapses
+    onto one answer and GRPO's advantages vanish."""
+
+    entropy_target: float | None = Field(default=None, ge=0)
+    """Adaptive entropy control: after each step the coefficient rises by ``entropy_coeff_delta``
+    while the step's mean token entropy (nats) is below this, and falls by it otherwise, within
+    ``[0, entropy_coeff_max]``. None keeps the coefficient fixed. A restart begins again from
+    ``entropy_coeff``."""
+
+    entropy_coeff_delta: float = Field(default=0.005, ge=0)
+    """Adaptive entropy control: change of the coefficient per step."""
+
+    entropy_coeff_max: float = Field(default=0.1, ge=0)
+    """Adaptive entropy control: upper bound of the coefficient."""
 
     rollout_is: Literal["token", "sequence", "none"] = "token"
     """Rollout correction (veRL ``rollout_corr_helper``): importance weights per token (truncated IS,

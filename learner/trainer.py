@@ -443,9 +443,9 @@ class Learner(Managed):
             self._metrics.trajectories.add(len(members))
             self._metrics.step_seconds.record(elapsed)
             self._metrics.record_step(values, self._worker.importance_weights())
-            logger.info("step %d: loss %.4f, reward %.3f, %d trajectories, %d tokens, %.2fs", self.step,
-                        values.get("loss", math.nan), values.get("reward_mean", math.nan), len(members),
-                        batch.trained_tokens, elapsed)
+            logger.info("step %d: loss %.4f, reward %.3f, entropy %.3f, %d trajectories, %d tokens, %.2fs",
+                        self.step, values.get("loss", math.nan), values.get("reward_mean", math.nan),
+                        values.get("entropy", math.nan), len(members), batch.trained_tokens, elapsed)
         else:
             for trajectory in members:
                 self._drop(trajectory, m.DROP_NO_TOKENS)

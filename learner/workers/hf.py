@@ -24,6 +24,7 @@ from verl.workers.config import ActorConfig
 
 from learner.algos import policy_loss, rollout_correction
 from learner.batching import micro_batches
+from learner.entropy import EntropyControl
 from learner.protocol import Row, TrainBatch
 from learner.settings import LearnerSettings
 
@@ -56,6 +57,8 @@ class HFPolicyWorker:
         if state.exists():
             self._load_optimizer(torch.load(state, map_location="cpu", weights_only=True))
         self._loss_fn = policy_loss(settings.policy_loss)
+        self.entropy_control = EntropyControl(settings.entropy_coeff, settings.entropy_target,
+                                              settings.entropy_coeff_delta, settings.entropy_coeff_max)
         self._actor = ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
                                   rollout_n=1, clip_ratio=settings.clip_ratio, clip_ratio_low=settings.clip_ratio,
                                   clip_ratio_high=settings.clip_ratio)
@@ -145,6 +148,7 @@ class HFPolicyWorker:
         weights_seen: list[torch.Tensor] = []
         total_loss = 0.0
         entropy_sum, mask_sum = 0.0, 0.0
+        coeff = self.entropy_control.coeff
         parts = micro_batches(rows, s.token_budget) if rows else []
         count = self._micro_batch_count(len(parts))
         for index in range(count):
@@ -152,7 +156,7 @@ class HFPolicyWorker:
             # rank enters the same number of (collective) backward passes.
             padding = index >= len(parts)
             part = [every[0]] if padding else parts[index]
-            logprobs, entropy, t = self.token_logprobs(part, entropy_grad=s.entropy_coeff > 0)
+            logprobs, entropy, t = self.token_logprobs(part, entropy_grad=coeff > 0)
             current = logprobs.detach()
             weights, mask, corr = rollout_correction(
                 current, t["behavior"], t["mask"], mode=s.rollout_is, threshold=s.rollout_is_threshold,
@@ -164,12 +168,12 @@ class HFPolicyWorker:
                 old_log_prob=current, log_prob=logprobs, advantages=t["advantages"], response_mask=mask,
                 loss_agg_mode=s.loss_agg_mode, config=actor, rollout_is_weights=weights,
             )
-            if s.entropy_coeff > 0:
+            if coeff > 0:
                 # As veRL's actor does: the bonus is aggregated like the policy loss, over the same
                 # (correction-masked) tokens and the same whole-step normalisation.
                 bonus = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=s.loss_agg_mode,
                                  **actor.global_batch_info)
-                loss = loss - s.entropy_coeff * bonus
+                loss = loss - coeff * bonus
             if padding:
                 (loss * 0.0).backward()  # type: ignore[no-untyped-call]
                 continue
@@ -189,6 +193,10 @@ class HFPolicyWorker:
         metrics = {k: v / max(len(parts), 1) for k, v in sums.items()}
         metrics.update({"loss": total_loss / self.world_size, "entropy": entropy_sum / max(mask_sum, 1.0),
                         "grad_norm": grad_norm, "micro_batches": float(count)})
+        if self.entropy_control.active:
+            # Every rank sees the same summed entropy, so every rank steers to the same coefficient.
+            metrics["entropy_coeff"] = coeff
+            self.entropy_control.update(metrics["entropy"])
         self._last_weights = []
         if weights_seen:
             w = torch.cat(weights_seen)

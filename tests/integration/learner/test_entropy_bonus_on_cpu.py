@@ -44,3 +44,14 @@ def test_with_zero_advantages_only_the_bonus_moves_the_policy_and_it_raises_entr
     for _ in range(3):
         after = worker.train_step(batch)["entropy"]
     assert after > before + 1e-3
+
+
+def test_below_its_target_entropy_the_worker_raises_the_bonus_each_step(tiny_model: Path) -> None:
+    settings = LearnerSettings(model_dir=tiny_model, lr=1e-3, token_budget=96, entropy_coeff=0.0,
+                               entropy_target=100.0, entropy_coeff_delta=0.01)  # unreachable target
+    worker = HFPolicyWorker(settings, tiny_model)
+    batch = _batch(None)
+    used = [worker.train_step(batch)["entropy_coeff"] for _ in range(3)]
+    assert used == pytest.approx([0.0, 0.01, 0.02])
+    assert worker.entropy_control.coeff == pytest.approx(0.03)
+    assert "entropy_coeff" not in _worker(tiny_model, 0.0).train_step(batch)  # no bonus, no metric

@@ -6,6 +6,7 @@ import pytest
 from trajectories import trajectory
 
 from learner.batching import plan_micro_batches
+from learner.entropy import EntropyControl
 from learner.grouping import GroupBuffer
 from learner.positions import Position, PositionLedger
 from learner.settings import LearnerSettings
@@ -152,3 +153,31 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENFORGE_LEARNER_ADVANTAGE_ESTIMATOR", "rloo")
     s = LearnerSettings()
     assert s.max_staleness == 7 and s.advantage_estimator == "rloo"
+
+
+# -- adaptive entropy control ----------------------------------------------------------------------
+
+def test_a_fixed_entropy_coefficient_stays_fixed() -> None:
+    control = EntropyControl(0.01)
+    assert [control.update(e) for e in (8.0, 0.1, 0.0)] == [0.01, 0.01, 0.01]
+    assert control.active and not EntropyControl(0.0).active
+
+
+def test_the_coefficient_rises_below_the_target_and_falls_above_it_within_bounds() -> None:
+    control = EntropyControl(0.01, target=1.0, delta=0.005, max_coeff=0.02)
+    assert control.active and EntropyControl(0.0, target=1.0).active
+    assert control.update(3.0) == pytest.approx(0.005)  # above the target: less bonus
+    assert control.update(3.0) == 0.0
+    assert control.update(3.0) == 0.0  # never negative
+    assert control.update(0.4) == pytest.approx(0.005)  # below: more bonus
+    assert [round(control.update(0.2), 6) for _ in range(4)] == [0.01, 0.015, 0.02, 0.02]  # bounded
+    assert control.update(float("nan")) == pytest.approx(0.02)  # an empty step changes nothing
+
+
+def test_entropy_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="must not be negative"):
+        EntropyControl(-0.1)
+    with pytest.raises(ValueError, match="target"):
+        EntropyControl(0.0, target=-1.0)
+    with pytest.raises(ValueError):
+        LearnerSettings(entropy_target=-1.0)
