@@ -75,12 +75,17 @@ DEMO_DEFAULTS = DemoOptions()
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=DEMO_DEFAULTS.lr, show_default=True,
               help="The learner's AdamW learning rate.")
 @click.option("--entropy-coeff", type=click.FloatRange(min=0), default=DEMO_DEFAULTS.entropy_coeff,
-              show_default=True, help="Weight of the learner's entropy bonus (0 leaves it out).")
+              show_default=True, help="Starting weight of the learner's entropy bonus.")
+@click.option("--entropy-target", type=click.FloatRange(min=0), default=DEMO_DEFAULTS.entropy_target,
+              show_default=True,
+              help="Entropy (nats/token) the learner steers its bonus toward: raised below, lowered above.")
+@click.option("--fixed-entropy-coeff", is_flag=True, help="Keep the bonus at --entropy-coeff (no target).")
 def demo(minutes: float, group_size: int, max_in_flight: int, stop_at: float, seed: int, workdir: Path,
-         keep_broker: bool, lr: float, entropy_coeff: float) -> None:
+         keep_broker: bool, lr: float, entropy_coeff: float, entropy_target: float, fixed_entropy_coeff: bool) -> None:
     """Run the whole learning loop on one machine and plot the reward as the tiny model learns."""
     run_demo(DemoOptions(minutes=minutes, group_size=group_size, max_in_flight=max_in_flight, stop_at=stop_at,
-                         seed=seed, workdir=workdir, keep_broker=keep_broker, lr=lr, entropy_coeff=entropy_coeff))
+                         seed=seed, workdir=workdir, keep_broker=keep_broker, lr=lr, entropy_coeff=entropy_coeff,
+                         entropy_target=None if fixed_entropy_coeff else entropy_target))
 
 
 main.add_command(kafka_group)

@@ -64,9 +64,13 @@ class DemoOptions:
     lr: float = 1e-2
     """The learner's AdamW learning rate: large, because the model is tiny and the demo short."""
     entropy_coeff: float = 0.01
-    """The learner's entropy bonus. At this step size a policy without one collapses onto a single
-    answer within minutes (every rollout of a group alike, so GRPO's advantages are zero and
-    learning stops); the bonus keeps the groups varied."""
+    """The learner's starting entropy bonus. At this step size a policy without one collapses onto
+    a single answer within minutes (every rollout of a group alike, so GRPO's advantages are zero
+    and learning stops); the bonus keeps the groups varied."""
+    entropy_target: float | None = 1.0
+    """Entropy (nats per token) the learner steers its bonus to hold the policy above (adaptive
+    entropy control); None keeps the bonus fixed. A fixed bonus was either too weak on some seeds
+    (collapse onto one token) or held the policy near uniform."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
@@ -179,6 +183,8 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
           # A tiny model and few samples: a large step size, a checkpoint (and a new served version)
           # after every step, and little waiting for groups, so the curve moves within minutes.
           "OPENFORGE_LEARNER_LR": str(options.lr), "OPENFORGE_LEARNER_ENTROPY_COEFF": str(options.entropy_coeff),
+          **({} if options.entropy_target is None else
+             {"OPENFORGE_LEARNER_ENTROPY_TARGET": str(options.entropy_target)}),
           "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
           "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5",
           "OPENFORGE_LEARNER_MAX_STALENESS": "16"}),
@@ -252,7 +258,10 @@ def _progress_line(curve: Curve, elapsed: float) -> str:
     if curve.checkpoints and "staleness_mean" in curve.checkpoints[-1][2]:
         lag = f" | trained data {curve.checkpoints[-1][2]['staleness_mean']:.1f} versions old"
     if curve.checkpoints and "entropy" in curve.checkpoints[-1][2]:
-        lag += f" | entropy {curve.checkpoints[-1][2]['entropy']:.2f}"
+        metrics = curve.checkpoints[-1][2]
+        lag += f" | entropy {metrics['entropy']:.2f}"
+        if "entropy_coeff" in metrics:
+            lag += f" (bonus {metrics['entropy_coeff']:.3f})"
     if curve.applied:
         lag += f" | publish {curve.applied[-1][2]:.2f}s"
     reward = "reward    -" if window is None else (

@@ -102,7 +102,7 @@ class Summary:
             f"weight versions served {self.versions_served}",
             f"publish latency p50    {fmt(self.publish_p50_s)} s",
             f"groups all alike       {fmt(self.alike_groups_last)} of the last {self.window} rollouts' groups"
-            " (near 1: collapsed, nothing left to learn)",
+            " (near 1 below the best reward: collapsed, nothing left to learn)",
             f"policy entropy         {fmt(self.entropy_last)} nats per token at the last step",
         ])
 

@@ -8,10 +8,18 @@ from schemas.task.v1 import HarnessSpec, LocalLaunch, TaskV1, VerifierSpec
 
 __all__ = ["ENV_MAX_TOKENS", "ENV_MODEL", "ENV_WORD", "SECRET_WORDS", "toy_tasks"]
 
-SECRET_WORDS = ("sees", "esse", "ess", "see")
-"""One letter set ({e, s}) behind every word, so what the policy learns on one task helps the
-others and the group statistics of every task move together on the plot. ``e`` and ``s`` make up
-about 17% of the characters of the tiny model's vocabulary, so a random policy starts near 0.17."""
+SECRET_WORDS = ("mid", "dim", "midi")
+"""One letter set ({d, i, m}) behind every word, so what the policy learns on one task helps the
+others and the group statistics of every task move together on the plot. ``d``, ``i`` and ``m``
+make up about 11% of the characters of the tiny model's vocabulary, so a random policy starts near
+0.11.
+
+The set is chosen against the reward's trap. The reward counts characters, so early on a long
+token with a middling share of the letters raises it more than a short pure one, and a policy
+that sharpens onto such a token stays there: with {e, s} one seed collapsed onto ``message``
+(4 of 7 letters, reward 0.57) every time. With {d, i, m} the tokens that raise the reward most from
+a random start are mostly pure (``mimi``, ``midi``, ``didi``; the twenty best average 0.92), so
+the early drift already heads for the optimum."""
 
 ENV_WORD = "OPENFORGE_TOY_WORD"
 """The secret word: the harness's tool returns it, the verifier scores against it."""

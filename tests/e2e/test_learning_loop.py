@@ -48,4 +48,7 @@ def test_tiny_model_learns_the_toy_task_through_the_whole_loop(kafka_settings: K
     gain = statistics.fmean(last) - statistics.fmean(first)
     assert t > 4 and gain > 0.1, f"reward did not rise: first {statistics.fmean(first):.3f}, " \
                                  f"last {statistics.fmean(last):.3f}, t={t:.1f}"
+    # Still learning, not collapsed onto one answer per task (which would stop GRPO for good).
+    assert summary.alike_groups_last is not None and summary.alike_groups_last < 0.5, summary
+    assert summary.entropy_last is not None and summary.entropy_last > 0.05, summary
     assert (tmp_path / next(tmp_path.iterdir()).name / "reward_curve.png").exists()

@@ -28,7 +28,7 @@ def test_suite_has_unique_ids_and_one_letter_set() -> None:
     tasks = toy_tasks(run_id="run1", rounds=3, group_size=4, model="m")
     assert len(tasks) == 3 * len(SECRET_WORDS)
     assert len({t.task_id for t in tasks}) == len(tasks)
-    assert {frozenset(t.harness.env[ENV_WORD]) for t in tasks} == {frozenset("es")}
+    assert {frozenset(t.harness.env[ENV_WORD]) for t in tasks} == {frozenset("dim")}
     assert all(t.group_size == 4 and t.run_id == "run1" for t in tasks)
 
 
