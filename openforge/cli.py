@@ -80,12 +80,16 @@ DEMO_DEFAULTS = DemoOptions()
               show_default=True,
               help="Entropy (nats/token) the learner steers its bonus toward: raised below, lowered above.")
 @click.option("--fixed-entropy-coeff", is_flag=True, help="Keep the bonus at --entropy-coeff (no target).")
+@click.option("--std-advantages", is_flag=True,
+              help="Divide advantages by the group's reward std (GRPO) instead of not (Dr. GRPO).")
 def demo(minutes: float, group_size: int, max_in_flight: int, stop_at: float, seed: int, workdir: Path,
-         keep_broker: bool, lr: float, entropy_coeff: float, entropy_target: float, fixed_entropy_coeff: bool) -> None:
+         keep_broker: bool, lr: float, entropy_coeff: float, entropy_target: float, fixed_entropy_coeff: bool,
+         std_advantages: bool) -> None:
     """Run the whole learning loop on one machine and plot the reward as the tiny model learns."""
     run_demo(DemoOptions(minutes=minutes, group_size=group_size, max_in_flight=max_in_flight, stop_at=stop_at,
                          seed=seed, workdir=workdir, keep_broker=keep_broker, lr=lr, entropy_coeff=entropy_coeff,
-                         entropy_target=None if fixed_entropy_coeff else entropy_target))
+                         entropy_target=None if fixed_entropy_coeff else entropy_target,
+                         norm_adv_by_std=std_advantages))
 
 
 main.add_command(kafka_group)

@@ -63,14 +63,28 @@ class DemoOptions:
     """Seed of the tiny model's weights and of the learner."""
     lr: float = 1e-2
     """The learner's AdamW learning rate: large, because the model is tiny and the demo short."""
-    entropy_coeff: float = 0.01
-    """The learner's starting entropy bonus. At this step size a policy without one collapses onto
-    a single answer within minutes (every rollout of a group alike, so GRPO's advantages are zero
-    and learning stops); the bonus keeps the groups varied."""
+    entropy_coeff: float = 0.0
+    """The learner's starting entropy bonus; the target below steers it from there."""
     entropy_target: float | None = 1.0
     """Entropy (nats per token) the learner steers its bonus to hold the policy above (adaptive
-    entropy control); None keeps the bonus fixed. A fixed bonus was either too weak on some seeds
-    (collapse onto one token) or held the policy near uniform."""
+    entropy control); None keeps the bonus at ``entropy_coeff``. At this step size a policy
+    without a bonus collapses onto one answer within minutes (every rollout of a group alike, so
+    the advantages are zero and learning stops); a fixed bonus was too weak on some seeds and
+    held the policy near uniform on others."""
+    entropy_coeff_delta: float = 0.005
+    """How fast the bonus moves per learner step."""
+    entropy_coeff_max: float = 0.02
+    """Upper bound of the bonus. Once every group is alike at a good answer the policy loss has
+    nothing left to say, and AdamW turns even a small bonus's gradient into full-size steps: a
+    bonus that reached 0.04 took the policy from 0.5 to 8 nats per token within six steps and
+    the reward from 0.88 back to 0.13. The bound does not prevent that (at 0.02 the same happened
+    a minute after the reward reached 0.96); stopping at ``stop_at`` does, and a stable setting
+    past the optimum is still open (docs/demo.md)."""
+    norm_adv_by_std: bool = False
+    """Divide advantages by the group's reward std (GRPO) or not (Dr. GRPO, the demo's choice).
+    When a group's rewards are nearly alike, GRPO blows their tiny differences up to advantages of
+    order one, which outweigh any entropy bonus and drive the collapse; without the division the
+    push shrinks with the differences and the bonus can restore exploration."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
@@ -184,7 +198,10 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
           # after every step, and little waiting for groups, so the curve moves within minutes.
           "OPENFORGE_LEARNER_LR": str(options.lr), "OPENFORGE_LEARNER_ENTROPY_COEFF": str(options.entropy_coeff),
           **({} if options.entropy_target is None else
-             {"OPENFORGE_LEARNER_ENTROPY_TARGET": str(options.entropy_target)}),
+             {"OPENFORGE_LEARNER_ENTROPY_TARGET": str(options.entropy_target),
+              "OPENFORGE_LEARNER_ENTROPY_COEFF_DELTA": str(options.entropy_coeff_delta),
+              "OPENFORGE_LEARNER_ENTROPY_COEFF_MAX": str(options.entropy_coeff_max)}),
+          "OPENFORGE_LEARNER_NORM_ADV_BY_STD": str(options.norm_adv_by_std).lower(),
           "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
           "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5",
           "OPENFORGE_LEARNER_MAX_STALENESS": "16"}),
