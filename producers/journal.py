@@ -169,11 +169,9 @@ class Journal:
         """Flush to disk, write the mark, release the file. Idempotent."""
         if self._fd is None:
             return
-        self.sync()
+        self.sync()  # the records first, then the mark that may name them shipped
         self.write_mark(force=True)
-        with self._fd_lock:
-            os.close(self._fd)
-            self._fd = None
+        self._close_active()
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd, self._read_path = None, None
@@ -195,12 +193,17 @@ class Journal:
             offset += _FRAME.size + length
         return offset, records, unshipped, seq
 
-    def _new_segment(self) -> None:
-        if self._fd is not None:
-            self.sync()
-            with self._fd_lock:
+    def _close_active(self) -> None:
+        """Flush and close the active segment, under the lock a concurrent flush takes."""
+        self.sync()
+        with self._fd_lock:
+            if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+    def _new_segment(self) -> None:
+        if self._fd is not None:
+            self._close_active()
         path = self.directory / f"{self._next_seq:020d}.log"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._segments.append(_Segment(self._next_seq, path, 0))
