@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.partitioner import DefaultPartitioner
 from factories import model_call, reward
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
@@ -143,6 +144,10 @@ async def test_send_many_raw_keeps_send_raws_partitions_and_order_and_takes_larg
         # Where send_raw puts each key, for comparison.
         probes = {key: (await (await producer.send_raw(name, b"probe", key=key))).partition
                   for key in {r[1] for r in records}}
+        # ... which is aiokafka's own default partitioner's choice (the producer caches key hashes).
+        all_partitions = sorted(await producer.raw.partitions_for(name))
+        assert len(all_partitions) > 1 and len(set(probes.values())) > 1
+        assert probes == {key: DefaultPartitioner()(key, all_partitions, all_partitions) for key in probes}
         futures = await producer.send_many_raw(records)
         assert len(futures) < len(records)  # batched, not one future per record
         await asyncio.gather(*futures)
