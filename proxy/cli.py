@@ -28,7 +28,7 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
         updates["upstreams"] = [u.rstrip("/") for u in upstreams]
     settings = ProxySettings().model_copy(update=updates)
     try:
-        app = build_app(settings)
+        app = build_app(settings, own_process=True)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     shutdown_telemetry = configure_telemetry("openforge-proxy")
