@@ -32,6 +32,7 @@ DROP_INFRA = "infrastructure_failure"
 DROP_SMALL_GROUP = "small_group"
 DROP_DUPLICATE = "duplicate"
 DROP_NO_TOKENS = "no_trained_tokens"
+DROP_ALIKE = "alike_group"
 
 # Importance weights are ratios around 1: buckets fine near 1, coarse in the tails that truncation cuts.
 _IS_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)

@@ -49,6 +49,13 @@ class LearnerSettings(BaseSettings):
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
 
+    adam_eps: float = Field(default=1e-8, gt=0)
+    """AdamW's epsilon (torch's default). AdamW scales every parameter's step to about the
+    learning rate whatever its gradient's size, so parameters whose gradients have always been
+    tiny (the output rows of tokens a sharp policy never samples) move as far as any other once
+    something consistent pushes them, an entropy bonus for one; a larger epsilon (PPO
+    implementations commonly use 1e-5) lets such gradients make correspondingly small steps."""
+
     grad_clip: float = Field(default=1.0, gt=0)
     """Gradient norm is clipped to this before each step; bounds the damage of an outlier batch."""
 
@@ -90,6 +97,14 @@ class LearnerSettings(BaseSettings):
 
     norm_adv_by_std: bool = True
     """GRPO: divide by the group's reward std (False gives Dr. GRPO)."""
+
+    filter_alike_groups: bool = False
+    """Leave out groups whose trajectories all got the same reward (DAPO's dynamic sampling,
+    veRL's ``algorithm.filter_groups``), counted as dropped ``alike_group``. Their advantages are
+    zero, so they add nothing to the policy gradient, yet they dilute the step's token-mean
+    normalisation and carry the entropy bonus; a step made only of them is not taken at all. That
+    last part is what matters once a policy has solved its tasks: a step with no signal but the
+    bonus is still a full-size AdamW step, and a few of them undo what was learned."""
 
     policy_loss: str = "vanilla"
     """veRL policy loss by name (``vanilla``, ``gspo``, ``cispo``, ...)."""

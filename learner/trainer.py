@@ -380,12 +380,18 @@ class Learner(Managed):
                     fresh.append(trajectory)
                     staleness.append(lag)
             if len(fresh) < self.settings.min_group_size:
-                for trajectory in fresh:
-                    self._drop(trajectory, m.DROP_SMALL_GROUP)
-                    staleness.pop()
+                reason: str | None = m.DROP_SMALL_GROUP
+            elif self.settings.filter_alike_groups and len({self._reward(t) for t in fresh}) == 1:
+                reason = m.DROP_ALIKE
             else:
+                reason = None
+            if reason is None:
                 members.extend(fresh)
-        rewards = [self.settings.missing_reward if t.reward is None else t.reward for t in members]
+            else:
+                for trajectory in fresh:
+                    self._drop(trajectory, reason)
+                    staleness.pop()
+        rewards = [self._reward(t) for t in members]
         advantages = compute_advantages(rewards, [t.task_id for t in members],
                                         estimator=self.settings.advantage_estimator,
                                         norm_adv_by_std=self.settings.norm_adv_by_std)
@@ -406,6 +412,9 @@ class Learner(Managed):
             info["staleness_mean"] = sum(staleness) / len(staleness)
             info["staleness_max"] = float(max(staleness))
         return TrainBatch(rows, info), members
+
+    def _reward(self, trajectory: TrajectoryV1) -> float:
+        return self.settings.missing_reward if trajectory.reward is None else trajectory.reward
 
     async def _train(self, groups: list[Group[Position]]) -> bool:
         """Train one step on ``groups``; return whether an optimizer step was taken."""

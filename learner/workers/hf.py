@@ -51,11 +51,15 @@ class HFPolicyWorker:
                                                           attn_implementation="sdpa")
         self.model = self._wrap(model)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr,
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, eps=settings.adam_eps,
                                            weight_decay=settings.weight_decay)
         state = model_dir / OPTIMIZER_FILE
         if state.exists():
             self._load_optimizer(torch.load(state, map_location="cpu", weights_only=True))
+            # The saved state carries the hyperparameters it was made with; a restart with
+            # changed settings means the new ones.
+            for group in self.optimizer.param_groups:
+                group.update(lr=settings.lr, eps=settings.adam_eps, weight_decay=settings.weight_decay)
         self._loss_fn = policy_loss(settings.policy_loss)
         self.entropy_control = EntropyControl(settings.entropy_coeff, settings.entropy_target,
                                               settings.entropy_coeff_delta, settings.entropy_coeff_max)

@@ -113,6 +113,26 @@ async def test_stale_and_infrastructure_failures_are_dropped_and_counted(
     assert sum(o.offset for o in latest.consumed_offsets) == 6
 
 
+async def test_alike_groups_are_left_out_and_a_step_of_only_them_is_not_taken(
+        topics: TopicRegistry, kafka_settings: KafkaSettings, tiny_model: Path, tmp_path: Path) -> None:
+    from trajectories import trajectory
+
+    # Every rollout of group "a" scored the same: zero advantages, nothing but the entropy bonus to
+    # train on. It comes first; with the filter it is dropped, no step is taken, and the first step
+    # trains group "m", whose rewards differ. Without the filter group "a" would make that step.
+    alike = [trajectory("a", i, 3, reward=1.0) for i in range(3)]
+    mixed = [trajectory("m", i, 3, reward=i / 2) for i in range(3)]
+    await _publish(kafka_settings, alike + mixed)
+    settings = _settings(tiny_model, tmp_path, filter_alike_groups=True, entropy_coeff=0.01, max_steps=1)
+    learner = Learner(settings, kafka_settings)
+    async with learner:
+        await asyncio.wait_for(learner.wait(), 100)
+    assert learner.stats.steps == 1
+    assert learner.stats.dropped == {"alike_group": 3}
+    assert learner.stats.trained_trajectories == 3
+    assert learner.stats.last_metrics["reward_mean"] == 0.5  # group "m" alone
+
+
 def _run_learner(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([sys.executable, "-m", "openforge", "learner"], env=env,
