@@ -92,7 +92,8 @@ class DemoOptions:
     """Leave groups whose rollouts all scored the same out of the learner's steps (DAPO's dynamic
     sampling); a step made only of them is not taken. Without it such groups diluted the steps'
     signal while still carrying the bonus, and a plateau at 0.66 turned into an overshoot before
-    the goal; with it both seeds tried reached 0.97 and 1.00."""
+    the goal; with it two of three runs reached 0.97 and 1.00, and the third settled at 0.50,
+    where almost every group was alike and so almost no step was taken (docs/demo.md)."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
