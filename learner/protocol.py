@@ -23,6 +23,8 @@ class Row:
     """Engine logprob per completion token (0.0 where masked)."""
     advantage: float
     """The trajectory's advantage, applied to each of its trained tokens."""
+    entropy_bonus: bool = True
+    """Whether the step's entropy bonus acts on this row's tokens (see ``entropy_bonus_scope``)."""
 
     def __post_init__(self) -> None:
         completion = len(self.input_ids) - self.prompt_len

@@ -104,7 +104,22 @@ class LearnerSettings(BaseSettings):
     zero, so they add nothing to the policy gradient, yet they dilute the step's token-mean
     normalisation and carry the entropy bonus; a step made only of them is not taken at all. That
     last part is what matters once a policy has solved its tasks: a step with no signal but the
-    bonus is still a full-size AdamW step, and a few of them undo what was learned."""
+    bonus is still a full-size AdamW step, and a few of them undo what was learned. With
+    ``entropy_bonus_scope="stuck"`` the alike groups below ``max_reward`` stay in (see there)."""
+
+    max_reward: float | None = None
+    """The verifier's best score, when it has one (1.0 for pass/fail and share-of-credit verifiers).
+    It tells a solved group (every trajectory scored it) from a stuck one (every trajectory scored
+    the same lower reward); only ``entropy_bonus_scope="stuck"`` uses it."""
+
+    entropy_bonus_scope: Literal["all", "stuck"] = "all"
+    """Where the entropy bonus acts. ``all``: on every trained token (veRL's actor). ``stuck``: only on
+    the tokens of stuck groups (needs ``max_reward`` and ``filter_alike_groups``), which then stay in
+    the step with zero advantage instead of being left out. A policy that has sharpened onto a
+    partial answer gets no gradient from its alike groups; the bonus there spreads its sampling
+    until some rollout scores differently. Groups that are still learning, or solved, get no bonus:
+    on them the bonus fights a policy loss that is already small, and near the optimum it wins and
+    undoes the policy (docs/demo.md)."""
 
     policy_loss: str = "vanilla"
     """veRL policy loss by name (``vanilla``, ``gspo``, ``cispo``, ...)."""
@@ -168,6 +183,9 @@ class LearnerSettings(BaseSettings):
     def _thresholds(self) -> Self:
         if (self.rollout_rs is None) != (self.rollout_rs_threshold is None):
             raise ValueError("rollout_rs and rollout_rs_threshold must be set together")
+        if self.entropy_bonus_scope == "stuck" and (self.max_reward is None or not self.filter_alike_groups):
+            raise ValueError("entropy_bonus_scope='stuck' needs max_reward (to tell stuck groups from solved "
+                             "ones) and filter_alike_groups=true (solved groups are left out)")
         return self
 
     def resolved_checkpoint_dir(self) -> Path:

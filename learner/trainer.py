@@ -366,6 +366,7 @@ class Learner(Managed):
         from learner.algos import compute_advantages
 
         members: list[TrajectoryV1] = []
+        stuck: set[str] = set()
         staleness: list[int] = []
         for group in groups:
             for trajectory, _ in group.infrastructure_failures:
@@ -382,7 +383,9 @@ class Learner(Managed):
             if len(fresh) < self.settings.min_group_size:
                 reason: str | None = m.DROP_SMALL_GROUP
             elif self.settings.filter_alike_groups and len({self._reward(t) for t in fresh}) == 1:
-                reason = m.DROP_ALIKE
+                reason = None if self._is_stuck(self._reward(fresh[0])) else m.DROP_ALIKE
+                if reason is None:
+                    stuck.update(t.trajectory_id for t in fresh)
             else:
                 reason = None
             if reason is None:
@@ -395,6 +398,7 @@ class Learner(Managed):
         advantages = compute_advantages(rewards, [t.task_id for t in members],
                                         estimator=self.settings.advantage_estimator,
                                         norm_adv_by_std=self.settings.norm_adv_by_std)
+        everywhere = self.settings.entropy_bonus_scope == "all"
         rows: list[Row] = []
         for trajectory, advantage in zip(members, advantages, strict=True):
             for sample in trajectory.samples:
@@ -403,15 +407,22 @@ class Learner(Managed):
                 rows.append(Row(
                     input_ids=[*sample.prompt_ids, *sample.completion_ids], prompt_len=len(sample.prompt_ids),
                     loss_mask=list(sample.loss_mask), behavior_logprobs=list(sample.behavior_logprobs),
-                    advantage=advantage,
+                    advantage=advantage, entropy_bonus=everywhere or trajectory.trajectory_id in stuck,
                 ))
         info = {"trajectories": float(len(members))}
+        if not everywhere:
+            info["stuck_trajectories"] = float(len(stuck))
         if rewards:
             info["reward_mean"] = sum(rewards) / len(rewards)
         if staleness:
             info["staleness_mean"] = sum(staleness) / len(staleness)
             info["staleness_max"] = float(max(staleness))
         return TrainBatch(rows, info), members
+
+    def _is_stuck(self, reward: float) -> bool:
+        """Whether a group that all scored ``reward`` is stuck below the best (kept for the bonus)."""
+        best = self.settings.max_reward
+        return self.settings.entropy_bonus_scope == "stuck" and best is not None and reward < best
 
     def _reward(self, trajectory: TrajectoryV1) -> float:
         return self.settings.missing_reward if trajectory.reward is None else trajectory.reward

@@ -108,6 +108,7 @@ class HFPolicyWorker:
         mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
         behavior = torch.zeros((len(rows), width - 1), dtype=torch.float32)
         advantages = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+        bonus = torch.tensor([[float(r.entropy_bonus)] for r in rows], dtype=torch.float32)
         for i, row in enumerate(rows):
             n, start = len(row.input_ids), row.prompt_len - 1
             ids[i, :n] = torch.tensor(row.input_ids, dtype=torch.long)
@@ -116,7 +117,8 @@ class HFPolicyWorker:
             mask[i, start:stop] = torch.tensor(row.loss_mask, dtype=torch.float32)
             behavior[i, start:stop] = torch.tensor(row.behavior_logprobs, dtype=torch.float32)
             advantages[i, start:stop] = row.advantage
-        out = {"ids": ids, "attention": attention, "mask": mask, "behavior": behavior, "advantages": advantages}
+        out = {"ids": ids, "attention": attention, "mask": mask, "behavior": behavior, "advantages": advantages,
+               "bonus_rows": bonus}
         return {k: v.to(self.device) for k, v in out.items()}
 
     def token_logprobs(self, rows: list[Row], *, entropy_grad: bool = False,
@@ -174,8 +176,9 @@ class HFPolicyWorker:
             )
             if coeff > 0:
                 # As veRL's actor does: the bonus is aggregated like the policy loss, over the same
-                # (correction-masked) tokens and the same whole-step normalisation.
-                bonus = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=s.loss_agg_mode,
+                # (correction-masked) tokens and the same whole-step normalisation, over the rows it
+                # acts on.
+                bonus = agg_loss(loss_mat=entropy, loss_mask=mask * t["bonus_rows"], loss_agg_mode=s.loss_agg_mode,
                                  **actor.global_batch_info)
                 loss = loss - coeff * bonus
             if padding:

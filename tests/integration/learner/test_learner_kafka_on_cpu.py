@@ -133,6 +133,38 @@ async def test_alike_groups_are_left_out_and_a_step_of_only_them_is_not_taken(
     assert learner.stats.last_metrics["reward_mean"] == 0.5  # group "m" alone
 
 
+async def test_stuck_groups_get_the_bonus_and_solved_ones_are_left_out(
+        topics: TopicRegistry, kafka_settings: KafkaSettings, tiny_model: Path, tmp_path: Path) -> None:
+    from trajectories import trajectory
+
+    # "a" all scored the best reward (solved: dropped, no step), "s" all scored the same below it
+    # (stuck: a step of the bonus alone, on its tokens), "m" differs (a step of policy loss only:
+    # its rows are out of the bonus's scope).
+    solved = [trajectory("a", i, 3, reward=1.0) for i in range(3)]
+    stuck = [trajectory("s", i, 3, reward=0.5) for i in range(3)]
+    mixed = [trajectory("m", i, 3, reward=i / 2) for i in range(3)]
+    await _publish(kafka_settings, solved + stuck + mixed)
+    settings = _settings(tiny_model, tmp_path, filter_alike_groups=True, entropy_coeff=0.01, max_steps=2,
+                         max_reward=1.0, entropy_bonus_scope="stuck", checkpoint_every=1)
+    learner = Learner(settings, kafka_settings)
+    async with learner:
+        await asyncio.wait_for(learner.wait(), 100)
+    assert learner.stats.steps == 2
+    assert learner.stats.dropped == {"alike_group": 3}
+    assert learner.stats.trained_trajectories == 6
+    # The groups' order across partitions is the broker's; each step is one group.
+    steps = sorted((learner.stats.first_metrics, learner.stats.last_metrics), key=lambda v: v["stuck_trajectories"])
+    assert [v["stuck_trajectories"] for v in steps] == [0.0, 3.0]
+    assert steps[1]["grad_norm"] > 0  # the bonus alone moved the policy
+
+
+def test_a_stuck_scope_needs_the_best_reward_and_the_filter(tiny_model: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_reward"):
+        _settings(tiny_model, tmp_path, filter_alike_groups=True, entropy_bonus_scope="stuck")
+    with pytest.raises(ValueError, match="filter_alike_groups"):
+        _settings(tiny_model, tmp_path, max_reward=1.0, entropy_bonus_scope="stuck")
+
+
 def _run_learner(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([sys.executable, "-m", "openforge", "learner"], env=env,

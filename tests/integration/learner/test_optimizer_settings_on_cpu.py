@@ -11,11 +11,11 @@ from learner.settings import LearnerSettings
 from learner.workers.hf import HFPolicyWorker
 
 
-def _zero_advantage_batch() -> TrainBatch:
+def _zero_advantage_batch(*, entropy_bonus: bool = True) -> TrainBatch:
     data = groups(2, 4, prefix="eps", prompt_len=20, completion_len=12)
     return TrainBatch([
         Row(input_ids=[*s.prompt_ids, *s.completion_ids], prompt_len=len(s.prompt_ids), loss_mask=list(s.loss_mask),
-            behavior_logprobs=list(s.behavior_logprobs), advantage=0.0)
+            behavior_logprobs=list(s.behavior_logprobs), advantage=0.0, entropy_bonus=entropy_bonus)
         for t in data for s in t.samples
     ])
 
@@ -39,6 +39,22 @@ def test_a_larger_epsilon_keeps_bonus_only_steps_small(tiny_model: Path) -> None
     default, damped = _weight_change(tiny_model, 1e-8), _weight_change(tiny_model, 1e-3)
     assert default > 0.1
     assert damped < default / 10
+
+
+def test_the_bonus_acts_only_on_rows_marked_for_it(tiny_model: Path) -> None:
+    # Zero advantages everywhere: the bonus is the only gradient. Rows marked out of its scope (the
+    # learner's entropy_bonus_scope="stuck" marks every row but those of stuck groups) move nothing.
+    def change(batch: TrainBatch) -> float:
+        worker = HFPolicyWorker(LearnerSettings(model_dir=tiny_model, lr=1e-2, entropy_coeff=0.1, token_budget=96),
+                                tiny_model)
+        before = [p.detach().clone() for p in worker.model.parameters()]
+        metrics = worker.train_step(batch)
+        assert metrics["entropy_coeff"] == 0.1
+        return float(sum(((p.detach() - b) ** 2).sum() for p, b in zip(worker.model.parameters(), before,
+                                                                        strict=True)) ** 0.5)
+
+    assert change(_zero_advantage_batch(entropy_bonus=True)) > 0.1
+    assert change(_zero_advantage_batch(entropy_bonus=False)) == 0.0
 
 
 def test_a_resumed_worker_takes_this_runs_optimizer_settings(tiny_model: Path, tmp_path: Path) -> None:
