@@ -20,6 +20,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -27,6 +28,7 @@ from openforge.demo_procs import Child, ChildExitedError
 from openforge.demo_report import Curve, RewardPoint, Summary, summarize, write_plot
 from openforge.engine import LocalEngine, install_vllm, make_tiny_model
 from openforge.toy import toy_tasks
+from openforge.toy.scoring import MAX_REWARD as TOY_MAX_REWARD
 from schemas import CheckpointAppliedV1, CheckpointV1, TrajectoryV1
 from stream import (
     CHECKPOINTS,
@@ -63,23 +65,23 @@ class DemoOptions:
     """Seed of the tiny model's weights and of the learner."""
     lr: float = 1e-2
     """The learner's AdamW learning rate: large, because the model is tiny and the demo short."""
-    entropy_coeff: float = 0.0
-    """The learner's starting entropy bonus; the target below steers it from there."""
-    entropy_target: float | None = 1.0
+    entropy_coeff: float = 0.02
+    """The learner's entropy bonus (the starting one when ``entropy_target`` is set)."""
+    entropy_target: float | None = None
     """Entropy (nats per token) the learner steers its bonus to hold the policy above (adaptive
-    entropy control); None keeps the bonus at ``entropy_coeff``. At this step size a policy
-    without a bonus collapses onto one answer within minutes (every rollout of a group alike, so
-    the advantages are zero and learning stops); a fixed bonus was too weak on some seeds and
-    held the policy near uniform on others."""
+    entropy control); None keeps the bonus at ``entropy_coeff``. With the bonus on stuck groups
+    alone (``bonus_scope``) a fixed one does: it acts only where the policy has stopped learning."""
     entropy_coeff_delta: float = 0.005
-    """How fast the bonus moves per learner step."""
+    """How fast an adaptive bonus moves per learner step."""
     entropy_coeff_max: float = 0.02
-    """Upper bound of the bonus. Once every group is alike at a good answer the policy loss has
-    nothing left to say, and AdamW turns even a small bonus's gradient into full-size steps: a
-    bonus that reached 0.04 took the policy from 0.5 to 8 nats per token within six steps and
-    the reward from 0.88 back to 0.13. The bound does not prevent that (at 0.02 the same happened
-    a minute after the reward reached 0.96); stopping at ``stop_at`` does, and a stable setting
-    past the optimum is still open (docs/demo.md)."""
+    """Upper bound of an adaptive bonus."""
+    bonus_scope: Literal["stuck", "all"] = "stuck"
+    """Where the bonus acts: ``stuck`` (only on groups whose rollouts all scored the same below the
+    toy verifier's best, 1.0) or ``all`` (every token, veRL's actor). On every token the bonus,
+    steered toward 1 nat per token, fought a policy loss that had almost nothing left to say near
+    the optimum and won: in the loop and in simulation runs that had reached 0.96-1.00 went from
+    0.1-0.3 to 7-8 nats per token within a few steps and lost what they had learned
+    (docs/demo.md)."""
     adam_eps: float = 1e-8
     """AdamW's epsilon (torch's default). 1e-5 tamed bonus-only steps offline but did not stop the
     overshoot in the loop, and with it seed 0 settled twice on a half-right answer (docs/demo.md)."""
@@ -89,17 +91,20 @@ class DemoOptions:
     order one, which outweigh any entropy bonus and drive the collapse; without the division the
     push shrinks with the differences and the bonus can restore exploration."""
     filter_alike_groups: bool = True
-    """Leave groups whose rollouts all scored the same out of the learner's steps (DAPO's dynamic
-    sampling); a step made only of them is not taken. Without it such groups diluted the steps'
-    signal while still carrying the bonus, and a plateau at 0.66 turned into an overshoot before
-    the goal; with it two of three runs reached 0.97 and 1.00, and the third settled at 0.50,
-    where almost every group was alike and so almost no step was taken (docs/demo.md)."""
+    """Leave groups whose rollouts all scored the best reward out of the learner's steps (DAPO's
+    dynamic sampling, with ``bonus_scope="all"`` every alike group); a step made only of them is
+    not taken, so a solved policy is left as it is."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
     """Leave the broker running afterwards."""
     bootstrap: str | None = None
     """Use this Kafka cluster instead of starting (or reusing) the local broker."""
+
+    def __post_init__(self) -> None:
+        if self.bonus_scope == "stuck" and not self.filter_alike_groups:
+            raise ValueError("the bonus on stuck groups needs alike groups filtered: stuck groups are the "
+                             "alike ones below the best reward; use bonus_scope='all' to keep alike groups")
 
 
 def _wait_http(url: str, timeout_s: float, what: str, check: Child | None = None) -> None:
@@ -212,6 +217,8 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
               "OPENFORGE_LEARNER_ENTROPY_COEFF_MAX": str(options.entropy_coeff_max)}),
           "OPENFORGE_LEARNER_NORM_ADV_BY_STD": str(options.norm_adv_by_std).lower(),
           "OPENFORGE_LEARNER_FILTER_ALIKE_GROUPS": str(options.filter_alike_groups).lower(),
+          "OPENFORGE_LEARNER_ENTROPY_BONUS_SCOPE": options.bonus_scope,
+          "OPENFORGE_LEARNER_MAX_REWARD": str(TOY_MAX_REWARD),
           "OPENFORGE_LEARNER_ADAM_EPS": str(options.adam_eps),
           "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
           "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5",
@@ -288,7 +295,9 @@ def _progress_line(curve: Curve, elapsed: float) -> str:
     if curve.checkpoints and "entropy" in curve.checkpoints[-1][2]:
         metrics = curve.checkpoints[-1][2]
         lag += f" | entropy {metrics['entropy']:.2f}"
-        if "entropy_coeff" in metrics:
+        if "stuck_trajectories" in metrics:  # the bonus acts on stuck groups only
+            lag += f" (bonus {metrics.get('entropy_coeff', 0.0):.3f} on {metrics['stuck_trajectories']:.0f} stuck)"
+        elif "entropy_coeff" in metrics:
             lag += f" (bonus {metrics['entropy_coeff']:.3f})"
     if curve.applied:
         lag += f" | publish {curve.applied[-1][2]:.2f}s"

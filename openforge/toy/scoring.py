@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["score_answer"]
+__all__ = ["MAX_REWARD", "score_answer"]
+
+MAX_REWARD = 1.0
+"""The best score: an answer made only of the secret word's letters."""
 
 
 def score_answer(answer: str, word: str) -> float:

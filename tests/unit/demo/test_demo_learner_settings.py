@@ -18,18 +18,37 @@ def _learner_settings(options: DemoOptions, monkeypatch: pytest.MonkeyPatch, tmp
     return LearnerSettings()
 
 
-def test_the_defaults_leave_alike_groups_out_with_an_adaptive_bonus(monkeypatch: pytest.MonkeyPatch,
-                                                                    tmp_path: Path) -> None:
+def test_the_defaults_put_a_fixed_bonus_on_stuck_groups_only(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
     settings = _learner_settings(DemoOptions(), monkeypatch, tmp_path)
     assert settings.filter_alike_groups and not settings.norm_adv_by_std
-    assert settings.entropy_target == 1.0 and settings.entropy_coeff_max == 0.02
+    assert (settings.entropy_bonus_scope, settings.max_reward) == ("stuck", 1.0)
+    assert settings.entropy_target is None and settings.entropy_coeff == 0.02
     assert settings.adam_eps == 1e-8 and settings.lr == 1e-2
 
 
 def test_changed_options_arrive(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    options = DemoOptions(filter_alike_groups=False, adam_eps=1e-5, entropy_target=None, entropy_coeff=0.01,
-                          norm_adv_by_std=True, lr=3e-3)
+    options = DemoOptions(filter_alike_groups=False, bonus_scope="all", adam_eps=1e-5, entropy_target=1.0,
+                          entropy_coeff=0.01, norm_adv_by_std=True, lr=3e-3)
     settings = _learner_settings(options, monkeypatch, tmp_path)
     assert not settings.filter_alike_groups and settings.norm_adv_by_std
+    assert settings.entropy_bonus_scope == "all"
     assert settings.adam_eps == 1e-5 and settings.lr == 3e-3
-    assert settings.entropy_target is None and settings.entropy_coeff == 0.01
+    assert settings.entropy_target == 1.0 and settings.entropy_coeff == 0.01
+
+
+def test_a_bonus_on_stuck_groups_without_the_filter_is_refused() -> None:
+    with pytest.raises(ValueError, match="alike groups filtered"):
+        DemoOptions(filter_alike_groups=False)
+
+
+def test_the_cli_keeping_alike_groups_puts_the_bonus_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from openforge import cli
+
+    seen: list[DemoOptions] = []
+    monkeypatch.setattr(cli, "run_demo", seen.append)
+    result = CliRunner().invoke(cli.main, ["demo", "--keep-alike-groups"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].bonus_scope == "all" and not seen[0].filter_alike_groups

@@ -62,3 +62,13 @@ def test_alike_groups_spot_a_collapsed_policy() -> None:
     summary = summarize(curve, 60.0, window=16)
     assert (summary.alike_groups_last, summary.entropy_last) == (1.0, 0.25)
     assert "1.00 of the last 10 rollouts' groups" in summary.as_text()  # window shrinks to n // 3
+
+
+def test_the_progress_line_says_where_the_bonus_acts() -> None:
+    from openforge.demo import _progress_line
+
+    everywhere = Curve(checkpoints=[(1.0, 3, {"step": 3.0, "entropy": 2.5, "entropy_coeff": 0.02})])
+    assert "entropy 2.50 (bonus 0.020) |" in _progress_line(everywhere, 5.0) + " |"
+    stuck = Curve(checkpoints=[(1.0, 3, {"step": 3.0, "entropy": 0.1, "entropy_coeff": 0.02,
+                                         "stuck_trajectories": 8.0})])
+    assert "(bonus 0.020 on 8 stuck)" in _progress_line(stuck, 5.0)
