@@ -93,7 +93,8 @@ class DemoOptions:
     filter_alike_groups: bool = True
     """Leave groups whose rollouts all scored the best reward out of the learner's steps (DAPO's
     dynamic sampling, with ``bonus_scope="all"`` every alike group); a step made only of them is
-    not taken, so a solved policy is left as it is."""
+    not taken, so a solved policy is left as it is. A policy collapsed below the best reward is
+    what ``bonus_scope="stuck"`` is for."""
     workdir: Path = Path(".openforge-demo")
     """Where logs, checkpoints, the plot and the summary go (one folder per run inside)."""
     keep_broker: bool = False
