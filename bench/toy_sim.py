@@ -37,32 +37,23 @@ from learner.trainer import Learner
 from learner.workers.hf import HFPolicyWorker
 from openforge.demo import DemoOptions, _components
 from openforge.engine import install_vllm, make_tiny_model
-from openforge.toy.harness import _TOOL
+from openforge.toy.harness import SECRET_TOOL, SYSTEM_PROMPT, tool_answer_turn
 from openforge.toy.scoring import score_answer
-from openforge.toy.tasks import SECRET_WORDS
+from openforge.toy.tasks import INSTRUCTION, SECRET_WORDS
 from schemas import TrajectoryV1
 from schemas.trajectory.v1 import FinalizeReason, MergeStats, TrajectorySample
 from stream.broker import cache_root
 
-_SYSTEM = "You are a terse assistant with one tool."
-_INSTRUCTION = "Find the secret word with your tool, then answer using only its letters."
 _WINDOW = 64  # rollouts in the demo's reward window
 
 
-def learner_settings(options: DemoOptions, model_dir: Path, scratch: Path) -> LearnerSettings:
+def learner_settings(options: DemoOptions, model_dir: Path) -> LearnerSettings:
     """The settings the demo's learner process would parse from its environment."""
-    components = _components(options, scratch, {}, "http://127.0.0.1:1", 1, model_dir)
+    components = _components(options, Path(os.devnull), {}, "http://127.0.0.1:1", 1, model_dir)
     env = next(env for name, _, env in components if name == "learner")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        return LearnerSettings()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    prefix = LearnerSettings.model_config.get("env_prefix", "")
+    # As in the demo's learner process: the demo's values win, this environment fills the rest.
+    return LearnerSettings.model_validate({k.removeprefix(prefix).lower(): v for k, v in env.items()})
 
 
 class ToyLoop:
@@ -72,11 +63,12 @@ class ToyLoop:
                  max_tokens: int = 16) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.settings = learner_settings(options, model_dir, Path(os.devnull))
+        self.settings = learner_settings(options, model_dir)
         self.learner = Learner(self.settings)  # build_batch only: nothing is started
         self.worker = HFPolicyWorker(self.settings, model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.sampler = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.sampler = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.sampler.eval()  # type: ignore[no-untyped-call]
         self.generator = torch.Generator().manual_seed(sample_seed)
         self.lag, self.max_tokens, self.group_size = lag, max_tokens, options.group_size
         self._history: deque[dict[str, torch.Tensor]] = deque(maxlen=lag + 1)
@@ -84,7 +76,7 @@ class ToyLoop:
         self._sampler_version = 0
         self.tasks = 0
 
-    def _render(self, messages: list[dict[str, str]], tools: list[Any] | None = None) -> list[int]:
+    def _render(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -115,21 +107,20 @@ class ToyLoop:
                                 weight_versions=[{"version": str(self._sampler_version), "start": 0,
                                                   "end": len(ids)}])
 
-    def group(self) -> tuple[Group[None], list[str]]:
+    def group(self) -> tuple[Group[Any], list[str]]:
         """One task's rollouts: the toy harness's two turns, scored by the toy verifier."""
         word = SECRET_WORDS[self.tasks % len(SECRET_WORDS)]
         task_id = f"t{self.tasks}"
         self.tasks += 1
-        messages = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": _INSTRUCTION}]
-        first_prompt = self._render(messages, [_TOOL])
-        group: Group[None] = Group(task_id, time.monotonic(), self.group_size)
+        messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": INSTRUCTION}]
+        first_prompt = self._render(messages, [SECRET_TOOL])
+        group: Group[Any] = Group(task_id, time.monotonic(), self.group_size)
         answers = []
         for index, first in enumerate(self._sample(first_prompt, self.group_size)):
-            reply = self.tokenizer.decode(first[0], skip_special_tokens=True)
-            second_prompt = self._render([*messages, {"role": "assistant", "content": reply},
-                                          {"role": "user", "content": f"The secret tool says: {word}. Answer now."}])
+            reply = str(self.tokenizer.decode(first[0], skip_special_tokens=True))
+            second_prompt = self._render([*messages, {"role": "assistant", "content": reply}, tool_answer_turn(word)])
             second = self._sample(second_prompt, 1)[0]
-            answer = self.tokenizer.decode(second[0], skip_special_tokens=True)
+            answer = str(self.tokenizer.decode(second[0], skip_special_tokens=True))
             answers.append(answer)
             group.members.append((TrajectoryV1(
                 trajectory_id=f"tr-{task_id}-{index}", rollout_id=f"r-{task_id}-{index}", task_id=task_id,
@@ -139,7 +130,7 @@ class ToyLoop:
             ), None))
         return group, answers
 
-    def step(self, groups: list[Group[None]]) -> dict[str, float]:
+    def step(self, groups: list[Group[Any]]) -> dict[str, float]:
         """Train on ``groups`` as the learner would; move the sampler to the weights ``lag`` steps old."""
         batch, _ = self.learner.build_batch(groups)
         metrics: dict[str, float] = dict(batch.info)

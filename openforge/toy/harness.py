@@ -22,9 +22,16 @@ import httpx
 ANSWER_FILE = "answer.txt"
 TRANSCRIPT_FILE = "transcript.json"
 
-_TOOL = {"type": "function", "function": {
+SYSTEM_PROMPT = "You are a terse assistant with one tool."
+
+SECRET_TOOL = {"type": "function", "function": {
     "name": "secret", "description": "Reveal the secret word.",
     "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+
+
+def tool_answer_turn(word: str) -> dict[str, Any]:
+    """The user turn that hands over the tool's answer when the model did not call the tool."""
+    return {"role": "user", "content": f"The secret tool says: {word}. Answer now."}
 
 
 def _chat(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
@@ -47,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     max_tokens = int(os.environ.get("OPENFORGE_TOY_MAX_TOKENS", "16"))
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a terse assistant with one tool."},
+        {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": instruction},
     ]
     with httpx.Client(base_url=base.rstrip("/"), headers={"authorization": f"Bearer {key}"},
                       timeout=120) as client:
-        first = _chat(client, {"model": model, "messages": messages, "tools": [_TOOL],
+        first = _chat(client, {"model": model, "messages": messages, "tools": [SECRET_TOOL],
                                "max_tokens": max_tokens, "temperature": 1.0})
         reply = first["choices"][0]["message"]
         calls = reply.get("tool_calls") or []
@@ -61,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             messages.extend({"role": "tool", "tool_call_id": c["id"], "content": word} for c in calls)
         else:
             messages.append({"role": "assistant", "content": reply.get("content") or ""})
-            messages.append({"role": "user", "content": f"The secret tool says: {word}. Answer now."})
+            messages.append(tool_answer_turn(word))
         second = _chat(client, {"model": model, "messages": messages, "max_tokens": max_tokens,
                                 "temperature": 1.0})
     answer = second["choices"][0]["message"].get("content") or ""

@@ -21,6 +21,9 @@ that sharpens onto such a token stays there: with {e, s} one seed collapsed onto
 a random start are mostly pure (``mimi``, ``midi``, ``didi``; the twenty best average 0.92), so
 the early drift already heads for the optimum."""
 
+INSTRUCTION = "Find the secret word with your tool, then answer using only its letters."
+"""What every toy task asks."""
+
 ENV_WORD = "OPENFORGE_TOY_WORD"
 """The secret word: the harness's tool returns it, the verifier scores against it."""
 ENV_MODEL = "OPENFORGE_TOY_MODEL"
@@ -48,7 +51,7 @@ def toy_tasks(*, run_id: str, rounds: int, group_size: int, model: str, max_toke
         for w, word in enumerate(SECRET_WORDS):
             tasks.append(TaskV1(
                 task_id=f"{run_id}-r{r:04d}-w{w}", run_id=run_id,
-                instruction="Find the secret word with your tool, then answer using only its letters.",
+                instruction=INSTRUCTION,
                 harness=HarnessSpec(
                     name="openforge-toy",
                     launch=LocalLaunch(command=[exe, "-m", "openforge.toy.harness"]),
