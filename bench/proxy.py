@@ -9,7 +9,10 @@ What runs, each in its own process, all on 127.0.0.1:
   the proxies in front of it are what is measured;
 * **openforge**: the real proxy (``openforge proxy``: uvicorn, one worker) publishing every call
   to Kafka (a private single-node broker on free ports, or ``--bootstrap``; topics are created under
-  a fresh ``benchproxy<hex>.`` prefix);
+  a fresh ``benchproxy<hex>.`` prefix); its journal is shipped to Kafka by a worker process
+  beside it (the default);
+* **openforge-inline**: the same proxy with ``OPENFORGE_PROXY_JOURNAL_SHIPPER=inline``: the
+  journal is shipped from the proxy's own event loop (``--skip-inline`` leaves it out);
 * **openforge-ack**: the same proxy with ``OPENFORGE_PROXY_DURABILITY=ack``: every whole answer
   waits for Kafka's acknowledgement of its event instead of the local journal (``--skip-ack``
   leaves it out);
@@ -39,7 +42,8 @@ Measured, in one run, alternating targets so that a noisy machine disturbs them 
 3. throughput: non-streaming requests/s with 1, 16 and 64 concurrent keep-alive connections, each
    cell running for a fixed time (``--duration``) after a warm-up request per connection; rounds
    rotate the target order and the table shows the median over rounds. The CPU time that the
-   target's server process used per request is read from /proc; it depends much less on how busy
+   target's server process (with its children, the proxy's shipping worker) used per request is
+   read from /proc; it depends much less on how busy
    the machine was than requests/s do.
 
 The load generator is this process: a minimal HTTP/1.1 client on raw asyncio streams (no HTTP
@@ -607,7 +611,8 @@ def base_env() -> dict[str, str]:
 
 
 def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool, linger_ms: int = 0,
-                  durability: str = "journal", journal_linger_ms: int | None = None) -> dict[str, str]:
+                  durability: str = "journal", journal_linger_ms: int | None = None,
+                  shipper: str = "process") -> dict[str, str]:
     return {
         "OPENFORGE_KAFKA_COMPRESSION": kafka.compression,
         **base_env(),
@@ -616,6 +621,7 @@ def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool,
         "OPENFORGE_PROXY_CAPTURE": "true" if capture else "false",
         "OPENFORGE_PROXY_CAPTURE_LINGER_MS": str(linger_ms),
         "OPENFORGE_PROXY_DURABILITY": durability,
+        "OPENFORGE_PROXY_JOURNAL_SHIPPER": shipper,
         **({"OPENFORGE_PROXY_JOURNAL_LINGER_MS": str(journal_linger_ms)} if journal_linger_ms is not None else {}),
         "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
@@ -883,7 +889,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                 await admin.create_topics()
 
             key = secrets.token_hex(24)
-            of_port, nocap_port, ack_port = free_port(), free_port(), free_port()
+            of_port, nocap_port, ack_port, inline_port = free_port(), free_port(), free_port(), free_port()
             of_argv = [sys.executable, "-m", "openforge", "--log-level", "WARNING", "proxy", "--host", "127.0.0.1",
                        "--upstream", f"http://127.0.0.1:{upstream_port}", "--port"]
             openforge = Process("openforge proxy (capture on)", [*of_argv, str(of_port)],
@@ -898,6 +904,14 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                                               durability="ack"),
                                 tmp / "openforge-ack.log")
                 processes.append(acked)
+            inline: Process | None = None
+            if not args.skip_inline:
+                inline = Process("openforge proxy (capture on, inline shipper)", [*of_argv, str(inline_port)],
+                                 openforge_env(kafka, key, tmp / "spool-inline", capture=True,
+                                               linger_ms=args.linger_ms, journal_linger_ms=args.journal_linger_ms,
+                                               shipper="inline"),
+                                 tmp / "openforge-inline.log")
+                processes.append(inline)
             nocap: Process | None = None
             if capture_switch_exists():
                 nocap = Process("openforge proxy (capture off)", [*of_argv, str(nocap_port)],
@@ -913,6 +927,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
 
             targets = [Target("direct", "direct (upstream)", upstream_port, lambda _r: None, upstream.pid),
                        Target("openforge", "openforge, capture on", of_port, agent, openforge.pid)]
+            if inline is not None:
+                targets.append(Target("openforge-inline", "openforge, capture on, inline shipper", inline_port,
+                                      agent, inline.pid))
             if acked is not None:
                 targets.append(Target("openforge-ack", "openforge, capture on, ack", ack_port, agent, acked.pid))
             if nocap is not None:
@@ -922,7 +939,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
 
             waited = await wait_ready(upstream, upstream_port, "/health", 30)
             progress(f"fast upstream ready on :{upstream_port} ({waited:.1f}s)")
-            for process, port in ((openforge, of_port), (acked, ack_port), (nocap, nocap_port)):
+            for process, port in ((openforge, of_port), (inline, inline_port), (acked, ack_port), (nocap, nocap_port)):
                 if process is not None:
                     waited = await wait_ready(process, port, "/health", 60)
                     progress(f"{process.name} ready on :{port} ({waited:.1f}s)")
@@ -946,7 +963,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
             # Checks: one event per call the capturing proxies answered, none from the other. The
             # journalling proxy answers before Kafka has the event: give its shipper time to finish.
             topic = f"{kafka.topic_prefix}{CALLS.base_name}"
-            expected = sum(t.ok for t in targets if t.name in ("openforge", "openforge-ack"))
+            expected = sum(t.ok for t in targets if t.name in ("openforge", "openforge-inline", "openforge-ack"))
             async with KafkaAdmin(kafka) as admin:
                 deadline = time.monotonic() + 30
                 while True:
@@ -1005,6 +1022,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--journal-linger-ms", type=int, default=None,
                         help="the journalling proxy's OPENFORGE_PROXY_JOURNAL_LINGER_MS (default: the setting's)")
+    parser.add_argument("--skip-inline", action="store_true",
+                        help="leave out the proxy that ships its journal from its own event loop")
     parser.add_argument("--skip-ack", action="store_true",
                         help="leave out the capturing proxy with ack durability (answers wait for Kafka)")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results as JSON here")

@@ -236,6 +236,65 @@ class CallCapture:
             "usage": self.usage,
         }
 
+    def fields(
+        self,
+        status: CallStatus,
+        *,
+        upstream_status_code: int | None = None,
+        error_message: str | None = None,
+        upstream_replica: str | None = None,
+    ) -> dict[str, Any]:
+        """The event's fields (all but ``event_id`` and ``created_at``), as plain values.
+
+        The request stays the :class:`NormalizedRequest` it is; everything else is a JSON value,
+        an enum or the start time. :meth:`build` makes the event of them here;
+        :mod:`producers.raw_calls` journals them and has the event built by the shipper.
+        """
+        choices: list[dict[str, Any]] = []
+        for c in sorted(self._choices.values(), key=lambda c: c.index):
+            # Logprobs arrive per sampled token; a cut stream may leave them one short.
+            n = min(len(c.token_ids), len(c.logprobs)) if c.logprobs else len(c.token_ids)
+            choices.append({
+                "index": c.index,
+                "completion_token_ids": c.token_ids[:n],
+                "logprobs": c.logprobs[:n] if c.logprobs else [],
+                "weight_versions": _clip_versions(c.weight_versions, n) if c.weight_versions else (
+                    [{"version": self.weight_version, "start": 0, "end": n}] if self.weight_version and n else []),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            })
+        if status is CallStatus.OK and not choices:
+            status, error_message = CallStatus.UPSTREAM_ERROR, error_message or "engine returned no choices"
+        usage = None
+        if self.usage:
+            usage = {
+                "prompt_tokens": int(self.usage.get("prompt_tokens") or 0),
+                "completion_tokens": int(self.usage.get("completion_tokens") or 0),
+                "cached_prompt_tokens": (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+            }
+        return {
+            "rollout_id": self.rollout_id,
+            "task_id": self.task_id,
+            "call_id": self.call_id,
+            "attempt": self.attempt,
+            "retry_of": self.retry_of,
+            "protocol": self.protocol,
+            "model": self.model,
+            "request": self.request,
+            "response": self.response_summary() if self._choices else None,
+            "prompt_token_ids": self.prompt_token_ids,
+            "choices": choices,
+            "usage": usage,
+            "timings": {"started_at": self.started_at, "time_to_first_token_s": self.first_token_s,
+                        "total_s": self.elapsed()},
+            "status": status,
+            "upstream_status_code": upstream_status_code,
+            "error_message": error_message if status is not CallStatus.OK else None,
+            "upstream_replica": upstream_replica,
+            "streamed": self.streamed,
+            "session_headers": self.headers,
+        }
+
     def build(
         self,
         status: CallStatus,
@@ -266,58 +325,30 @@ class CallCapture:
         Raises:
             pydantic.ValidationError: The call's data do not make a valid event.
         """
-        choices: list[dict[str, Any]] = []
-        for c in sorted(self._choices.values(), key=lambda c: c.index):
-            # Logprobs arrive per sampled token; a cut stream may leave them one short.
-            n = min(len(c.token_ids), len(c.logprobs)) if c.logprobs else len(c.token_ids)
-            choices.append({
-                "index": c.index,
-                "completion_token_ids": c.token_ids[:n],
-                "logprobs": c.logprobs[:n] if c.logprobs else [],
-                "weight_versions": _clip_versions(c.weight_versions, n) if c.weight_versions else (
-                    [{"version": self.weight_version, "start": 0, "end": n}] if self.weight_version and n else []),
-                "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason,
-            })
-        if status is CallStatus.OK and not choices:
-            status, error_message = CallStatus.UPSTREAM_ERROR, error_message or "engine returned no choices"
-        usage = None
-        if self.usage:
-            usage = {
-                "prompt_tokens": int(self.usage.get("prompt_tokens") or 0),
-                "completion_tokens": int(self.usage.get("completion_tokens") or 0),
-                "cached_prompt_tokens": (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
-            }
-        data: dict[str, Any] = {
-            "rollout_id": self.rollout_id,
-            "task_id": self.task_id,
-            "call_id": self.call_id,
-            "attempt": self.attempt,
-            "retry_of": self.retry_of,
-            "protocol": self.protocol,
-            "model": self.model,
-            "request": self.request,
-            "response": self.response_summary() if self._choices else None,
-            "prompt_token_ids": self.prompt_token_ids,
-            "choices": choices,
-            "usage": usage,
-            "timings": {"started_at": self.started_at, "time_to_first_token_s": self.first_token_s,
-                        "total_s": self.elapsed()},
-            "status": status,
-            "upstream_status_code": upstream_status_code,
-            "error_message": error_message if status is not CallStatus.OK else None,
-            "upstream_replica": upstream_replica,
-            "streamed": self.streamed,
-            "session_headers": self.headers,
-        }
-        if not validate:
-            event = _trusted_event(data)
-            if event is not None:
-                return event
-        if isinstance(self.request, NormalizedRequest):
-            # A constructed request would be taken as is; validate its content too.
-            data["request"] = self.request.model_dump()
-        return ModelCallV1.model_validate(data)
+        data = self.fields(status, upstream_status_code=upstream_status_code, error_message=error_message,
+                           upstream_replica=upstream_replica)
+        return event_from_fields(data, validate=validate)
+
+
+def event_from_fields(data: dict[str, Any], *, event_id: str | None = None, created_at: datetime | None = None,
+                      validate: bool = False) -> ModelCallV1:
+    """``ModelCallV1`` of :meth:`CallCapture.fields`: constructed when the checks vouch for it, else validated.
+
+    Raises:
+        pydantic.ValidationError: The fields do not make a valid event.
+    """
+    if not validate:
+        event = _trusted_event(data, event_id, created_at)
+        if event is not None:
+            return event
+    if isinstance(data["request"], NormalizedRequest):
+        # A constructed request would be taken as is; validate its content too.
+        data = {**data, "request": data["request"].model_dump()}
+    if event_id is not None:
+        data = {**data, "event_id": event_id}
+    if created_at is not None:
+        data = {**data, "created_at": created_at}
+    return ModelCallV1.model_validate(data)
 
 
 # -- construction without validation --------------------------------------------------------------
@@ -396,7 +427,8 @@ def _trusted_choice(raw: dict[str, Any]) -> CallChoice | None:
                                    "stop_reason": raw["stop_reason"]})
 
 
-def _trusted_event(data: dict[str, Any]) -> ModelCallV1 | None:
+def _trusted_event(data: dict[str, Any], event_id: str | None = None,
+                   created_at: datetime | None = None) -> ModelCallV1 | None:
     """``ModelCallV1`` built without validation, or None when validation could fail."""
     try:
         if not (_is_id(data["rollout_id"]) and _is_id(data["call_id"]) and _is_id(data["task_id"], True)
@@ -448,7 +480,7 @@ def _trusted_event(data: dict[str, Any]) -> ModelCallV1 | None:
     except (ValueError, TypeError, KeyError, OverflowError):
         return None  # full validation will say what is wrong
     return _construct(ModelCallV1, {
-        "event_id": new_event_id(), "created_at": datetime.now(UTC),
+        "event_id": event_id or new_event_id(), "created_at": created_at or datetime.now(UTC),
         **data, "prompt_token_ids": prompt, "choices": choices, "usage": usage,
         "timings": _construct(CallTimings, timings), "session_headers": dict(headers)})
 

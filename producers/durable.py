@@ -20,9 +20,11 @@ import logging
 from collections.abc import Callable
 from typing import Literal, Protocol
 
+from producers.capture import CallCapture
 from producers.spool import DiskSpool
 from schemas import EventBase
-from stream import EventProducer, TopicRegistry, TopicSpec
+from schemas.call.v1 import CallStatus
+from stream import CALLS, EventProducer, TopicRegistry, TopicSpec
 from stream.producer import encode_record
 
 logger = logging.getLogger(__name__)
@@ -51,7 +53,9 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
 class EventLog(Protocol):
     """What the proxy needs of whatever keeps its events: this module's or the journal's."""
 
-    publish_errors: int
+    @property
+    def publish_errors(self) -> int:
+        """Sends or batches that failed and were kept on disk or sent again."""
 
     @property
     def kafka_ok(self) -> bool:
@@ -70,6 +74,10 @@ class EventLog(Protocol):
 
     async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = ...) -> Outcome:
         """Keep ``event`` durably; with ``wait_for_kafka``, try to have it in Kafka before returning."""
+
+    async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
+                           error_message: str | None, upstream_replica: str | None) -> Outcome:
+        """Keep the event of a finished call (built here, or journalled raw and built when shipped)."""
 
     async def stop(self) -> None:
         """Hand over what Kafka will take in time; keep the rest on disk. Idempotent."""
@@ -167,6 +175,13 @@ class DurablePublisher:
                 return "spool"
         await self._spool(resolved.name, key, value, headers, force=True)
         return "spool"
+
+    async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
+                           error_message: str | None, upstream_replica: str | None) -> Outcome:
+        """Build the call's event and publish it (this mode waits for Kafka anyway)."""
+        event = capture.build(status, upstream_status_code=upstream_status_code, error_message=error_message,
+                              upstream_replica=upstream_replica)
+        return await self.publish(CALLS, event)
 
     async def _spool(self, topic: str, key: bytes | None, value: bytes,
                      headers: list[tuple[str, bytes]], *, force: bool) -> None:

@@ -29,6 +29,7 @@ Not thread-safe: one event loop appends, reads and marks (``sync`` may run in a 
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import struct
@@ -45,6 +46,38 @@ logger = logging.getLogger(__name__)
 _FRAME = struct.Struct("<IIQ")  # body length, crc32 of the body, sequence number
 _MARK = "shipped"
 _READ_CHUNK = 256 * 1024  # bytes read at once; larger records are read whole on their own
+
+
+class ShippedMark:
+    """The ``shipped`` file: how far Kafka has the journal, written atomically and not too often.
+
+    One writer per folder: the journal itself, or the shipping process's tail of it.
+    """
+
+    def __init__(self, directory: Path, interval_s: float) -> None:
+        self.directory = directory
+        self.interval_s = interval_s
+        self._written = -1
+        self._at = 0.0
+
+    def read(self) -> int:
+        """The mark on disk (-1: nothing shipped yet)."""
+        path = self.directory / _MARK
+        self._written = int(path.read_text().strip() or -1) if path.exists() else -1
+        return self._written
+
+    def write(self, shipped: int, *, force: bool = False) -> None:
+        """Persist ``shipped``, at most every ``interval_s`` unless forced.
+
+        A mark that lags only costs re-sending (duplicates the assembler drops) after a crash.
+        """
+        now = time.monotonic()
+        if shipped == self._written or (not force and now - self._at < self.interval_s):
+            return
+        tmp = self.directory / f"{_MARK}.tmp"
+        tmp.write_text(str(shipped))
+        tmp.replace(self.directory / _MARK)
+        self._written, self._at = shipped, now
 
 
 class JournalCorruptError(Exception):
@@ -75,8 +108,21 @@ class Journal:
     """Append-only segments plus a ``shipped`` mark, bounded by the bytes not yet shipped."""
 
     def __init__(self, directory: Path, max_bytes: int, *, segment_bytes: int = 64 * 1024 * 1024,
-                 mark_interval_s: float = 0.05) -> None:
+                 mark_interval_s: float = 0.05, shipped_elsewhere: bool = False) -> None:
+        """Open with :meth:`open`.
+
+        Args:
+            directory: The journal's folder.
+            max_bytes: Bound on the bytes not yet shipped (:attr:`full`).
+            segment_bytes: Size at which a new segment starts.
+            mark_interval_s: Least time between writes of the ``shipped`` mark.
+            shipped_elsewhere: Another process ships the journal (:mod:`producers.journal_tail`):
+                this object only appends, learns progress through :meth:`note_shipped`, and
+                never reads, marks or deletes.
+        """
         self.directory = directory
+        self.shipped_elsewhere = shipped_elsewhere
+        self._unshipped: collections.deque[tuple[int, int]] = collections.deque()  # (seq, bytes), shipped elsewhere
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.mark_interval_s = mark_interval_s
@@ -91,8 +137,7 @@ class Journal:
         # thread appends, rolls segments and closes: the lock keeps a descriptor from being
         # closed (and its number reused by the next segment) between reading it and flushing it.
         self._fd_lock = threading.Lock()
-        self._mark_written = -1
-        self._mark_at = 0.0
+        self._mark = ShippedMark(directory, mark_interval_s)
         # Read cursor: the next record to hand to the shipper.
         self._read_index = 0
         self._read_offset = 0
@@ -136,9 +181,7 @@ class Journal:
                 tail); the folder is left as it is for an operator to look at.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
-        mark = self.directory / _MARK
-        self._shipped = int(mark.read_text().strip() or -1) if mark.exists() else -1
-        self._mark_written = self._shipped
+        self._shipped = self._mark.read()
         paths = sorted(self.directory.glob("*.log"))
         last_seq = self._shipped
         for number, path in enumerate(paths):
@@ -170,7 +213,8 @@ class Journal:
         if self._fd is None:
             return
         self.sync()  # the records first, then the mark that may name them shipped
-        self.write_mark(force=True)
+        if not self.shipped_elsewhere:
+            self.write_mark(force=True)
         self._close_active()
         if self._read_fd is not None:
             os.close(self._read_fd)
@@ -190,6 +234,8 @@ class Journal:
             records += 1
             if seq > self._shipped:
                 unshipped += _FRAME.size + length
+                if self.shipped_elsewhere:
+                    self._unshipped.append((seq, _FRAME.size + length))
             offset += _FRAME.size + length
         return offset, records, unshipped, seq
 
@@ -227,6 +273,8 @@ class Journal:
         self._next_seq += 1
         self._pending += 1
         self._pending_bytes += len(frame)
+        if self.shipped_elsewhere:
+            self._unshipped.append((seq, len(frame)))
         self._unsynced = True
         active = self._segments[-1]
         active.size += len(frame)
@@ -327,18 +375,21 @@ class Journal:
         self._drop_shipped_segments()
         self.write_mark()
 
-    def write_mark(self, *, force: bool = False) -> None:
-        """Persist the ``shipped`` mark, at most every ``mark_interval_s`` unless forced.
-
-        A mark that lags only costs re-sending (duplicates the assembler drops) after a crash.
-        """
-        now = time.monotonic()
-        if self._shipped == self._mark_written or (not force and now - self._mark_at < self.mark_interval_s):
+    def note_shipped(self, seq: int) -> None:
+        """The shipping process has every record up to ``seq`` in Kafka (``shipped_elsewhere``)."""
+        if seq <= self._shipped:
             return
-        tmp = self.directory / f"{_MARK}.tmp"
-        tmp.write_text(str(self._shipped))
-        tmp.replace(self.directory / _MARK)
-        self._mark_written, self._mark_at = self._shipped, now
+        self._shipped = seq
+        while self._unshipped and self._unshipped[0][0] <= seq:
+            self._pending -= 1
+            self._pending_bytes -= self._unshipped.popleft()[1]
+        if len(self._segments) > 1:
+            # The shipper deletes the files; forget all but the active one here.
+            del self._segments[:-1]
+
+    def write_mark(self, *, force: bool = False) -> None:
+        """Persist the ``shipped`` mark (:class:`ShippedMark`)."""
+        self._mark.write(self._shipped, force=force)
 
     def _drop_shipped_segments(self) -> None:
         """Delete segments whose every record is shipped (never the active one)."""
@@ -354,4 +405,4 @@ class Journal:
                 self._read_offset = 0
 
 
-__all__ = ["Journal", "JournalCorruptError", "JournalRecord"]
+__all__ = ["Journal", "JournalCorruptError", "JournalRecord", "ShippedMark"]

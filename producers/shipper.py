@@ -23,19 +23,170 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
+from producers.capture import CallCapture
 from producers.durable import Outcome, connect_producer
-from producers.journal import Journal, JournalCorruptError
+from producers.journal import Journal, JournalCorruptError, JournalRecord
+from producers.raw_calls import pack_raw_call, ship_record
+from producers.ship_worker import ShipperProcess, WorkerSpec
 from producers.spool import DiskSpool
 from schemas import EventBase
+from schemas.call.v1 import CallStatus
 from stream import EventProducer, TopicRegistry, TopicSpec
 from stream.producer import encode_record
 
 logger = logging.getLogger(__name__)
 
 
+class JournalSource(Protocol):
+    """What the shipper reads: the journal itself, or its tail in another process."""
+
+    directory: Path
+
+    def read(self, max_records: int, max_bytes: int) -> list[JournalRecord]:
+        """The next records after the cursor, oldest first."""
+
+    def rewind(self) -> None:
+        """Cursor back on the first record not shipped."""
+
+    def mark_shipped(self, records: list[JournalRecord]) -> None:
+        """Kafka acknowledged ``records``."""
+
+
+class Shipper:
+    """Reads a journal in order and sends it to Kafka one batch at a time.
+
+    Each batch is everything that arrived while the previous one was in flight, so under load many
+    events share a produce request (the broker's CPU per event falls with batch size), and at low
+    load an event leaves at once. Raw call records (:mod:`producers.raw_calls`) become their events
+    here. Runs inside the proxy (``inline``) or in the shipping process (:mod:`producers.ship_worker`).
+    """
+
+    def __init__(
+        self,
+        producer_factory: Callable[[], EventProducer],
+        source: JournalSource,
+        registry: TopicRegistry,
+        *,
+        ack_timeout_s: float,
+        batch_records: int = 1024,
+        batch_bytes: int = 4 * 1024 * 1024,
+        linger_s: float = 0.02,
+        idle_wait_s: float = 1.0,
+        on_progress: Callable[[], object] | None = None,
+    ) -> None:
+        self._factory = producer_factory
+        self._producer: EventProducer | None = None
+        self.source = source
+        self.registry = registry
+        self.ack_timeout_s = ack_timeout_s
+        self.batch_records = batch_records
+        self.batch_bytes = batch_bytes
+        self.linger_s = linger_s
+        self.idle_wait_s = idle_wait_s
+        self._on_progress = on_progress
+        self._wake = asyncio.Event()
+        self.stopping = False
+        self.kafka_ok = False
+        """True while the last batch reached Kafka (or nothing needed sending since connecting)."""
+        self.failed = False
+        """The journal could not be read back; nothing more can be shipped."""
+        self.publish_errors = 0
+        """Batches that failed or timed out and were sent again."""
+        self.shipped = -1
+        """The last sequence number Kafka acknowledged (in this run)."""
+
+    def wake(self) -> None:
+        """Something was appended: look now instead of at the next poll."""
+        self._wake.set()
+
+    def stop_when_done(self) -> None:
+        """Ship what is there, then return from :meth:`run` (or on the first failure)."""
+        self.stopping = True
+        self._wake.set()
+
+    async def connect(self) -> bool:
+        """Connect to Kafka if not connected; False while it is unreachable."""
+        if self._producer is None:
+            self._producer = await connect_producer(self._factory, self.ack_timeout_s * 2,
+                                                    f"events wait in the journal at {self.source.directory}")
+        self.kafka_ok = self._producer is not None
+        return self.kafka_ok
+
+    async def close(self) -> None:
+        """Drop the Kafka connection; unacknowledged records are all still in the journal."""
+        producer, self._producer = self._producer, None
+        self.kafka_ok = False
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await producer.abort(self.ack_timeout_s)
+
+    def _progress(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress()
+
+    async def run(self) -> None:
+        """Ship until stopped (and nothing is left) or the journal is found damaged."""
+        backoff = 0.5
+        while True:
+            try:
+                records = self.source.read(self.batch_records, self.batch_bytes)
+            except JournalCorruptError:
+                # Nothing after the damage can be shipped in order: stop taking calls (not
+                # ready, 503) and leave the folder for an operator.
+                logger.exception("the journal at %s is damaged; refusing new calls", self.source.directory)
+                self.failed = True
+                self._progress()
+                return
+            if not records:
+                if self.stopping:
+                    return
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.idle_wait_s)
+                await self._linger()
+                continue
+            try:
+                if not await self.connect():
+                    raise ConnectionError("Kafka unreachable")
+                assert self._producer is not None
+                outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq) for r in records]
+                async with asyncio.timeout(self.ack_timeout_s):
+                    futures = await self._producer.send_many_raw(outgoing)
+                    await asyncio.gather(*futures)
+            except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
+                self.source.rewind()
+                self.publish_errors += 1
+                if self._producer is not None:
+                    logger.warning("shipping %d journalled events failed (%s); will retry", len(records), exc)
+                await self.close()
+                self._progress()
+                if self.stopping:
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
+                continue
+            backoff = 0.5
+            self.kafka_ok = True
+            self.source.mark_shipped(records)
+            self.shipped = records[-1].seq
+            self._progress()
+            if len(records) < self.batch_records:
+                await self._linger()
+
+    async def _linger(self) -> None:
+        """Let a few more events join the next batch.
+
+        No answer waits for the shipper, so a few milliseconds cost nothing a harness sees,
+        and the broker's and this process's cost per produce request is shared by more events.
+        """
+        if self.linger_s > 0 and not self.stopping:
+            await asyncio.sleep(self.linger_s)
+
+
 class JournalPublisher:
-    """The journal in front, one in-order shipper to Kafka behind it."""
+    """The journal in front, one in-order shipper to Kafka behind it (in this process or its own)."""
 
     def __init__(
         self,
@@ -49,32 +200,60 @@ class JournalPublisher:
         batch_bytes: int = 4 * 1024 * 1024,
         linger_s: float = 0.02,
         before_start: Callable[[], object] | None = None,
+        worker: WorkerSpec | None = None,
     ) -> None:
-        self._factory = producer_factory
-        self._producer: EventProducer | None = None
+        """Start with :meth:`start`.
+
+        Args:
+            producer_factory: Makes the Kafka producer (shipping here only).
+            journal: The journal, not yet opened.
+            registry: Topics, for encoding.
+            ack_timeout_s: Per shipped batch, and for a reward waiting for Kafka.
+            fsync_interval_s: How often the journal is flushed to disk (0: at every append).
+            batch_records: Most records per batch (shipping here only).
+            batch_bytes: Most bytes per batch (shipping here only).
+            linger_s: Pause after a batch to let the next one gather (shipping here only).
+            before_start: Run once the journal is open, before shipping starts.
+            worker: Ship from a process of its own (:mod:`producers.ship_worker`), configured so;
+                the journal must then be opened ``shipped_elsewhere``. None ships here, on this
+                event loop.
+        """
+        if (worker is not None) != journal.shipped_elsewhere:
+            raise ValueError("a shipping process needs a journal opened with shipped_elsewhere, and only it")
         self.journal = journal
         self.registry = registry
         self.ack_timeout_s = ack_timeout_s
         self.fsync_interval_s = fsync_interval_s
-        self.batch_records = batch_records
-        self.batch_bytes = batch_bytes
-        self.linger_s = linger_s
         self._before_start = before_start
-        self._wake = asyncio.Event()
+        self._worker_spec = worker
+        self._worker: ShipperProcess | None = None
+        self._shipper = None if worker is not None else Shipper(
+            producer_factory, journal, registry, ack_timeout_s=ack_timeout_s, batch_records=batch_records,
+            batch_bytes=batch_bytes, linger_s=linger_s, on_progress=self._on_progress)
         self._progress = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False
         self._stopped = False
-        self._kafka_ok = False
-        self.failed = False
-        """The journal could not be read back; nothing more is accepted."""
-        self.publish_errors = 0
-        """Batches that failed or timed out and were sent again."""
 
     @property
     def kafka_ok(self) -> bool:
         """True while the last batch reached Kafka (or nothing needed sending since connecting)."""
-        return self._kafka_ok
+        if self._worker is not None:
+            return self._worker.kafka_ok
+        return self._shipper is not None and self._shipper.kafka_ok
+
+    @property
+    def failed(self) -> bool:
+        """The journal could not be read back; nothing more is accepted."""
+        if self._worker is not None:
+            return self._worker.failed
+        return self._shipper is not None and self._shipper.failed
+
+    @property
+    def publish_errors(self) -> int:
+        """Batches that failed or timed out and were sent again."""
+        if self._worker is not None:
+            return self._worker.publish_errors
+        return self._shipper.publish_errors if self._shipper is not None else 0
 
     @property
     def backlog(self) -> int:
@@ -86,15 +265,45 @@ class JournalPublisher:
         """False when the journal's unshipped bytes reach its bound: answer 503, take no work."""
         return not self.failed and not self.journal.full
 
+    def _on_progress(self) -> None:
+        if self._worker is not None:
+            self.journal.note_shipped(self._worker.shipped)
+        self._progress.set()
+        self._progress = asyncio.Event()
+
     async def start(self) -> None:
         """Recover the journal, connect to Kafka if it is there, start shipping."""
+        if self._worker_spec is not None:
+            self._worker = ShipperProcess(self.journal.directory, self._worker_spec, on_progress=self._on_progress)
+            # No shipper of an earlier proxy may read while the journal is recovered.
+            async with self._worker.exclusive():
+                await self._open()
+            await self._worker.start()
+        else:
+            await self._open()
+            assert self._shipper is not None
+            await self._shipper.connect()
+            self._tasks.append(asyncio.create_task(self._shipper.run(), name="journal-shipper"))
+        if self.fsync_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._sync_forever(), name="journal-sync"))
+
+    async def _open(self) -> None:
         await asyncio.to_thread(self.journal.open)
         if self._before_start is not None:  # e.g. taking over an old spool, once the journal is open
             await asyncio.to_thread(self._before_start)
-        await self._connect()
-        self._tasks.append(asyncio.create_task(self._ship_forever(), name="journal-shipper"))
-        if self.fsync_interval_s > 0:
-            self._tasks.append(asyncio.create_task(self._sync_forever(), name="journal-sync"))
+
+    def wake(self) -> None:
+        """Have the shipper look at the journal now rather than at its next poll."""
+        if self._shipper is not None:
+            self._shipper.wake()
+        if self._worker is not None:
+            self._worker.wake()
+
+    async def _appended(self) -> None:
+        if self.fsync_interval_s == 0:
+            await asyncio.to_thread(self.journal.sync)
+        if self._shipper is not None:
+            self._shipper.wake()
 
     async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = False) -> Outcome:
         """Write ``event`` into the journal; with ``wait_for_kafka``, also wait until it is shipped.
@@ -110,86 +319,25 @@ class JournalPublisher:
         resolved = self.registry[topic]
         key, value, headers = encode_record(resolved, event)
         seq = self.journal.append(resolved.name, key, value, tuple(headers))
-        if self.fsync_interval_s == 0:
-            await asyncio.to_thread(self.journal.sync)
-        self._wake.set()
+        await self._appended()
         if not wait_for_kafka:
             return "journal"
+        if self._worker is not None:
+            self._worker.wake()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.ack_timeout_s):
                 while self.journal.shipped < seq:
                     await self._progress.wait()
         return "kafka" if self.journal.shipped >= seq else "journal"
 
-    async def _connect(self) -> bool:
-        if self._producer is None:
-            self._producer = await connect_producer(self._factory, self.ack_timeout_s * 2,
-                                                    f"events wait in the journal at {self.journal.directory}")
-        self._kafka_ok = self._producer is not None
-        return self._kafka_ok
-
-    async def _drop_producer(self) -> None:
-        producer, self._producer = self._producer, None
-        self._kafka_ok = False
-        if producer is not None:
-            # Its unacknowledged records are all still in the journal; do not wait for them.
-            with contextlib.suppress(Exception):
-                await producer.abort(self.ack_timeout_s)
-
-    async def _ship_forever(self) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                records = self.journal.read(self.batch_records, self.batch_bytes)
-            except JournalCorruptError:
-                # Nothing after the damage can be shipped in order: stop taking calls (not
-                # ready, 503) and leave the folder for an operator.
-                logger.exception("the journal at %s is damaged; refusing new calls", self.journal.directory)
-                self.failed = True
-                return
-            if not records:
-                if self._stopping:
-                    return
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 1.0)
-                await self._linger()
-                continue
-            try:
-                if not await self._connect():
-                    raise ConnectionError("Kafka unreachable")
-                assert self._producer is not None
-                async with asyncio.timeout(self.ack_timeout_s):
-                    futures = await self._producer.send_many_raw(
-                        [(r.topic, r.key, r.value, r.headers) for r in records])
-                    await asyncio.gather(*futures)
-            except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
-                self.journal.rewind()
-                self.publish_errors += 1
-                if self._producer is not None:
-                    logger.warning("shipping %d journalled events failed (%s); will retry", len(records), exc)
-                await self._drop_producer()
-                if self._stopping:
-                    return
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
-                continue
-            backoff = 0.5
-            self._kafka_ok = True
-            self.journal.mark_shipped(records)
-            self._progress.set()
-            self._progress = asyncio.Event()
-            if len(records) < self.batch_records:
-                await self._linger()
-
-    async def _linger(self) -> None:
-        """Let a few more events join the next batch.
-
-        No answer waits for the shipper, so a few milliseconds cost nothing a harness sees,
-        and the broker's and this process's cost per produce request is shared by more events.
-        """
-        if self.linger_s > 0 and not self._stopping:
-            await asyncio.sleep(self.linger_s)
+    async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
+                           error_message: str | None, upstream_replica: str | None) -> Outcome:
+        """Journal the call's capture as it is; the shipper builds its event (:mod:`producers.raw_calls`)."""
+        record = pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
+                               error_message=error_message, upstream_replica=upstream_replica)
+        self.journal.append(*record)
+        await self._appended()
+        return "journal"
 
     async def _sync_forever(self) -> None:
         while True:
@@ -204,13 +352,13 @@ class JournalPublisher:
         if self._stopped:
             return
         self._stopped = True
-        self._stopping = True
-        self._wake.set()
         deadline = self.ack_timeout_s * 2
-        shipper = self._tasks[0] if self._tasks else None
-        if shipper is not None:
-            started = time.monotonic()
-            done, _ = await asyncio.wait({shipper}, timeout=deadline)
+        started = time.monotonic()
+        if self._worker is not None:
+            await self._worker.stop(deadline)
+        elif self._shipper is not None and self._tasks:
+            self._shipper.stop_when_done()
+            done, _ = await asyncio.wait({self._tasks[0]}, timeout=deadline)
             if not done:
                 logger.warning("Kafka did not take the journal within %.1fs; %d events stay in %s",
                                time.monotonic() - started, len(self.journal), self.journal.directory)
@@ -219,7 +367,8 @@ class JournalPublisher:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._drop_producer()
+        if self._shipper is not None:
+            await self._shipper.close()
         self.journal.close()
 
 
@@ -246,4 +395,4 @@ def spool_path(directory: Path) -> Path:
     return directory / "journal"
 
 
-__all__ = ["JournalPublisher", "import_spool", "spool_path"]
+__all__ = ["JournalPublisher", "JournalSource", "Shipper", "import_spool", "spool_path"]

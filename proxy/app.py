@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from producers.durable import DurablePublisher, EventLog
 from producers.journal import Journal
+from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, import_spool, spool_path
 from producers.spool import DiskSpool
 from proxy import telemetry
@@ -57,11 +58,15 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
     spool = DiskSpool(settings.spool_dir, settings.spool_max_bytes)
     if settings.durability == "ack":
         return DurablePublisher(producer, spool, registry, ack_timeout_s=settings.publish_timeout_s)
-    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes)
+    process = settings.journal_shipper == "process"
+    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes, shipped_elsewhere=process)
+    worker = WorkerSpec(kafka.model_dump(mode="json"), client_id="openforge-proxy",
+                        ack_timeout_s=settings.publish_timeout_s,
+                        linger_s=settings.journal_linger_ms / 1000) if process else None
     return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,
                             fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
                             linger_s=settings.journal_linger_ms / 1000,
-                            before_start=lambda: import_spool(spool, journal))
+                            before_start=lambda: import_spool(spool, journal), worker=worker)
 
 
 def _adapters() -> dict[str, Adapter]:

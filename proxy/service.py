@@ -34,7 +34,6 @@ from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
 from schemas.call.v1 import CallStatus, NormalizedRequest
-from stream import CALLS
 
 logger = logging.getLogger(__name__)
 
@@ -282,18 +281,15 @@ class CallService:
                       upstream_status_code: int | None = None, replica: str | None = None) -> None:
         if not self.settings.capture:
             return
-        event = capture.build(status, upstream_status_code=upstream_status_code,
-                              error_message=error_message, upstream_replica=replica)
-        outcome = await self.publisher.publish(CALLS, event)
+        outcome = await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
+                                                    error_message=error_message, upstream_replica=replica)
         if outcome == "spool":
             telemetry.publish_errors.add(1)
-        attrs = {"protocol": capture.protocol.value, "status": event.status.value}
-        telemetry.calls.add(1, attrs)
-        telemetry.tokens.add(len(event.prompt_token_ids), {"kind": "prompt"})
-        telemetry.tokens.add(sum(len(c.completion_token_ids) for c in event.choices), {"kind": "completion"})
-        if event.timings.time_to_first_token_s is not None:
-            telemetry.time_to_first_token.record(event.timings.time_to_first_token_s,
-                                                 {"protocol": capture.protocol.value})
+        telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": status.value})
+        telemetry.tokens.add(len(capture.prompt_token_ids), {"kind": "prompt"})
+        telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})
+        if capture.first_token_s is not None:
+            telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
 
 
 def _same(before: str | None, after: str | None) -> str | None:

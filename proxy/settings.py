@@ -71,6 +71,13 @@ class ProxySettings(BaseSettings):
     waits for it, so it only delays when Kafka has an event; every produce request costs the
     broker and the proxy CPU, so fewer, larger ones leave more for calls."""
 
+    journal_shipper: Literal["process", "inline"] = "process"
+    """Where the journal is shipped from (``journal`` durability). ``process`` (default): a
+    worker process beside the proxy builds each call's event from its journalled capture and
+    sends it, so the proxy's event loop keeps only a JSON dump and a ``write`` per call.
+    ``inline``: the same work on the proxy's own event loop (one process fewer, less throughput
+    where a spare core exists); see docs/proxy.md."""
+
     publish_timeout_s: float = Field(default=5.0, gt=0)
     """How long to wait for Kafka's acknowledgement: before spooling (``ack``), per shipped
     batch (``journal``), and for a reward to reach Kafka before answering its verifier."""

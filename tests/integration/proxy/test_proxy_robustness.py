@@ -172,7 +172,7 @@ async def _ready_until(port: int, check: Callable[[dict[str, Any]], bool], timeo
         await asyncio.sleep(0.2)
 
 
-@pytest.mark.parametrize("durability", ["journal", "ack"])
+@pytest.mark.parametrize("durability", ["journal", "journal-inline", "ack"])
 async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_refuses(
     vllm_url: str, tmp_path: Path, durability: str
 ) -> None:
@@ -186,7 +186,8 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
                              spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0,
-                             durability=durability)
+                             durability=durability.removesuffix("-inline"),
+                             journal_shipper="inline" if durability.endswith("-inline") else "process")
     server, task = await serve(settings)
     url = f"http://127.0.0.1:{settings.port}/rollouts/r-k/v1/chat/completions"
     token = mint_token(KEY, "r-k", Role.AGENT, 600)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from producers.journal import Journal, JournalCorruptError
+from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher
 from stream import EventProducer, KafkaSettings, TopicRegistry
 
@@ -15,10 +16,23 @@ from stream import EventProducer, KafkaSettings, TopicRegistry
 UNREACHABLE = KafkaSettings(bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
 
 
+@pytest.fixture(params=["inline", "process"])
+def shipper(request: pytest.FixtureRequest) -> str:
+    """Where the journal is shipped from: the publisher's event loop, or a worker process."""
+    mode: str = request.param
+    return mode
+
+
+def _journal(folder: Path, shipper: str) -> Journal:
+    return Journal(folder, 1 << 20, shipped_elsewhere=shipper == "process")
+
+
 def _publisher(journal: Journal) -> JournalPublisher:
     registry = TopicRegistry.from_settings(UNREACHABLE)
+    worker = WorkerSpec(UNREACHABLE.model_dump(mode="json"), ack_timeout_s=0.5, linger_s=0) \
+        if journal.shipped_elsewhere else None
     return JournalPublisher(lambda: EventProducer(UNREACHABLE, registry=registry), journal, registry,
-                            ack_timeout_s=0.5, fsync_interval_s=0, linger_s=0)
+                            ack_timeout_s=0.5, fsync_interval_s=0, linger_s=0, worker=worker)
 
 
 def _corrupt_last_byte(folder: Path) -> Path:
@@ -30,15 +44,15 @@ def _corrupt_last_byte(folder: Path) -> Path:
     return segment
 
 
-async def test_damage_found_while_shipping_stops_intake_and_keeps_the_files(tmp_path: Path) -> None:
-    journal = Journal(tmp_path, 1 << 20)
+async def test_damage_found_while_shipping_stops_intake_and_keeps_the_files(tmp_path: Path, shipper: str) -> None:
+    journal = _journal(tmp_path, shipper)
     publisher = _publisher(journal)
     await publisher.start()
     try:
         assert publisher.accepting
         journal.append("t.calls", b"r-1", b"a value of some length", ())
         segment = _corrupt_last_byte(tmp_path)
-        publisher._wake.set()
+        publisher.wake()
         for _ in range(100):
             if publisher.failed:
                 break
@@ -49,14 +63,14 @@ async def test_damage_found_while_shipping_stops_intake_and_keeps_the_files(tmp_
     assert segment.exists()  # left for an operator
 
 
-async def test_without_kafka_events_stay_in_the_journal_across_stop(tmp_path: Path) -> None:
-    journal = Journal(tmp_path, 1 << 20)
+async def test_without_kafka_events_stay_in_the_journal_across_stop(tmp_path: Path, shipper: str) -> None:
+    journal = _journal(tmp_path, shipper)
     publisher = _publisher(journal)
     await publisher.start()
     try:
         for i in range(3):
             journal.append("t.calls", f"r-{i}".encode(), b"v", ())
-        publisher._wake.set()
+        publisher.wake()
         await asyncio.sleep(0.3)
         assert publisher.backlog == 3 and not publisher.kafka_ok
     finally:

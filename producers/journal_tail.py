@@ -1,0 +1,181 @@
+"""The shipping side of a journal that another process appends to.
+
+The proxy appends to its journal (:class:`producers.journal.Journal`) and a shipper process of its
+own reads it here, sends it to Kafka and moves the ``shipped`` mark (see
+:mod:`producers.ship_worker`). The two share nothing but the folder:
+
+* the writer only appends, rolls segments and flushes; it learns how far Kafka has the journal
+  from the shipper, to bound what it takes;
+* this reader owns the cursor, the ``shipped`` mark and deleting shipped segments.
+
+A frame may be visible here while the writer is still copying it into the page cache (Linux makes
+a buffered ``write`` visible page by page): a frame that ends past what the file holds at the end
+of the newest segment is simply not there yet, and is read on the next poll. Anywhere else a short
+or failing frame is damage. A crashed writer's torn tail never reaches this reader: the writer cuts
+it when it opens the journal again, and it opens the journal only while no reader runs (the lock
+file :data:`LOCK_NAME`, held by the reader for its whole life).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import zlib
+from pathlib import Path
+
+from producers.journal import _FRAME, _READ_CHUNK, JournalCorruptError, JournalRecord, ShippedMark
+from producers.spool import unpack_record
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = "shipper.lock"
+"""File in the journal's folder the shipping process holds a lock on while it runs."""
+
+
+class JournalTail:
+    """Cursor, ``shipped`` mark and clean-up over a journal folder written by someone else."""
+
+    def __init__(self, directory: Path, *, mark_interval_s: float = 0.05) -> None:
+        self.directory = directory
+        self.mark_interval_s = mark_interval_s
+        self._shipped = -1
+        self._mark = ShippedMark(directory, mark_interval_s)
+        self._seq = 0  # the next record to read
+        self._first_seq = 0  # of the segment the cursor is in
+        self._path: Path | None = None
+        self._fd: int | None = None
+        self._offset = 0
+
+    @property
+    def shipped(self) -> int:
+        """Every record up to this sequence number is in Kafka (-1: none yet)."""
+        return self._shipped
+
+    def open(self) -> None:
+        """Read the mark and put the cursor on the first record not shipped."""
+        self._shipped = self._mark.read()
+        self._seek(self._shipped + 1)
+
+    def close(self) -> None:
+        """Write the mark and release the segment. Idempotent."""
+        self.write_mark(force=True)
+        self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd, self._path = None, None
+
+    def _segments(self) -> list[tuple[int, Path]]:
+        return sorted((int(path.stem), path) for path in self.directory.glob("*.log"))
+
+    def _seek(self, seq: int) -> None:
+        """Cursor on record ``seq``: in the last segment that starts at or before it."""
+        self._close_fd()
+        segments = [s for s in self._segments() if s[0] <= seq]
+        self._seq, self._offset = seq, 0
+        if not segments:
+            self._path = None
+            return
+        self._first_seq, self._path = segments[-1]
+        self._fd = os.open(self._path, os.O_RDONLY)
+        current = self._first_seq
+        size = os.fstat(self._fd).st_size
+        while current < seq and self._offset + _FRAME.size <= size:
+            length, _, _ = _FRAME.unpack(os.pread(self._fd, _FRAME.size, self._offset))
+            self._offset += _FRAME.size + length
+            current += 1
+        if current != seq:
+            raise JournalCorruptError(f"{self._path} ends before record {seq} (at {current})")
+
+    def _next_segment(self) -> tuple[int, Path] | None:
+        for first_seq, path in self._segments():
+            if first_seq > self._first_seq:
+                return first_seq, path
+        return None
+
+    def read(self, max_records: int, max_bytes: int) -> list[JournalRecord]:
+        """The next complete records after the cursor, oldest first (none when nothing new)."""
+        out: list[JournalRecord] = []
+        taken = 0
+        while len(out) < max_records and (not out or taken < max_bytes):
+            if self._fd is None:
+                self._seek(self._seq)  # the writer had not created a segment yet
+                if self._fd is None:
+                    break
+            assert self._fd is not None
+            assert self._path is not None
+            size = os.fstat(self._fd).st_size
+            if self._offset >= size:
+                newer = self._next_segment()
+                if newer is None:
+                    break  # nothing new yet
+                if self._offset < os.fstat(self._fd).st_size:
+                    continue  # written before the roll: read it first
+                if newer[0] != self._seq:
+                    raise JournalCorruptError(f"{newer[1]} starts at record {newer[0]}, expected {self._seq}")
+                self._close_fd()
+                self._first_seq, self._path = newer
+                self._fd = os.open(self._path, os.O_RDONLY)
+                self._offset = 0
+                continue
+            chunk = os.pread(self._fd, min(size - self._offset, max(_READ_CHUNK, max_bytes - taken)), self._offset)
+            position = 0
+            complete = True
+            while len(out) < max_records and (not out or taken < max_bytes):
+                if position + _FRAME.size > len(chunk):
+                    at = self._offset + position
+                    complete = at == size or at + _FRAME.size <= size
+                    break
+                length, crc, seq = _FRAME.unpack_from(chunk, position)
+                end = position + _FRAME.size + length
+                if end > len(chunk):
+                    complete = self._offset + end <= size
+                    if not (complete and position == 0):
+                        break
+                    chunk = os.pread(self._fd, end, self._offset)  # one frame larger than the chunk
+                body = chunk[position + _FRAME.size:end]
+                if zlib.crc32(body) != crc or seq != self._seq:
+                    raise JournalCorruptError(f"{self._path} is damaged at byte {self._offset + position:,}")
+                record = unpack_record(self._path, bytes(body))
+                out.append(JournalRecord(seq, record.topic, record.key, record.value, record.headers,
+                                         _FRAME.size + length))
+                taken += _FRAME.size + length
+                self._seq = seq + 1
+                position = end
+            self._offset += position
+            if not complete:
+                # A frame runs past the end of the file. In the newest segment it is still being
+                # written; in an older one the writer finished it before rolling (read again), or
+                # never did and failed to cut it on recovery: damage.
+                if self._next_segment() is None:
+                    break
+                if os.fstat(self._fd).st_size > size:
+                    continue
+                raise JournalCorruptError(f"{self._path} ends in a torn record at byte {self._offset:,}")
+        return out
+
+    def rewind(self) -> None:
+        """Put the cursor back on the first record not shipped (after a failed send)."""
+        self._seek(self._shipped + 1)
+
+    def mark_shipped(self, records: list[JournalRecord]) -> None:
+        """Kafka acknowledged ``records`` (the oldest not shipped, in order)."""
+        if not records:
+            return
+        if records[0].seq != self._shipped + 1:
+            raise ValueError(f"shipped {records[0].seq} before {self._shipped + 1}")
+        self._shipped = records[-1].seq
+        self.write_mark()
+        segments = self._segments()
+        for (_, path), (next_first, _) in itertools.pairwise(segments):
+            if next_first - 1 <= self._shipped and path != self._path:
+                path.unlink(missing_ok=True)
+
+    def write_mark(self, *, force: bool = False) -> None:
+        """Persist the ``shipped`` mark (:class:`producers.journal.ShippedMark`)."""
+        self._mark.write(self._shipped, force=force)
+
+
+__all__ = ["LOCK_NAME", "JournalTail"]

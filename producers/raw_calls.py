@@ -1,0 +1,144 @@
+"""A call's capture, journalled as it is; its event is built by whoever ships the journal.
+
+Why: building a ``ModelCallV1`` (packing the token arrays, the checks that stand in for
+validation) and encoding it cost the proxy about half of capture's CPU, on the event loop that
+also serves every call. The journal only needs the call's fields to be durable before the answer
+completes, not the event. So the proxy writes :meth:`CallCapture.fields` as one ``orjson`` dump
+(microseconds) under the reserved topic name :data:`RAW_CALLS`, and the shipper, which can run in
+a process of its own, turns each such record into the event on its way to Kafka.
+
+The record carries the event's id, creation time and trace context, fixed when the call
+finished: a record shipped twice (after a failed batch, or a restart before the ``shipped`` mark
+moved) gives the same event twice, which the assembler drops by id, and its span links to the
+call's trace whichever process ships it.
+
+A record that does not make a valid event (an engine that reported something the schema
+refuses) must neither block the journal nor be lost: it becomes a dead letter carrying the record
+byte for byte and the validation error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from array import array
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from producers.capture import CallCapture, event_from_fields
+from schemas import DeadLetterV1, ModelCallV1
+from schemas._base import new_event_id
+from schemas._errors import DeadLetterErrorType
+from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
+from stream import CALLS, DEAD_LETTERS, TopicRegistry
+from stream.producer import encode_record
+from stream.tracing import inject_trace_context
+
+RAW_CALLS = "openforge/raw-calls"
+"""The topic name raw call records are journalled under. The ``/`` makes it an illegal Kafka
+topic name, so it can never be mistaken for a real topic, and a shipper that did not know it
+would fail loudly rather than send it."""
+
+#: Consumer group named in the dead letters of records that could not be made events.
+SHIPPER_GROUP = "openforge-proxy-shipper"
+
+#: Largest raw record copied whole into a dead letter (base64 grows it by a third; the topic takes 48 MiB).
+_MAX_LETTER_VALUE = 32 * 1024 * 1024
+
+Record = tuple[str, bytes | None, bytes, tuple[tuple[str, bytes], ...]]
+"""An encoded Kafka record as the journal keeps it: topic, key, value, headers."""
+
+
+def _json_default(value: object) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def pack_raw_call(capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None = None,
+                  error_message: str | None = None, upstream_replica: str | None = None) -> Record:
+    """The journal record of a finished call: its fields, id, time and trace context as JSON.
+
+    Runs on the proxy's event loop for every call, so it does no more than one ``orjson`` dump.
+    """
+    data = capture.fields(status, upstream_status_code=upstream_status_code, error_message=error_message,
+                          upstream_replica=upstream_replica)
+    request = data["request"]
+    # A constructed request's __dict__ holds its fields as plain JSON values.
+    data["request"] = dict(request.__dict__) if isinstance(request, NormalizedRequest) else request
+    for choice in data["choices"]:
+        # JSON has no -inf or NaN; keep every logprob's 64 bits, as the event does.
+        choice["logprobs"] = base64.b64encode(array("d", choice["logprobs"]).tobytes()).decode()
+    trace: list[tuple[str, bytes]] = []
+    inject_trace_context(trace)
+    data["_event_id"] = new_event_id()
+    data["_created_at"] = datetime.now(UTC)
+    data["_trace"] = [(name, value.decode()) for name, value in trace]
+    value = orjson.dumps(data, default=_json_default)
+    return RAW_CALLS, capture.rollout_id.encode(), value, ()
+
+
+def unpack_raw_call(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]:
+    """The event a raw call record describes, and the trace headers it carried.
+
+    Raises:
+        ValueError: the record is not JSON of the expected shape, or its fields do not make a
+            valid event (``pydantic.ValidationError`` is a ``ValueError``).
+    """
+    try:
+        data = orjson.loads(value)
+        event_id = data.pop("_event_id")
+        created_at = datetime.fromisoformat(data.pop("_created_at"))
+        trace = [(str(name), str(text).encode()) for name, text in data.pop("_trace")]
+        data["protocol"] = ApiProtocol(data["protocol"])
+        data["status"] = CallStatus(data["status"])
+        for choice in data["choices"]:
+            packed = array("d")
+            packed.frombytes(base64.b64decode(choice["logprobs"], validate=True))
+            choice["logprobs"] = packed.tolist()
+        timings = data["timings"]
+        timings["started_at"] = datetime.fromisoformat(timings["started_at"])
+        request = data["request"]
+        if type(request) is dict and set(request) == set(NormalizedRequest.model_fields):
+            data["request"] = NormalizedRequest.model_construct(**request)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
+        raise ValueError(f"not a raw call record: {exc!r}") from exc
+    if type(event_id) is not str or created_at.tzinfo is None:
+        raise ValueError("a raw call record needs a string event id and an aware creation time")
+    return event_from_fields(data, event_id=event_id, created_at=created_at.astimezone(UTC)), trace
+
+
+def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: bytes,
+                headers: tuple[tuple[str, bytes], ...], seq: int) -> Record:
+    """What to send to Kafka for one journal record: itself, or for a raw call its event.
+
+    A raw call that cannot be made an event is sent as a dead letter instead (``seq``, the
+    journal's sequence number, stands in for the offset it never had), so the journal moves on
+    and the call stays inspectable.
+    """
+    if topic != RAW_CALLS:
+        return topic, key, value, headers
+    try:
+        event, trace = unpack_raw_call(value)
+        calls = registry[CALLS]
+        record_key, encoded, event_headers = encode_record(calls, event)
+    except ValueError as exc:
+        truncated = len(value) > _MAX_LETTER_VALUE
+        letter = DeadLetterV1(
+            topic=RAW_CALLS, partition=0, offset=seq, key=key, value=value[:_MAX_LETTER_VALUE],
+            value_truncated=truncated, headers=[],
+            error_type=DeadLetterErrorType.INVALID_EVENT, reason=f"call capture made no valid event: {exc}"[:4000],
+            exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}", consumer_group=SHIPPER_GROUP)
+        letters = registry[DEAD_LETTERS]
+        record_key, encoded, event_headers = encode_record(letters, letter)
+        return letters.name, record_key, encoded, tuple(event_headers)
+    # encode_record appended the shipper's own (empty) context; the call's replaces it.
+    names = {name for name, _ in trace}
+    kept = [(name, raw) for name, raw in event_headers if name not in names]
+    return calls.name, record_key, encoded, tuple(kept + trace)
+
+
+__all__ = ["RAW_CALLS", "Record", "pack_raw_call", "ship_record", "unpack_raw_call"]

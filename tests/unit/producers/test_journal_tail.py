@@ -1,0 +1,136 @@
+"""Shipping a journal that another process appends to: order, frames still being written, segments, marks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from producers.journal import _FRAME, Journal, JournalCorruptError
+from producers.journal_tail import JournalTail
+
+
+def _writer(folder: Path, **kwargs: int) -> Journal:
+    journal = Journal(folder, kwargs.pop("max_bytes", 1 << 20), shipped_elsewhere=True, **kwargs)
+    journal.open()
+    return journal
+
+
+def _fill(journal: Journal, start: int, count: int, size: int = 10) -> None:
+    for i in range(start, start + count):
+        journal.append("t.calls", b"k", f"v-{i}".encode().ljust(size, b"."), ())
+
+
+def _numbers(records: list) -> list[int]:
+    return [int(r.value.split(b"-")[1].rstrip(b".")) for r in records]
+
+
+def test_the_tail_reads_what_the_writer_appends_in_order_and_waits_for_more(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    tail = JournalTail(tmp_path)
+    tail.open()
+    assert tail.read(100, 1 << 20) == []
+    _fill(writer, 0, 3)
+    first = tail.read(100, 1 << 20)
+    assert _numbers(first) == [0, 1, 2] and [r.seq for r in first] == [0, 1, 2]
+    assert tail.read(100, 1 << 20) == []
+    _fill(writer, 3, 2)
+    assert _numbers(tail.read(1, 1 << 20)) == [3]
+    assert _numbers(tail.read(100, 1 << 20)) == [4]
+    writer.close()
+    tail.close()
+
+
+def test_a_frame_still_being_written_is_read_once_it_is_whole(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    _fill(writer, 0, 1)
+    # What a reader may see while the writer's ``write`` is half copied into the page cache.
+    segment = sorted(tmp_path.glob("*.log"))[-1]
+    frame = Journal(tmp_path / "other", 1 << 20)
+    frame.open()
+    frame.append("t.calls", b"k", b"v-1".ljust(5000, b"."), ())
+    frame.close()
+    written = sorted((tmp_path / "other").glob("*.log"))[-1].read_bytes()
+    length, crc, _ = _FRAME.unpack_from(written)
+    whole = _FRAME.pack(length, crc, 1) + written[_FRAME.size:]  # the same frame, numbered as record 1
+    tail = JournalTail(tmp_path)
+    tail.open()
+    fd = os.open(segment, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, whole[:10])  # not even a whole header
+        assert _numbers(tail.read(100, 1 << 20)) == [0]
+        os.write(fd, whole[10:3000])  # header, part of the body
+        assert tail.read(100, 1 << 20) == []
+        os.write(fd, whole[3000:])
+        assert _numbers(tail.read(100, 1 << 20)) == [1]
+    finally:
+        os.close(fd)
+    tail.close()
+
+
+def test_the_tail_follows_segments_marks_and_deletes_and_the_writer_learns_its_bound(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, segment_bytes=100, max_bytes=250)
+    tail = JournalTail(tmp_path, mark_interval_s=0)
+    tail.open()
+    _fill(writer, 0, 6, size=40)  # frames of 50-99 bytes: a new segment every two records
+    assert writer.full and len(writer) == 6
+    records = tail.read(100, 1 << 20)
+    assert _numbers(records) == [0, 1, 2, 3, 4, 5]
+    tail.mark_shipped(records[:4])
+    writer.note_shipped(tail.shipped)
+    assert len(writer) == 2 and not writer.full  # the proxy takes calls again
+    assert sorted(int(p.stem) for p in tmp_path.glob("*.log")) == [4, 6]  # shipped segments gone
+    tail.mark_shipped(records[4:])
+    writer.note_shipped(tail.shipped)
+    assert len(writer) == 0 and writer.pending_bytes == 0
+    writer.close()
+    tail.close()
+
+
+def test_a_new_tail_starts_at_the_mark_and_a_restarted_writer_continues_the_numbering(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    _fill(writer, 0, 4)
+    tail = JournalTail(tmp_path, mark_interval_s=0)
+    tail.open()
+    tail.mark_shipped(tail.read(2, 1 << 20))
+    tail.close()
+    writer.close()
+    writer = _writer(tmp_path)  # the proxy restarts: it recovers the journal and starts a segment
+    assert writer.shipped == 1 and len(writer) == 2  # the writer never writes the mark
+    _fill(writer, 4, 1)
+    again = JournalTail(tmp_path)
+    again.open()
+    records = again.read(100, 1 << 20)
+    assert _numbers(records) == [2, 3, 4] and [r.seq for r in records] == [2, 3, 4]
+    again.rewind()
+    assert _numbers(again.read(100, 1 << 20)) == [2, 3, 4]  # after a failed batch: the same again
+    again.close()
+    writer.close()
+
+
+def test_damage_is_reported_not_skipped(tmp_path: Path) -> None:
+    writer = _writer(tmp_path)
+    _fill(writer, 0, 2)
+    writer.close()
+    segment = sorted(tmp_path.glob("*.log"))[0]
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    tail = JournalTail(tmp_path)
+    tail.open()
+    with pytest.raises(JournalCorruptError, match="damaged"):
+        tail.read(100, 1 << 20)
+    # A torn record in a segment with a newer one after it was never cut: damage too.
+    torn = tmp_path / "torn"
+    writer = _writer(torn)
+    _fill(writer, 0, 1)
+    writer.close()
+    first = sorted(torn.glob("*.log"))[0]
+    with first.open("ab") as handle:
+        handle.write(_FRAME.pack(100, 0, 1) + b"x" * 10)
+    (torn / f"{1:020d}.log").write_bytes(b"")
+    tail = JournalTail(torn)
+    tail.open()
+    with pytest.raises(JournalCorruptError, match="torn"):
+        tail.read(100, 1 << 20)

@@ -1,0 +1,96 @@
+"""A call journalled raw and built by the shipper gives the event the proxy would have built itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from test_capture_build import _capture, _choice, _json, _whole
+
+from producers.raw_calls import RAW_CALLS, pack_raw_call, ship_record, unpack_raw_call
+from schemas import DeadLetterV1, ModelCallV1, decode
+from schemas._errors import DeadLetterErrorType
+from schemas.call.v1 import ApiProtocol, CallStatus
+from stream import CALLS, DEAD_LETTERS, KafkaSettings, TopicRegistry
+
+REGISTRY = TopicRegistry.from_settings(KafkaSettings(topic_prefix="t."))
+
+
+def _shipped(capture: Any, status: CallStatus = CallStatus.OK, **kwargs: Any) -> ModelCallV1:
+    """Journal record -> shipped Kafka record -> decoded with full validation, checked against build()."""
+    topic, key, value, headers = pack_raw_call(capture, status, **kwargs)
+    assert topic == RAW_CALLS and key == capture.rollout_id.encode() and headers == ()
+    out_topic, out_key, out_value, out_headers = ship_record(REGISTRY, topic, key, value, headers, seq=7)
+    assert out_topic == REGISTRY[CALLS].name and out_key == key
+    event = decode(list(out_headers), out_value)
+    assert isinstance(event, ModelCallV1)
+    direct = _json(capture.build(status, validate=True, **kwargs))
+    shipped = _json(event)
+    direct["timings"].pop("total_s", None)
+    assert shipped == direct
+    # Shipping the same record again (a failed batch, a restart) gives the same event: same id.
+    again = decode(list(ship_record(REGISTRY, topic, key, value, headers, seq=7)[3]),
+                   ship_record(REGISTRY, topic, key, value, headers, seq=7)[2])
+    assert again.event_id == event.event_id and again.created_at == event.created_at
+    return event
+
+
+def test_whole_answer_with_versions_and_infinite_logprobs() -> None:
+    capture = _capture()
+    capture.on_response(_whole([_choice(weight_versions=[{"version": "3", "start": 0, "end": 1},
+                                                         {"version": "4", "start": 1, "end": 2}])]))
+    event = _shipped(capture, upstream_status_code=200, upstream_replica="http://engine")
+    assert list(event.choices[0].logprobs) == [-0.25, float("-inf")]  # JSON has no -inf; the record keeps it
+
+
+def test_streamed_cut_retry_and_failures() -> None:
+    capture = _capture(streamed=True, attempt=2, retry_of="c-0", protocol=ApiProtocol.ANTHROPIC_MESSAGES)
+    capture.on_chunk({"id": "x", "model": "m", "prompt_token_ids": [5, 6],
+                      "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    capture.on_chunk({"choices": [{"index": 0, "token_ids": [9], "logprobs": {"content": [{"logprob": -1.0}]},
+                                   "delta": {"tool_calls": [{"index": 0, "id": "t", "function": {"name": "ls"}}]}}]})
+    event = _shipped(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=200)
+    assert event.retry_of == "c-0" and event.streamed
+    failed = _shipped(_capture(), CallStatus.UPSTREAM_UNREACHABLE, error_message="no replica")
+    assert failed.error_message == "no replica" and failed.choices == []
+
+
+def test_the_trace_context_of_the_call_goes_with_its_event() -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("test")
+    capture = _capture()
+    capture.on_response(_whole([_choice()]))
+    with tracer.start_as_current_span("call") as span:
+        record = pack_raw_call(capture, CallStatus.OK)
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    headers = dict(ship_record(REGISTRY, *record, seq=0)[3])
+    assert trace_id in headers["traceparent"].decode()
+    assert trace.get_current_span().get_span_context().is_valid is False
+
+
+def test_a_capture_that_makes_no_valid_event_becomes_a_dead_letter_not_a_stuck_journal() -> None:
+    capture = _capture()
+    capture.on_response(_whole([_choice(index=-1)]))  # the engine reported a negative choice index
+    topic, key, value, headers = pack_raw_call(capture, CallStatus.OK, upstream_status_code=200)
+    out_topic, out_key, out_value, out_headers = ship_record(REGISTRY, topic, key, value, headers, seq=41)
+    assert out_topic == REGISTRY[DEAD_LETTERS].name and out_key == key
+    letter = decode(list(out_headers), out_value)
+    assert isinstance(letter, DeadLetterV1)
+    assert letter.value == value and letter.offset == 41 and letter.topic == RAW_CALLS
+    assert letter.error_type is DeadLetterErrorType.INVALID_EVENT and "greater than or equal to 0" in letter.reason
+
+
+@pytest.mark.parametrize("value", [b"not json", orjson.dumps({"rollout_id": "r"}),
+                                   orjson.dumps({"_event_id": 3, "_created_at": "2026-01-01T00:00:00+00:00"})])
+def test_garbage_raw_records_are_refused_with_a_reason(value: bytes) -> None:
+    with pytest.raises(ValueError, match="raw call record"):
+        unpack_raw_call(value)
+    assert ship_record(REGISTRY, RAW_CALLS, b"r", value, (), seq=0)[0] == REGISTRY[DEAD_LETTERS].name
+
+
+def test_other_records_pass_through_untouched() -> None:
+    record = ("t.openforge.rewards.v1", b"r", b"value", (("h", b"1"),))
+    assert ship_record(REGISTRY, *record, seq=3) == record
