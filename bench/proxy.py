@@ -348,6 +348,12 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def own_cpu_s(pid: int | None) -> float:
+    """CPU seconds used so far by ``pid`` itself, without its children (0 when unknown)."""
+    stat = _stat(pid) if pid is not None else None
+    return stat[1] if stat is not None else 0.0
+
+
 def tree_cpu_s(root: int | None) -> float:
     """CPU seconds used so far by ``root`` and its descendants (0 when unknown)."""
     if root is None:
@@ -385,6 +391,8 @@ class Cell:
     requests: int
     errors: int
     server_cpu_us: float
+    server_own_cpu_us: float
+    """The server's main process alone (the proxy without its shipping worker)."""
     upstream_cpu_us: float
     broker_cpu_us: float
     client_cpu_us: float
@@ -434,7 +442,8 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
         per_worker = max(1, max_requests // concurrency)
         counts = [0] * concurrency
         gc.collect()
-        cpu0 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time())
+        cpu0 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time(),
+                own_cpu_s(target.pid))
         started = time.perf_counter()
         deadline = started + duration_s
 
@@ -449,13 +458,15 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
 
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
         elapsed = time.perf_counter() - started
-        cpu1 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time())
+        cpu1 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time(),
+                own_cpu_s(target.pid))
     finally:
         await asyncio.gather(*(c.close() for c in conns))
     done = sum(counts)
     per = 1e6 / max(done, 1)
     return Cell(rps=done / elapsed, requests=done, errors=len(target.errors) - errors_before,
-                server_cpu_us=(cpu1[0] - cpu0[0]) * per, upstream_cpu_us=(cpu1[1] - cpu0[1]) * per,
+                server_cpu_us=(cpu1[0] - cpu0[0]) * per, server_own_cpu_us=(cpu1[4] - cpu0[4]) * per,
+                upstream_cpu_us=(cpu1[1] - cpu0[1]) * per,
                 broker_cpu_us=(cpu1[2] - cpu0[2]) * per, client_cpu_us=(cpu1[3] - cpu0[3]) * per)
 
 
@@ -532,7 +543,8 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_
                 counter += args.max_requests + 2 * concurrency
                 cells[target.name][concurrency].append(cell)
                 progress(f"round {round_no + 1}/{args.rounds} c={concurrency:<3} {target.label:<26} "
-                         f"{cell.rps:8,.0f} req/s  server CPU {cell.server_cpu_us:7,.0f} us/req  "
+                         f"{cell.rps:8,.0f} req/s  server CPU {cell.server_cpu_us:7,.0f} us/req "
+                         f"(main process {cell.server_own_cpu_us:5,.0f})  "
                          f"client CPU {cell.client_cpu_us:5,.0f} us/req"
                          + (f"  {cell.errors} errors" if cell.errors else ""))
     return Results(latency, ttft, cells)
@@ -612,7 +624,7 @@ def base_env() -> dict[str, str]:
 
 def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool, linger_ms: int = 0,
                   durability: str = "journal", journal_linger_ms: int | None = None,
-                  shipper: str = "process") -> dict[str, str]:
+                  shipper: str = "process", journal_fsync_ms: int | None = None) -> dict[str, str]:
     return {
         "OPENFORGE_KAFKA_COMPRESSION": kafka.compression,
         **base_env(),
@@ -623,6 +635,7 @@ def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool,
         "OPENFORGE_PROXY_DURABILITY": durability,
         "OPENFORGE_PROXY_JOURNAL_SHIPPER": shipper,
         **({"OPENFORGE_PROXY_JOURNAL_LINGER_MS": str(journal_linger_ms)} if journal_linger_ms is not None else {}),
+        **({"OPENFORGE_PROXY_JOURNAL_FSYNC_INTERVAL_MS": str(journal_fsync_ms)} if journal_fsync_ms is not None else {}),
         "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
         "PYTHONUNBUFFERED": "1",
@@ -735,6 +748,7 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
                 "requests": sum(c.requests for c in cells),
                 "errors": sum(c.errors for c in cells),
                 "server_cpu_us_median": statistics.median(c.server_cpu_us for c in cells),
+                "server_own_cpu_us_median": statistics.median(c.server_own_cpu_us for c in cells),
                 "upstream_cpu_us_median": statistics.median(c.upstream_cpu_us for c in cells),
                 "broker_cpu_us_median": statistics.median(c.broker_cpu_us for c in cells),
                 "client_cpu_us_median": statistics.median(c.client_cpu_us for c in cells),
@@ -807,18 +821,20 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
     mid = conc[len(conc) // 2]
     header = (f"{'req/s (median of ' + str(args.rounds) + ')':<{width}} "
               + " ".join(f"{'c=' + c:>8}" for c in conc)
-              + f" {'CPU us/req c=' + mid:>16} {'upstream':>9} {'broker':>7} {'client':>7}")
+              + f" {'CPU us/req c=' + mid:>16} {'main':>6} {'upstream':>9} {'broker':>7} {'client':>7}")
     lines.extend([header, "-" * len(header)])
     for name, per_c in summary["throughput"].items():
         cells = " ".join(f"{per_c[c]['rps_median']:>8,.0f}" if c in per_c else f"{'-':>8}" for c in conc)
         m = per_c.get(mid, {})
         lines.append(f"{labels[name]:<{width}} {cells} {m.get('server_cpu_us_median', math.nan):>16,.0f} "
+                     f"{m.get('server_own_cpu_us_median', math.nan):>6,.0f} "
                      f"{m.get('upstream_cpu_us_median', math.nan):>9,.0f} "
                      f"{m.get('broker_cpu_us_median', math.nan):>7,.0f} "
                      f"{m.get('client_cpu_us_median', math.nan):>7,.0f}")
     lines.append("")
     lines.append("+p50/+p99: added over direct (difference of percentiles). CPU us/req: CPU time per request of "
-                 "the target's server process, the upstream, the Kafka broker and this load generator, "
+                 "the target's server (with its children; main: its main process alone, without the proxy's "
+                 "shipping worker), the upstream, the Kafka broker and this load generator, "
                  f"at c={mid}; the broker's includes its background work (tens of ms per second), which "
                  "dominates at low request rates.")
     lines.append(f"All processes share {os.cpu_count()} cores with the load generator; req/s are lower bounds "
@@ -894,7 +910,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                        "--upstream", f"http://127.0.0.1:{upstream_port}", "--port"]
             openforge = Process("openforge proxy (capture on)", [*of_argv, str(of_port)],
                                 openforge_env(kafka, key, tmp / "spool-on", capture=True, linger_ms=args.linger_ms,
-                                              journal_linger_ms=args.journal_linger_ms),
+                                              journal_linger_ms=args.journal_linger_ms,
+                                              journal_fsync_ms=args.journal_fsync_ms),
                                 tmp / "openforge.log")
             processes.append(openforge)
             acked: Process | None = None
@@ -909,7 +926,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                 inline = Process("openforge proxy (capture on, inline shipper)", [*of_argv, str(inline_port)],
                                  openforge_env(kafka, key, tmp / "spool-inline", capture=True,
                                                linger_ms=args.linger_ms, journal_linger_ms=args.journal_linger_ms,
-                                               shipper="inline"),
+                                               shipper="inline", journal_fsync_ms=args.journal_fsync_ms),
                                  tmp / "openforge-inline.log")
                 processes.append(inline)
             nocap: Process | None = None
@@ -1022,6 +1039,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--journal-linger-ms", type=int, default=None,
                         help="the journalling proxy's OPENFORGE_PROXY_JOURNAL_LINGER_MS (default: the setting's)")
+    parser.add_argument("--journal-fsync-ms", type=int, default=None,
+                        help="the journalling proxies' OPENFORGE_PROXY_JOURNAL_FSYNC_INTERVAL_MS (default: the setting's)")
     parser.add_argument("--skip-inline", action="store_true",
                         help="leave out the proxy that ships its journal from its own event loop")
     parser.add_argument("--skip-ack", action="store_true",

@@ -51,6 +51,7 @@ OPENFORGE_PROXY_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
 OPENFORGE_PROXY_ALLOW_ANONYMOUS: {{ $v.allowAnonymous | quote }}
 OPENFORGE_PROXY_SPOOL_DIR: "/var/spool/openforge"
 OPENFORGE_PROXY_DURABILITY: {{ $v.durability | quote }}
+OPENFORGE_PROXY_JOURNAL_SHIPPER: {{ $v.journalShipper | quote }}
 {{- end }}
 
 {{- define "openforge.env.launcher" -}}

@@ -275,3 +275,40 @@ async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, 
     finally:
         await shutdown(server, task)
         broker.stop()
+
+
+async def test_a_killed_shipping_worker_is_restarted_and_no_call_is_lost(vllm_url: str, tmp_path: Path) -> None:
+    """SIGKILL the proxy's shipping worker mid-run: the proxy keeps answering, starts another, and
+    every call reaches Kafka (a record shipped but not yet marked may arrive twice, with one id)."""
+    port = free_port_pair()
+    broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
+    broker.start()
+    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=1, linger_ms=0, request_timeout_ms=5000)
+    registry = TopicRegistry.from_settings(kafka)
+    async with KafkaAdmin(kafka, registry) as admin:
+        await admin.create_topics()
+    from proxy.settings import ProxySettings
+    settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
+                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0)
+    server, task = await serve(settings)
+    url = f"http://127.0.0.1:{settings.port}/rollouts/r-w/v1/chat/completions"
+    token = mint_token(KEY, "r-w", Role.AGENT, 600)
+    try:
+        worker = server.config.app.state.openforge.publisher._worker
+        first_pid = worker._process.pid
+        before = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(3)]
+        os.kill(first_pid, signal.SIGKILL)
+        during = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(3, 6)]
+        assert [r.status_code for r in before + during] == [200] * 6  # the harness never noticed
+        for _ in range(100):
+            if worker.restarts and worker.kafka_ok:
+                break
+            await asyncio.sleep(0.1)
+        assert worker.restarts == 1 and worker._process.pid != first_pid
+        ready = await _ready_until(settings.port, lambda r: r["spooled"] == 0 and r["kafka"])
+        assert ready["spooled"] == 0 and ready["kafka"] is True
+        events = await read_events(kafka, registry, expect=6)
+        assert sorted({e.event_id: e.request.sampling["seed"] for e in events}.values()) == list(range(6))
+    finally:
+        await shutdown(server, task)
+        broker.stop()
