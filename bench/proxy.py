@@ -635,7 +635,8 @@ def openforge_env(kafka: KafkaSettings, key: str, spool: Path, *, capture: bool,
         "OPENFORGE_PROXY_DURABILITY": durability,
         "OPENFORGE_PROXY_JOURNAL_SHIPPER": shipper,
         **({"OPENFORGE_PROXY_JOURNAL_LINGER_MS": str(journal_linger_ms)} if journal_linger_ms is not None else {}),
-        **({"OPENFORGE_PROXY_JOURNAL_FSYNC_INTERVAL_MS": str(journal_fsync_ms)} if journal_fsync_ms is not None else {}),
+        **({"OPENFORGE_PROXY_JOURNAL_FSYNC_INTERVAL_MS": str(journal_fsync_ms)}
+           if journal_fsync_ms is not None else {}),
         "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
         "PYTHONUNBUFFERED": "1",
@@ -1040,7 +1041,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--journal-linger-ms", type=int, default=None,
                         help="the journalling proxy's OPENFORGE_PROXY_JOURNAL_LINGER_MS (default: the setting's)")
     parser.add_argument("--journal-fsync-ms", type=int, default=None,
-                        help="the journalling proxies' OPENFORGE_PROXY_JOURNAL_FSYNC_INTERVAL_MS (default: the setting's)")
+                        help="the journalling proxies' OPENFORGE_PROXY_JOURNAL_FSYNC_INTERVAL_MS "
+                             "(default: the setting's)")
     parser.add_argument("--skip-inline", action="store_true",
                         help="leave out the proxy that ships its journal from its own event loop")
     parser.add_argument("--skip-ack", action="store_true",
