@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Literal, Protocol
 
 from producers.capture import CallCapture
+from producers.raw_calls import EngineExchange
 from producers.spool import DiskSpool
 from schemas import EventBase
 from schemas.call.v1 import CallStatus
@@ -76,8 +77,13 @@ class EventLog(Protocol):
         """Keep ``event`` durably; with ``wait_for_kafka``, try to have it in Kafka before returning."""
 
     async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
-                           error_message: str | None, upstream_replica: str | None) -> Outcome:
-        """Keep the event of a finished call (built here, or journalled raw and built when shipped)."""
+                           error_message: str | None, upstream_replica: str | None,
+                           exchange: EngineExchange | None = None) -> Outcome:
+        """Keep the event of a finished call (built here, or journalled raw and built when shipped).
+
+        ``exchange``, for a whole answer that ended ``ok``, lets a journal keep the engine's bytes
+        instead of the capture's fields.
+        """
 
     async def stop(self) -> None:
         """Hand over what Kafka will take in time; keep the rest on disk. Idempotent."""
@@ -177,8 +183,10 @@ class DurablePublisher:
         return "spool"
 
     async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
-                           error_message: str | None, upstream_replica: str | None) -> Outcome:
+                           error_message: str | None, upstream_replica: str | None,
+                           exchange: EngineExchange | None = None) -> Outcome:
         """Build the call's event and publish it (this mode waits for Kafka anyway)."""
+        del exchange
         event = capture.build(status, upstream_status_code=upstream_status_code, error_message=error_message,
                               upstream_replica=upstream_replica)
         return await self.publish(CALLS, event)

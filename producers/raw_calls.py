@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import struct
 from array import array
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from pydantic import BaseModel
 
-from producers.capture import CallCapture, event_from_fields
+from producers.capture import CallCapture, event_from_fields, normalize_request
 from schemas import DeadLetterV1, ModelCallV1
 from schemas._base import new_event_id
 from schemas._errors import DeadLetterErrorType
@@ -41,6 +43,12 @@ RAW_CALLS = "openforge/raw-calls"
 """The topic name raw call records are journalled under. The ``/`` makes it an illegal Kafka
 topic name, so it can never be mistaken for a real topic, and a shipper that did not know it
 would fail loudly rather than send it."""
+
+RAW_EXCHANGES = "openforge/raw-exchanges"
+"""The topic name whole answers are journalled under: the call's metadata, then the request body
+sent to the engine and the engine's answer, byte for byte (:func:`pack_raw_exchange`)."""
+
+_LENGTHS = struct.Struct("<II")  # metadata length, request body length
 
 #: Consumer group named in the dead letters of records that could not be made events.
 SHIPPER_GROUP = "openforge-proxy-shipper"
@@ -81,6 +89,81 @@ def pack_raw_call(capture: CallCapture, status: CallStatus, *, upstream_status_c
     return RAW_CALLS, capture.rollout_id.encode(), value, ()
 
 
+@dataclass(frozen=True)
+class EngineExchange:
+    """A whole answer's engine exchange as it went over the wire, for :func:`pack_raw_exchange`."""
+
+    request: bytes
+    """The chat-completions body sent to the engine."""
+    answer: bytes
+    """The engine's answer body."""
+    asked: dict[str, Any]
+    """The capture fields the harness itself set (see :func:`normalize_request`)."""
+
+
+def pack_raw_exchange(capture: CallCapture, exchange: EngineExchange, *, upstream_status_code: int | None,
+                      upstream_replica: str | None) -> Record:
+    """The journal record of a whole answer: a little metadata, and the engine exchange as sent and received.
+
+    The cheapest record of a call the proxy can write: the request body and the answer are bytes
+    it holds anyway, so only the metadata is dumped; the shipper parses both again and takes the
+    call's token ids, logprobs and summary from them exactly as :meth:`CallCapture.on_response`
+    did here. Only for calls that ended ``ok`` with a whole answer.
+
+    Args:
+        capture: The call, after :meth:`CallCapture.on_response`.
+        exchange: What was sent and received.
+        upstream_status_code: The engine's HTTP status.
+        upstream_replica: The replica that served the call.
+    """
+    trace: list[tuple[str, bytes]] = []
+    inject_trace_context(trace)
+    head = orjson.dumps({
+        "rollout_id": capture.rollout_id, "task_id": capture.task_id, "call_id": capture.call_id,
+        "attempt": capture.attempt, "retry_of": capture.retry_of, "protocol": capture.protocol,
+        "model": capture.model, "streamed": capture.streamed, "session_headers": capture.headers,
+        "started_at": capture.started_at, "first_token_s": capture.first_token_s, "total_s": capture.elapsed(),
+        "weight_version": capture.weight_version, "asked": exchange.asked,
+        "upstream_status_code": upstream_status_code, "upstream_replica": upstream_replica,
+        "_event_id": new_event_id(), "_created_at": datetime.now(UTC),
+        "_trace": [(name, value.decode()) for name, value in trace],
+    })
+    value = b"".join((_LENGTHS.pack(len(head), len(exchange.request)), head, exchange.request, exchange.answer))
+    return RAW_EXCHANGES, capture.rollout_id.encode(), value, ()
+
+
+def unpack_raw_exchange(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]:
+    """The event a raw exchange record describes, and the trace headers it carried.
+
+    Raises:
+        ValueError: the record is not of the expected shape, or does not make a valid event.
+    """
+    try:
+        head_length, request_length = _LENGTHS.unpack_from(value)
+        start = _LENGTHS.size + head_length
+        meta = orjson.loads(value[_LENGTHS.size:start])
+        chat = orjson.loads(value[start:start + request_length])
+        answer = orjson.loads(value[start + request_length:])
+        capture = CallCapture(
+            rollout_id=meta["rollout_id"], call_id=meta["call_id"], protocol=ApiProtocol(meta["protocol"]),
+            model=meta["model"], request=normalize_request(chat, meta["asked"]), streamed=meta["streamed"],
+            task_id=meta["task_id"], attempt=meta["attempt"], retry_of=meta["retry_of"],
+            headers=meta["session_headers"])
+        capture.on_response(answer)
+        capture.weight_version = meta["weight_version"]
+        data = capture.fields(CallStatus.OK, upstream_status_code=meta["upstream_status_code"],
+                              upstream_replica=meta["upstream_replica"])
+        data["timings"] = {"started_at": datetime.fromisoformat(meta["started_at"]),
+                           "time_to_first_token_s": meta["first_token_s"], "total_s": meta["total_s"]}
+        event_id, created_at = meta["_event_id"], datetime.fromisoformat(meta["_created_at"])
+        trace = [(str(name), str(text).encode()) for name, text in meta["_trace"]]
+    except (struct.error, orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"not a raw exchange record: {exc!r}") from exc
+    if type(event_id) is not str or created_at.tzinfo is None:
+        raise ValueError("a raw exchange record needs a string event id and an aware creation time")
+    return event_from_fields(data, event_id=event_id, created_at=created_at.astimezone(UTC)), trace
+
+
 def unpack_raw_call(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]:
     """The event a raw call record describes, and the trace headers it carried.
 
@@ -119,16 +202,16 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
     journal's sequence number, stands in for the offset it never had), so the journal moves on
     and the call stays inspectable.
     """
-    if topic != RAW_CALLS:
+    if topic not in (RAW_CALLS, RAW_EXCHANGES):
         return topic, key, value, headers
     try:
-        event, trace = unpack_raw_call(value)
+        event, trace = unpack_raw_call(value) if topic == RAW_CALLS else unpack_raw_exchange(value)
         calls = registry[CALLS]
         record_key, encoded, event_headers = encode_record(calls, event)
     except ValueError as exc:
         truncated = len(value) > _MAX_LETTER_VALUE
         letter = DeadLetterV1(
-            topic=RAW_CALLS, partition=0, offset=seq, key=key, value=value[:_MAX_LETTER_VALUE],
+            topic=topic, partition=0, offset=seq, key=key, value=value[:_MAX_LETTER_VALUE],
             value_truncated=truncated, headers=[],
             error_type=DeadLetterErrorType.INVALID_EVENT, reason=f"call capture made no valid event: {exc}"[:4000],
             exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}", consumer_group=SHIPPER_GROUP)
@@ -141,4 +224,5 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
     return calls.name, record_key, encoded, tuple(kept + trace)
 
 
-__all__ = ["RAW_CALLS", "Record", "pack_raw_call", "ship_record", "unpack_raw_call"]
+__all__ = ["RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "pack_raw_call", "pack_raw_exchange",
+           "ship_record", "unpack_raw_call", "unpack_raw_exchange"]

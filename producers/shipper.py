@@ -28,7 +28,7 @@ from typing import Protocol
 from producers.capture import CallCapture
 from producers.durable import Outcome, connect_producer
 from producers.journal import Journal, JournalCorruptError, JournalRecord
-from producers.raw_calls import pack_raw_call, ship_record
+from producers.raw_calls import EngineExchange, pack_raw_call, pack_raw_exchange, ship_record
 from producers.ship_worker import ShipperProcess, WorkerSpec
 from producers.spool import DiskSpool
 from schemas import EventBase
@@ -331,10 +331,19 @@ class JournalPublisher:
         return "kafka" if self.journal.shipped >= seq else "journal"
 
     async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
-                           error_message: str | None, upstream_replica: str | None) -> Outcome:
-        """Journal the call's capture as it is; the shipper builds its event (:mod:`producers.raw_calls`)."""
-        record = pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
-                               error_message=error_message, upstream_replica=upstream_replica)
+                           error_message: str | None, upstream_replica: str | None,
+                           exchange: EngineExchange | None = None) -> Outcome:
+        """Journal the call's capture as it is; the shipper builds its event (:mod:`producers.raw_calls`).
+
+        A whole answer that ended ``ok`` is journalled as its engine exchange (``exchange``),
+        the cheapest record to write; anything else as the capture's fields.
+        """
+        if exchange is not None and status is CallStatus.OK:
+            record = pack_raw_exchange(capture, exchange, upstream_status_code=upstream_status_code,
+                                       upstream_replica=upstream_replica)
+        else:
+            record = pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
+                                   error_message=error_message, upstream_replica=upstream_replica)
         self.journal.append(*record)
         await self._appended()
         return "journal"

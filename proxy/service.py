@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from producers.capture import CAPTURE_KEYS, CallCapture, normalize_request, session_headers
 from producers.durable import EventLog
+from producers.raw_calls import EngineExchange
 from proxy import telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
@@ -139,8 +140,8 @@ class CallService:
                                                           attributes={"server.address": replica})
                 upstream_t0 = time.perf_counter()
                 version_before = self.upstream.weight_version(replica)
-                upstream_response = await self.upstream.client.post(f"{replica}/v1/chat/completions",
-                                                                    orjson.dumps(chat))
+                sent = orjson.dumps(chat)
+                upstream_response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
             except EngineTimeoutError as exc:
                 with contextlib.suppress(UnboundLocalError):
                     client_span.end()
@@ -168,7 +169,8 @@ class CallService:
                                     client_span, fingerprint, version_before)
             finished = False
             try:
-                payload = orjson.loads(await upstream_response.read())
+                answer_bytes = await upstream_response.read()
+                payload = orjson.loads(answer_bytes)
                 finished = True
             except (EngineError, orjson.JSONDecodeError) as exc:
                 client_span.end()
@@ -181,7 +183,7 @@ class CallService:
             capture.on_response(payload)
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
             await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status,
-                               replica=replica)
+                               replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
             self.retries.end(caller.rollout_id, fingerprint, call_id, ok=True)
             answer = adapter.from_chat(payload, body, asked)
             telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
@@ -278,11 +280,13 @@ class CallService:
         return _json(adapter.error(http_status, message, kind), http_status)
 
     async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,
-                      upstream_status_code: int | None = None, replica: str | None = None) -> None:
+                      upstream_status_code: int | None = None, replica: str | None = None,
+                      exchange: EngineExchange | None = None) -> None:
         if not self.settings.capture:
             return
         outcome = await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
-                                                    error_message=error_message, upstream_replica=replica)
+                                                    error_message=error_message, upstream_replica=replica,
+                                                    exchange=exchange)
         if outcome == "spool":
             telemetry.publish_errors.add(1)
         telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": status.value})

@@ -6,9 +6,19 @@ from typing import Any
 
 import orjson
 import pytest
-from test_capture_build import _capture, _choice, _json, _whole
+from test_capture_build import CHAT, _capture, _choice, _json, _whole
 
-from producers.raw_calls import RAW_CALLS, pack_raw_call, ship_record, unpack_raw_call
+from producers.capture import CAPTURE_KEYS, normalize_request
+from producers.raw_calls import (
+    RAW_CALLS,
+    RAW_EXCHANGES,
+    EngineExchange,
+    pack_raw_call,
+    pack_raw_exchange,
+    ship_record,
+    unpack_raw_call,
+    unpack_raw_exchange,
+)
 from schemas import DeadLetterV1, ModelCallV1, decode
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import ApiProtocol, CallStatus
@@ -94,3 +104,54 @@ def test_garbage_raw_records_are_refused_with_a_reason(value: bytes) -> None:
 def test_other_records_pass_through_untouched() -> None:
     record = ("t.openforge.rewards.v1", b"r", b"value", (("h", b"1"),))
     assert ship_record(REGISTRY, *record, seq=3) == record
+
+
+def _exchange(answer: dict[str, Any], *, weight_version: str | None = None) -> tuple[Any, EngineExchange]:
+    """A whole answer as the proxy sees it: the harness's body, what went to the engine, what came back."""
+    harness = {**CHAT, "logprobs": True}
+    asked = {k: harness[k] for k in CAPTURE_KEYS if k in harness}
+    capture = _capture(request=normalize_request(harness, asked))
+    sent = {**harness, "model": "served", "return_token_ids": True, "return_weight_versions": True}
+    raw = orjson.dumps(answer)
+    capture.on_response(orjson.loads(raw))
+    capture.weight_version = weight_version
+    return capture, EngineExchange(orjson.dumps(sent), raw, asked)
+
+
+def _finite(choice: dict[str, Any]) -> dict[str, Any]:
+    # An engine answer is JSON: its logprobs are finite (or the proxy could not have parsed it).
+    return {**choice, "logprobs": {"content": [{"token": "a", "logprob": -0.25}, {"token": "b", "logprob": -3.5}]}}
+
+
+@pytest.mark.parametrize(("answer", "weight_version"), [
+    (_whole([_finite(_choice(weight_versions=[{"version": "3", "start": 0, "end": 1},
+                                              {"version": "4", "start": 1, "end": 2}]))]), None),
+    (_whole([_finite(_choice(1, stop_reason=13)), _finite(_choice(0, stop_reason="</s>"))]), "base"),
+])
+def test_a_whole_answer_journalled_as_its_engine_exchange_gives_the_same_event(
+        answer: dict[str, Any], weight_version: str | None) -> None:
+    capture, exchange = _exchange(answer, weight_version=weight_version)
+    topic, key, value, headers = pack_raw_exchange(capture, exchange, upstream_status_code=200,
+                                                   upstream_replica="http://engine")
+    assert topic == RAW_EXCHANGES and exchange.request in value and exchange.answer in value
+    out_topic, _, out_value, out_headers = ship_record(REGISTRY, topic, key, value, headers, seq=1)
+    event = decode(list(out_headers), out_value)
+    assert out_topic == REGISTRY[CALLS].name and isinstance(event, ModelCallV1)
+    direct = _json(capture.build(CallStatus.OK, validate=True, upstream_status_code=200,
+                                 upstream_replica="http://engine"))
+    assert _json(event) == direct  # token ids, logprobs, versions, request and summary alike
+    assert event.timings.total_s > 0 and event.request.extra == {"response_format": {"type": "text"},
+                                                                 "logprobs": True}
+    assert unpack_raw_exchange(value)[0].event_id == event.event_id
+
+
+def test_a_damaged_exchange_record_becomes_a_dead_letter() -> None:
+    capture, exchange = _exchange(_whole([_finite(_choice())]))
+    record = pack_raw_exchange(capture, EngineExchange(exchange.request, b"{not json", exchange.asked),
+                               upstream_status_code=200, upstream_replica=None)
+    with pytest.raises(ValueError, match="raw exchange record"):
+        unpack_raw_exchange(record[2])
+    topic, _, value, headers = ship_record(REGISTRY, *record, seq=5)
+    letter = decode(list(headers), value)
+    assert topic == REGISTRY[DEAD_LETTERS].name and isinstance(letter, DeadLetterV1)
+    assert letter.topic == RAW_EXCHANGES and letter.value == record[2]
