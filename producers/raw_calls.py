@@ -3,9 +3,14 @@
 Why: building a ``ModelCallV1`` (packing the token arrays, the checks that stand in for
 validation) and encoding it cost the proxy about half of capture's CPU, on the event loop that
 also serves every call. The journal only needs the call's fields to be durable before the answer
-completes, not the event. So the proxy writes :meth:`CallCapture.fields` as one ``orjson`` dump
-(microseconds) under the reserved topic name :data:`RAW_CALLS`, and the shipper, which can run in
-a process of its own, turns each such record into the event on its way to Kafka.
+completes, not the event. So the proxy journals one of two records, under reserved topic names,
+and the shipper, which can run in a process of its own, turns each into the event on its way to
+Kafka:
+
+* :data:`RAW_EXCHANGES`, for a whole answer that ended ``ok``: a little metadata, then the request
+  body sent to the engine and the engine's answer, bytes the proxy holds anyway;
+* :data:`RAW_CALLS`, for everything else (streams, failures): :meth:`CallCapture.fields` as one
+  ``orjson`` dump.
 
 The record carries the event's id, creation time and trace context, fixed when the call
 finished: a record shipped twice (after a failed batch, or a restart before the ``shipped`` mark
