@@ -219,6 +219,10 @@ class CallCapture:
         """Seconds since the call began."""
         return time.perf_counter() - self._t0
 
+    def outcome(self, status: CallStatus) -> CallStatus:
+        """The status the call's event records for ``status`` (an ``ok`` without choices is an engine error)."""
+        return CallStatus.UPSTREAM_ERROR if status is CallStatus.OK and not self._choices else status
+
     @property
     def completion_tokens(self) -> int:
         """Tokens sampled so far, over all choices."""
@@ -263,8 +267,8 @@ class CallCapture:
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             })
-        if status is CallStatus.OK and not choices:
-            status, error_message = CallStatus.UPSTREAM_ERROR, error_message or "engine returned no choices"
+        if self.outcome(status) is not status:
+            status, error_message = self.outcome(status), error_message or "engine returned no choices"
         usage = None
         if self.usage:
             usage = {

@@ -199,6 +199,12 @@ class Journal:
             self._segments.append(_Segment(first_seq, path, size))
             last_seq = max(last_seq, end_seq)
             self._pending_bytes += unshipped_bytes
+        if self._segments and self._segments[0].first_seq - 1 > self._shipped:
+            # Segments below the first one left were deleted as shipped, after a mark that
+            # was not written in time (a crash): everything before it is in Kafka.
+            logger.info("journal mark %d is older than the first segment (%d); moving it up",
+                        self._shipped, self._segments[0].first_seq)
+            self._shipped = self._segments[0].first_seq - 1
         self._next_seq = last_seq + 1
         self._pending = self._next_seq - 1 - self._shipped
         self._drop_shipped_segments()
@@ -392,7 +398,13 @@ class Journal:
         self._mark.write(self._shipped, force=force)
 
     def _drop_shipped_segments(self) -> None:
-        """Delete segments whose every record is shipped (never the active one)."""
+        """Delete segments whose every record is shipped (never the active one).
+
+        The mark is written first: a mark older than the segments left would send a restarted
+        shipper looking for records that are gone.
+        """
+        if len(self._segments) > 1 and self._segments[1].first_seq - 1 <= self._shipped:
+            self._mark.write(self._shipped, force=True)
         while len(self._segments) > 1 and self._segments[1].first_seq - 1 <= self._shipped:
             done = self._segments.pop(0)
             if self._read_path == done.path and self._read_fd is not None:

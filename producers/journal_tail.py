@@ -55,6 +55,10 @@ class JournalTail:
     def open(self) -> None:
         """Read the mark and put the cursor on the first record not shipped."""
         self._shipped = self._mark.read()
+        segments = self._segments()
+        if segments and segments[0][0] - 1 > self._shipped:
+            # Older segments were deleted as shipped after a mark that was not written in time.
+            self._shipped = segments[0][0] - 1
         self._seek(self._shipped + 1)
 
     def close(self) -> None:
@@ -167,11 +171,13 @@ class JournalTail:
         if records[0].seq != self._shipped + 1:
             raise ValueError(f"shipped {records[0].seq} before {self._shipped + 1}")
         self._shipped = records[-1].seq
-        self.write_mark()
         segments = self._segments()
-        for (_, path), (next_first, _) in itertools.pairwise(segments):
-            if next_first - 1 <= self._shipped and path != self._path:
-                path.unlink(missing_ok=True)
+        done = [path for (_, path), (next_first, _) in itertools.pairwise(segments)
+                if next_first - 1 <= self._shipped and path != self._path]
+        # The mark before the deletion: a restarted shipper must not look for deleted records.
+        self.write_mark(force=bool(done))
+        for path in done:
+            path.unlink(missing_ok=True)
 
     def write_mark(self, *, force: bool = False) -> None:
         """Persist the ``shipped`` mark (:class:`producers.journal.ShippedMark`)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import struct
 from array import array
 from dataclasses import dataclass
@@ -213,9 +214,12 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
         event, trace = unpack_raw_call(value) if topic == RAW_CALLS else unpack_raw_exchange(value)
         calls = registry[CALLS]
         record_key, encoded, event_headers = encode_record(calls, event)
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the record holds, the journal must move on
         truncated = len(value) > _MAX_LETTER_VALUE
         letter = DeadLetterV1(
+            # The same record always makes a letter with the same id, so a batch sent again
+            # repeats the id and consumers drop the copy.
+            event_id=hashlib.sha256(value).hexdigest()[:32],
             topic=topic, partition=0, offset=seq, key=key, value=value[:_MAX_LETTER_VALUE],
             value_truncated=truncated, headers=[],
             error_type=DeadLetterErrorType.INVALID_EVENT, reason=f"call capture made no valid event: {exc}"[:4000],

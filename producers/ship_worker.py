@@ -35,14 +35,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import orjson
 
 from producers.journal_tail import LOCK_NAME, JournalTail
-
-if TYPE_CHECKING:
-    from producers.shipper import Shipper
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +170,8 @@ class ShipperProcess:
             self._on_progress()
             logger.error("journal shipper exited with %s; starting another in %.0fs", code, backoff)
             await asyncio.sleep(backoff)
+            if self._stopping:
+                return
             backoff = min(backoff * 2, 10.0)
             self.restarts += 1
             await self._spawn()
@@ -186,16 +184,24 @@ class ShipperProcess:
                 process.stdin.write(b"w")
 
     async def stop(self, deadline_s: float) -> None:
-        """Ask the worker to ship what is left and exit; kill it after ``deadline_s`` and some. Idempotent."""
+        """Ask the worker to ship what is left and exit; kill it after ``deadline_s`` and some. Idempotent.
+
+        The worker may spend ``deadline_s`` shipping and one acknowledgement timeout more
+        closing its Kafka client; it writes its mark before that.
+        """
         if self._stopping:
             return
         self._stopping = True
-        process = self._process
-        if process is not None and process.returncode is None:
+        stopped: set[int] = set()
+        # A worker being restarted as the stop begins is stopped too, after the one seen first.
+        while (process := self._process) is not None and id(process) not in stopped:
+            stopped.add(id(process))
+            if process.returncode is not None:
+                continue
             assert process.stdin is not None
             process.stdin.close()
             try:
-                await asyncio.wait_for(process.wait(), deadline_s + 5.0)
+                await asyncio.wait_for(process.wait(), deadline_s + self.spec.ack_timeout_s + 5.0)
             except TimeoutError:
                 logger.warning("journal shipper did not exit in time; killing it")
                 process.kill()
@@ -208,14 +214,25 @@ class ShipperProcess:
 # -- the worker ------------------------------------------------------------------------------------
 
 
-def _report(shipper: Shipper, tail: JournalTail) -> None:
-    line = orjson.dumps({"shipped": tail.shipped, "kafka_ok": shipper.kafka_ok,
-                         "errors": shipper.publish_errors, "failed": shipper.failed})
-    sys.stdout.buffer.write(line + b"\n")
-    sys.stdout.buffer.flush()
+class _Reporter:
+    """Progress lines to the proxy; silent once the proxy is gone (its pipe broke)."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def __call__(self, shipped: int, kafka_ok: bool, errors: int, failed: bool) -> None:
+        if self.gone:
+            return
+        try:
+            line = orjson.dumps({"shipped": shipped, "kafka_ok": kafka_ok, "errors": errors, "failed": failed})
+            sys.stdout.buffer.write(line + b"\n")
+            sys.stdout.buffer.flush()
+        except OSError:
+            self.gone = True  # the proxy died: ship what is left anyway, without telling anyone
 
 
 async def _work(directory: Path) -> int:
+    from producers.journal import JournalCorruptError
     from producers.shipper import Shipper
     from stream import EventProducer, KafkaSettings, TopicRegistry
 
@@ -225,39 +242,52 @@ async def _work(directory: Path) -> int:
     spec = WorkerSpec(**orjson.loads(await stdin.readline()))
     kafka = KafkaSettings.model_validate(spec.kafka)
     registry = TopicRegistry.from_settings(kafka)
+    report = _Reporter()
     lock = await asyncio.to_thread(_lock, directory, _LOCK_WAIT_S)
     tail = JournalTail(directory)
-    tail.open()
-    shipper = Shipper(lambda: EventProducer(kafka, registry=registry, client_id=spec.client_id), tail, registry,
-                      ack_timeout_s=spec.ack_timeout_s, batch_records=spec.batch_records,
-                      batch_bytes=spec.batch_bytes, linger_s=spec.linger_s,
-                      idle_wait_s=max(spec.linger_s, 0.01), on_progress=lambda: _report(shipper, tail))
-    await shipper.connect()
-    _report(shipper, tail)
-    runner = asyncio.create_task(shipper.run())
-
-    async def listen() -> None:
-        while data := await stdin.read(4096):
-            if b"w" in data:
-                shipper.wake()
-        shipper.stop_when_done()  # the proxy closed stdin, or died
-
-    listener = asyncio.create_task(listen())
-    done, _ = await asyncio.wait({runner, listener}, return_when=asyncio.FIRST_COMPLETED)
-    if listener in done:
+    try:
         try:
-            await asyncio.wait_for(asyncio.shield(runner), spec.ack_timeout_s * 2)
-        except TimeoutError:
-            logger.warning("Kafka did not take the journal in time; the rest stays in %s", directory)
-    runner.cancel()
-    listener.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await runner
-    await shipper.close()
-    tail.close()
-    _report(shipper, tail)
-    os.close(lock)
-    return 1 if shipper.failed else 0
+            tail.open()
+        except JournalCorruptError:
+            logger.exception("the journal at %s is damaged; not shipping it", directory)
+            report(-1, False, 0, True)
+            return 1
+        shipper = Shipper(lambda: EventProducer(kafka, registry=registry, client_id=spec.client_id), tail,
+                          registry, ack_timeout_s=spec.ack_timeout_s, batch_records=spec.batch_records,
+                          batch_bytes=spec.batch_bytes, linger_s=spec.linger_s,
+                          idle_wait_s=max(spec.linger_s, 0.01),
+                          on_progress=lambda: report(tail.shipped, shipper.kafka_ok, shipper.publish_errors,
+                                                     shipper.failed))
+        await shipper.connect()
+        report(tail.shipped, shipper.kafka_ok, shipper.publish_errors, shipper.failed)
+        runner = asyncio.create_task(shipper.run())
+
+        async def listen() -> None:
+            while data := await stdin.read(4096):
+                if b"w" in data:
+                    shipper.wake()
+            shipper.stop_when_done()  # the proxy closed stdin, or died
+
+        listener = asyncio.create_task(listen())
+        # A SIGTERM to the proxy's whole process group means the same as the proxy stopping.
+        loop.add_signal_handler(signal.SIGTERM, shipper.stop_when_done)
+        done, _ = await asyncio.wait({runner, listener}, return_when=asyncio.FIRST_COMPLETED)
+        if listener in done:
+            try:
+                await asyncio.wait_for(asyncio.shield(runner), spec.ack_timeout_s * 2)
+            except TimeoutError:
+                logger.warning("Kafka did not take the journal in time; the rest stays in %s", directory)
+        runner.cancel()
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        tail.close()  # the mark first: closing the Kafka client may take a while
+        report(tail.shipped, shipper.kafka_ok, shipper.publish_errors, shipper.failed)
+        await shipper.close()
+        return 1 if shipper.failed else 0
+    finally:
+        tail.close()
+        os.close(lock)
 
 
 def main() -> None:
@@ -267,7 +297,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         raise SystemExit("usage: python -m producers.ship_worker <journal folder>")
     # The proxy stops this worker by closing its stdin, after the proxy's own drain; a Ctrl-C
-    # meant for the proxy must not cut the shipping short.
+    # meant for the proxy must not cut the shipping short (SIGTERM drains, see _work).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.freeze()  # the imports' objects never die; keep collections short
     gc.set_threshold(10_000)

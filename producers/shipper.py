@@ -156,7 +156,13 @@ class Shipper:
                     futures = await self._producer.send_many_raw(outgoing)
                     await asyncio.gather(*futures)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
-                self.source.rewind()
+                try:
+                    self.source.rewind()
+                except JournalCorruptError:
+                    logger.exception("the journal at %s is damaged; refusing new calls", self.source.directory)
+                    self.failed = True
+                    self._progress()
+                    return
                 self.publish_errors += 1
                 if self._producer is not None:
                     logger.warning("shipping %d journalled events failed (%s); will retry", len(records), exc)

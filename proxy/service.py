@@ -289,7 +289,7 @@ class CallService:
                                                     exchange=exchange)
         if outcome == "spool":
             telemetry.publish_errors.add(1)
-        telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": status.value})
+        telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": capture.outcome(status).value})
         telemetry.tokens.add(len(capture.prompt_token_ids), {"kind": "prompt"})
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})
         if capture.first_token_s is not None:

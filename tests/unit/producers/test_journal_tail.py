@@ -134,3 +134,36 @@ def test_damage_is_reported_not_skipped(tmp_path: Path) -> None:
     tail.open()
     with pytest.raises(JournalCorruptError, match="torn"):
         tail.read(100, 1 << 20)
+
+
+def test_a_crash_right_after_shipping_never_leaves_the_mark_behind_deleted_segments(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, segment_bytes=100)
+    tail = JournalTail(tmp_path, mark_interval_s=3600)  # the mark is written only when it must be
+    tail.open()
+    _fill(writer, 0, 8, size=40)
+    records = tail.read(100, 1 << 20)
+    tail.mark_shipped(records[:6])  # deletes the first segments: the mark must be on disk first
+    assert (tmp_path / "shipped").read_text() == "5"
+    # The worker is killed here (no close). The next one starts where Kafka's view ends.
+    again = JournalTail(tmp_path)
+    again.open()
+    assert _numbers(again.read(100, 1 << 20)) == [6, 7]
+    writer.close()
+
+
+def test_a_mark_older_than_every_segment_moves_up_to_the_first_one(tmp_path: Path) -> None:
+    """A journal left by a version that deleted segments before writing its mark."""
+    writer = _writer(tmp_path, segment_bytes=100)
+    _fill(writer, 0, 6, size=40)
+    writer.close()
+    for path in sorted(tmp_path.glob("*.log"))[:2]:
+        path.unlink()  # records 0-3, shipped, gone
+    (tmp_path / "shipped").write_text("1")
+    tail = JournalTail(tmp_path)
+    tail.open()
+    assert tail.shipped == 3 and _numbers(tail.read(100, 1 << 20)) == [4, 5]
+    tail.close()
+    (tmp_path / "shipped").write_text("1")
+    reopened = _writer(tmp_path)
+    assert reopened.shipped == 3 and len(reopened) == 2
+    reopened.close()

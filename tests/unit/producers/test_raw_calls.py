@@ -91,6 +91,8 @@ def test_a_capture_that_makes_no_valid_event_becomes_a_dead_letter_not_a_stuck_j
     assert isinstance(letter, DeadLetterV1)
     assert letter.value == value and letter.offset == 41 and letter.topic == RAW_CALLS
     assert letter.error_type is DeadLetterErrorType.INVALID_EVENT and "greater than or equal to 0" in letter.reason
+    again = decode(*reversed(ship_record(REGISTRY, topic, key, value, headers, seq=41)[2:]))
+    assert again.event_id == letter.event_id  # sent again after a failed batch: one letter for consumers
 
 
 @pytest.mark.parametrize("value", [b"not json", orjson.dumps({"rollout_id": "r"}),
