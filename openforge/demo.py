@@ -176,7 +176,7 @@ def run_demo(options: DemoOptions) -> tuple[Summary, Curve]:
             engine.stop()
         if broker is not None and not already and not options.keep_broker:
             broker.stop()
-    summary = summarize(curve, duration)
+    summary = summarize(curve, duration, best_reward=TOY_MAX_REWARD)
     summary.write_json(out / "summary.json")
     curve.write_jsonl(out / "curve.jsonl")
     click.echo(summary.as_text())

@@ -60,14 +60,29 @@ class Curve:
         reward. Groups with fewer than two members in the window are left out; None when no
         group qualifies.
         """
+        judged = self._groups(last)
+        if not judged:
+            return None
+        return sum(max(r) - min(r) < 1e-9 for r in judged) / len(judged)
+
+    def stuck_groups(self, last: int, best: float) -> float | None:
+        """Share of those groups whose members all scored the same *below* ``best``.
+
+        The part of :meth:`alike_groups` that is a trap rather than a solved task: every
+        rollout gave the same partial answer. None when no group qualifies.
+        """
+        judged = self._groups(last)
+        if not judged:
+            return None
+        return sum(max(r) - min(r) < 1e-9 and max(r) < best - 1e-9 for r in judged) / len(judged)
+
+    def _groups(self, last: int) -> list[list[float]]:
+        """Rewards per task among the last ``last`` rollouts, for tasks with at least two."""
         groups: dict[str, list[float]] = {}
         for p in self.rewards[-last:]:
             if p.task_id:
                 groups.setdefault(p.task_id, []).append(p.reward)
-        judged = [rewards for rewards in groups.values() if len(rewards) >= 2]
-        if not judged:
-            return None
-        return sum(max(r) - min(r) < 1e-9 for r in judged) / len(judged)
+        return [rewards for rewards in groups.values() if len(rewards) >= 2]
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,9 @@ class Summary:
     :meth:`Curve.alike_groups`): near 1 the policy collapsed and stopped learning."""
     entropy_last: float | None = None
     """Mean token entropy (nats) of the learner's last step: how varied the sampling still is."""
+    stuck_groups_last: float | None = None
+    """Share of the last window's groups that are all alike *below* the verifier's best reward
+    (see :meth:`Curve.stuck_groups`); None when the best reward was not given."""
 
     def as_text(self) -> str:
         """A few lines for the terminal."""
@@ -102,7 +120,9 @@ class Summary:
             f"weight versions served {self.versions_served}",
             f"publish latency p50    {fmt(self.publish_p50_s)} s",
             f"groups all alike       {fmt(self.alike_groups_last)} of the last {self.window} rollouts' groups"
-            " (near 1 below the best reward: collapsed, nothing left to learn)",
+            + ("" if self.stuck_groups_last is None else
+               f"; {fmt(self.stuck_groups_last)} stuck below the best reward (one partial answer each), "
+               f"{fmt((self.alike_groups_last or 0.0) - self.stuck_groups_last)} solved"),
             f"policy entropy         {fmt(self.entropy_last)} nats per token at the last step",
         ])
 
@@ -111,8 +131,11 @@ class Summary:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
 
 
-def summarize(curve: Curve, duration_s: float, window: int = 64) -> Summary:
-    """Reduce a recorded curve to its summary; the window shrinks for short runs."""
+def summarize(curve: Curve, duration_s: float, window: int = 64, best_reward: float | None = None) -> Summary:
+    """Reduce a recorded curve to its summary; the window shrinks for short runs.
+
+    ``best_reward``, the verifier's highest score, tells stuck groups from solved ones.
+    """
     n = len(curve.rewards)
     w = max(1, min(window, n // 3)) if n else window
     first = statistics.fmean(p.reward for p in curve.rewards[:w]) if n else None
@@ -124,7 +147,8 @@ def summarize(curve: Curve, duration_s: float, window: int = 64) -> Summary:
     return Summary(rollouts=n, duration_s=duration_s, reward_first=first, reward_last=last, window=w,
                    learner_steps=steps, versions_served=versions,
                    publish_p50_s=statistics.median(publish) if publish else None,
-                   alike_groups_last=curve.alike_groups(w), entropy_last=entropies[-1] if entropies else None)
+                   alike_groups_last=curve.alike_groups(w), entropy_last=entropies[-1] if entropies else None,
+                   stuck_groups_last=None if best_reward is None else curve.stuck_groups(w, best_reward))
 
 
 def write_plot(curve: Curve, path: Path, title: str) -> None:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from openforge.demo_report import Curve, RewardPoint, summarize, write_plot
+from openforge.demo_report import Curve, RewardPoint, Summary, summarize, write_plot
 from openforge.toy import SECRET_WORDS, score_answer, toy_tasks
 from openforge.toy.tasks import ENV_WORD
 
@@ -72,3 +72,18 @@ def test_the_progress_line_says_where_the_bonus_acts() -> None:
     stuck = Curve(checkpoints=[(1.0, 3, {"step": 3.0, "entropy": 0.1, "entropy_coeff": 0.02,
                                          "stuck_trajectories": 8.0})])
     assert "(bonus 0.020 on 8 stuck)" in _progress_line(stuck, 5.0)
+
+
+def test_stuck_groups_are_told_from_solved_ones_by_the_best_reward() -> None:
+    solved = [RewardPoint(float(i), 1.0, None, f"s{i // 4}") for i in range(8)]
+    stuck = [RewardPoint(8.0 + i, 0.5, None, f"p{i // 4}") for i in range(4)]
+    varied = [RewardPoint(12.0 + i, (i % 2) / 2, None, "v") for i in range(4)]
+    curve = Curve(rewards=solved + stuck + varied)
+    assert curve.alike_groups(16) == 0.75 and curve.stuck_groups(16, best=1.0) == 0.25
+    assert curve.stuck_groups(16, best=0.5) == 0.0  # at the best reward a group is solved, not stuck
+    summary = Summary(rollouts=16, duration_s=60.0, reward_first=0.1, reward_last=0.8, window=16, learner_steps=3,
+                      versions_served=3, publish_p50_s=0.2, alike_groups_last=0.75, stuck_groups_last=0.25)
+    assert "0.75 of the last 16 rollouts' groups; 0.25 stuck below the best reward" in summary.as_text()
+    assert "0.50 solved" in summary.as_text()
+    assert summarize(curve, 60.0, window=16).stuck_groups_last is None  # the best reward was not given
+    assert summarize(curve, 60.0, window=16, best_reward=1.0).stuck_groups_last is not None
