@@ -172,10 +172,8 @@ async def _ready_until(port: int, check: Callable[[dict[str, Any]], bool], timeo
         await asyncio.sleep(0.2)
 
 
-@pytest.mark.parametrize("durability", ["journal", "journal-inline", "ack"])
-async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_refuses(
-    vllm_url: str, tmp_path: Path, durability: str
-) -> None:
+async def _private_broker(tmp_path: Path) -> tuple[LocalBroker, KafkaSettings, TopicRegistry]:
+    """A broker of the test's own (it gets stopped and restarted), started, with the topics made."""
     port = free_port_pair()
     broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
     broker.start()
@@ -183,6 +181,14 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
     registry = TopicRegistry.from_settings(kafka)
     async with KafkaAdmin(kafka, registry) as admin:
         await admin.create_topics()
+    return broker, kafka, registry
+
+
+@pytest.mark.parametrize("durability", ["journal", "journal-inline", "ack"])
+async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_refuses(
+    vllm_url: str, tmp_path: Path, durability: str
+) -> None:
+    broker, kafka, registry = await _private_broker(tmp_path)
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
                              spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0,
@@ -232,13 +238,7 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
 
 async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, tmp_path: Path) -> None:
     """SIGKILL after answering: the journal holds every answered call, and the next process ships it."""
-    port = free_port_pair()
-    broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
-    broker.start()
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=1, linger_ms=0, request_timeout_ms=5000)
-    registry = TopicRegistry.from_settings(kafka)
-    async with KafkaAdmin(kafka, registry) as admin:
-        await admin.create_topics()
+    broker, kafka, registry = await _private_broker(tmp_path)
     broker.stop()  # nothing can be shipped: every answered call exists only in the journal
     proxy_port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
@@ -280,13 +280,7 @@ async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, 
 async def test_a_killed_shipping_worker_is_restarted_and_no_call_is_lost(vllm_url: str, tmp_path: Path) -> None:
     """SIGKILL the proxy's shipping worker mid-run: the proxy keeps answering, starts another, and
     every call reaches Kafka (a record shipped but not yet marked may arrive twice, with one id)."""
-    port = free_port_pair()
-    broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
-    broker.start()
-    kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=1, linger_ms=0, request_timeout_ms=5000)
-    registry = TopicRegistry.from_settings(kafka)
-    async with KafkaAdmin(kafka, registry) as admin:
-        await admin.create_topics()
+    broker, kafka, registry = await _private_broker(tmp_path)
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
                              spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0)
