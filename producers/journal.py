@@ -97,6 +97,22 @@ class JournalRecord:
     """Bytes the record takes on disk (frame header included)."""
 
 
+def frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, seq: int,
+                 expected_seq: int) -> JournalRecord:
+    """The record a frame's body holds, after the frame's checks (length, checksum, numbering).
+
+    One place for what makes a frame good, for the journal's own reader and the shipping
+    process's tail of it.
+
+    Raises:
+        JournalCorruptError: the frame at ``offset`` of ``path`` fails a check.
+    """
+    if len(body) != length or zlib.crc32(body) != crc or seq != expected_seq:
+        raise JournalCorruptError(f"{path} is damaged at byte {offset:,}")
+    record = unpack_record(path, bytes(body))
+    return JournalRecord(seq, record.topic, record.key, record.value, record.headers, _FRAME.size + length)
+
+
 @dataclass
 class _Segment:
     first_seq: int
@@ -325,12 +341,8 @@ class Journal:
                         end = _FRAME.size + length
                     else:
                         break
-                offset = self._read_offset + position
-                if len(body) != length or zlib.crc32(body) != crc or seq != self._read_seq:
-                    raise JournalCorruptError(f"{segment.path} is damaged at byte {offset:,}")
-                record = unpack_record(segment.path, bytes(body))
-                out.append(JournalRecord(seq, record.topic, record.key, record.value, record.headers,
-                                         _FRAME.size + length))
+                out.append(frame_record(segment.path, self._read_offset + position, body, length, crc, seq,
+                                        self._read_seq))
                 taken += _FRAME.size + length
                 self._read_seq = seq + 1
                 position = end
@@ -417,4 +429,4 @@ class Journal:
                 self._read_offset = 0
 
 
-__all__ = ["Journal", "JournalCorruptError", "JournalRecord", "ShippedMark"]
+__all__ = ["Journal", "JournalCorruptError", "JournalRecord", "ShippedMark", "frame_record"]

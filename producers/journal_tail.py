@@ -21,11 +21,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import zlib
 from pathlib import Path
 
-from producers.journal import _FRAME, _READ_CHUNK, JournalCorruptError, JournalRecord, ShippedMark
-from producers.spool import unpack_record
+from producers.journal import _FRAME, _READ_CHUNK, JournalCorruptError, JournalRecord, ShippedMark, frame_record
 
 logger = logging.getLogger(__name__)
 
@@ -139,12 +137,8 @@ class JournalTail:
                     if not (complete and position == 0):
                         break
                     chunk = os.pread(self._fd, end, self._offset)  # one frame larger than the chunk
-                body = chunk[position + _FRAME.size:end]
-                if zlib.crc32(body) != crc or seq != self._seq:
-                    raise JournalCorruptError(f"{self._path} is damaged at byte {self._offset + position:,}")
-                record = unpack_record(self._path, bytes(body))
-                out.append(JournalRecord(seq, record.topic, record.key, record.value, record.headers,
-                                         _FRAME.size + length))
+                out.append(frame_record(self._path, self._offset + position, chunk[position + _FRAME.size:end],
+                                        length, crc, seq, self._seq))
                 taken += _FRAME.size + length
                 self._seq = seq + 1
                 position = end
