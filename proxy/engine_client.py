@@ -1,19 +1,35 @@
-"""HTTP to the engines: aiohttp with long-lived connections, behind a small interface.
+"""HTTP to the engines: a small HTTP/1.1 client on asyncio and httptools, with long-lived connections.
 
-The proxy spends most of its own CPU on the client side of each engine call; aiohttp
-costs about half of what httpx does per request here (bench/proxy.py), and keeps its
-pool cheap under high concurrency. The interface is what the proxy needs and no more,
-with its own errors, so the call pipeline does not depend on the client library.
+The proxy spends much of its own CPU on the client side of each engine call. aiohttp cost
+about a fifth of the capture-off proxy's CPU per call (py-spy, ``bench/proxy.py`` at
+concurrency 1), most of it in generality the proxy never uses: cookies, redirects, auth,
+multipart, header multidicts, per-request timer objects. This client does only what the proxy
+needs: send one request with a JSON body over a kept-alive connection to one of a few engine
+URLs, read the answer whole or as it streams, and cut the connection when the caller goes
+away (vLLM aborts a request whose connection closes). httptools (llhttp) parses the answers:
+the same parser uvicorn serves the proxy's own requests with.
+
+The interface is what the proxy needs and no more, with its own errors, so the call pipeline
+does not depend on how the bytes travel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import ssl
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 import orjson
+
+# A streamed body stops reading from the socket once this much is read but not yet consumed,
+# so a slow harness cannot make the proxy buffer an engine's whole answer.
+_HIGH_WATER = 1 << 20
 
 
 class EngineError(Exception):
@@ -28,12 +44,199 @@ class EngineTimeoutError(EngineError):
     """The engine did not answer in time."""
 
 
+class _StaleConnectionError(EngineUnreachableError):
+    """A kept-alive connection closed before the engine sent a byte of its answer.
+
+    Servers close idle connections on their own schedule (uvicorn after 5 s by default), and
+    the close can cross a request on the wire. The engine never read that request, so it is
+    sent once more on a new connection.
+    """
+
+
+class _Target:
+    """What one URL resolves to: where to connect and the request line's pieces."""
+
+    __slots__ = ("head", "host", "key", "path", "port", "server_hostname", "tls")
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise EngineUnreachableError(f"{url}: not an http(s) URL")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.tls else 80)
+        self.server_hostname = self.host if self.tls else None
+        self.key = (parts.scheme, self.host, self.port)
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        self.path = path.encode("ascii")
+        netloc = parts.netloc.rpartition("@")[2]  # never send credentials in the Host header
+        self.head = b"Host: " + netloc.encode("idna") + b"\r\n"
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection and the answer now arriving on it (one request at a time)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int]) -> None:
+        self.loop = loop
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.busy = False
+        self.used = False  # has answered a request: a close before the next answer may be stale
+        self.idle_since = 0.0
+        self.waiter: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.on_lost: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.length_known = False
+        self.received = False
+        self.streaming = False
+        self.paused = False
+        self.error: EngineError | None = None
+
+    # --- one exchange ------------------------------------------------------------------------------
+
+    def send(self, request: bytes, deadline: float, timeout_s: float) -> None:
+        """Write a request and arm the deadline that covers its whole answer."""
+        self._reset()
+        self.busy = True
+        self.timer = self.loop.call_at(deadline, self._time_out, timeout_s)
+        assert self.transport is not None
+        self.transport.write(request)
+
+    async def wait(self) -> None:
+        """Until the parser or the socket has news."""
+        waiter = self.loop.create_future()
+        self.waiter = waiter
+        try:
+            await waiter
+        finally:
+            self.waiter = None
+
+    async def wait_headers(self) -> None:
+        while not self.headers_done:
+            if self.error is not None:
+                raise self.error
+            await self.wait()
+
+    def take(self) -> bytes:
+        """The body read so far and not yet taken; resumes a paused socket."""
+        if not self.chunks:
+            return b""
+        data = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks = []
+        self.buffered = 0
+        if self.paused and not self.closed and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return data
+
+    def finish(self) -> None:
+        """The exchange is over: disarm its deadline."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.busy = False
+
+    def abort(self) -> None:
+        self.finish()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: EngineError) -> None:
+        if self.error is None and not self.complete:
+            self.error = error
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+        self._wake()
+
+    def _time_out(self, timeout_s: float) -> None:
+        self.timer = None
+        self._fail(EngineTimeoutError(f"no complete answer within {timeout_s:g} s"))
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:  # bytes nobody asked for: the connection cannot be trusted any more
+            self._fail(EngineError("engine sent bytes on an idle connection"))
+            return
+        self.received = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(EngineError(f"malformed engine answer: {exc}"))
+            return
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.busy and not self.complete and self.error is None:
+            if self.headers_done and not self.length_known:
+                self.complete = True  # a body without length or chunks ends where the connection does
+            elif not self.received and self.used:
+                self.error = _StaleConnectionError("engine closed a kept-alive connection before answering")
+            elif not self.headers_done:
+                self.error = EngineUnreachableError(f"engine closed the connection before answering ({exc!r})")
+            else:
+                self.error = EngineError(f"engine closed the connection mid-answer ({exc!r})")
+        if self.on_lost is not None:
+            self.on_lost(self)
+        self._wake()
+
+    # --- httptools callbacks ---------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.length_known = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.streaming and not self.paused and self.buffered > _HIGH_WATER and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
+
+
 class EngineResponse:
     """One engine answer, read whole or line by line."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
+    __slots__ = ("_client", "_conn", "_done", "status")
+
+    def __init__(self, client: EngineClient, conn: _Connection) -> None:
+        self._client = client
+        self._conn = conn
+        self._done = False
+        self.status = conn.status
 
     async def read(self) -> bytes:
         """The whole body.
@@ -41,35 +244,37 @@ class EngineResponse:
         Raises:
             EngineError: the connection broke or timed out while reading.
         """
-        try:
-            return await self._response.read()
-        except TimeoutError as exc:
-            raise EngineTimeoutError(f"engine answer timed out: {exc!r}") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineError(f"engine answer broke: {exc!r}") from exc
+        conn = self._conn
+        while True:
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete:
+                return conn.take()
+            await conn.wait()
 
     async def lines(self) -> AsyncIterator[bytes]:
-        """Lines of a streamed (SSE) body, without their line ends.
-
-        Lines are split here rather than with the stream reader's ``readline``, which
-        refuses lines over 64 KiB: the first chunk of a long prompt carries all its ids.
+        """Lines of a streamed (SSE) body, without their line ends, as they arrive.
 
         Raises:
             EngineError: the connection broke or timed out mid-stream.
         """
+        conn = self._conn
+        conn.streaming = True
         pending = b""
-        try:
-            async for data in self._response.content.iter_any():
+        while True:
+            data = conn.take()
+            if data:
                 pending += data
-                if b"\n" not in data:
-                    continue
-                *complete, pending = pending.split(b"\n")
-                for line in complete:
-                    yield line.rstrip(b"\r")
-        except TimeoutError as exc:
-            raise EngineTimeoutError(f"engine stream timed out: {exc!r}") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineError(f"engine stream broke: {exc!r}") from exc
+                if b"\n" in data:
+                    *complete, pending = pending.split(b"\n")
+                    for line in complete:
+                        yield line.rstrip(b"\r")
+                continue
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete:
+                break
+            await conn.wait()
         if pending:
             yield pending.rstrip(b"\r")
 
@@ -77,51 +282,150 @@ class EngineResponse:
         """Give the connection back when the body was read; otherwise cut it.
 
         Cutting is how an engine learns that the caller went away: vLLM aborts the
-        request when its connection closes.
+        request when its connection closes. Idempotent.
         """
-        if finished:
-            self._response.release()
+        if self._done:
+            return
+        self._done = True
+        conn = self._conn
+        if finished and conn.complete and conn.error is None and conn.keep_alive and not conn.closed:
+            self._client._release(conn)
         else:
-            self._response.close()
+            conn.abort()
 
 
 class EngineClient:
-    """One shared aiohttp session for all engine calls of a process."""
+    """Kept-alive connections to the engines, shared by all engine calls of a process.
 
-    def __init__(self, *, timeout_s: float, connect_timeout_s: float = 5.0, keepalive_s: float = 300.0) -> None:
+    Args:
+        timeout_s: the default deadline for a whole exchange, from sending the request to the
+            answer's last byte (streams included).
+        connect_timeout_s: the deadline for opening a connection.
+        keepalive_s: idle connections older than this are closed instead of reused.
+        max_idle: idle connections kept per engine; more are closed when given back.
+    """
+
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float = 5.0, keepalive_s: float = 300.0,
+                 max_idle: int = 1024) -> None:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
-        self._session: aiohttp.ClientSession | None = None
+        self.max_idle = max_idle
+        self._targets: dict[str, _Target] = {}
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._live: set[_Connection] = set()
+        self._tls: ssl.SSLContext | None = None
+        self._closed = False
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        """Created on first use, inside the running event loop."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=self.keepalive_s),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s, sock_connect=self.connect_timeout_s),
-                auto_decompress=False, skip_auto_headers=("User-Agent",),
-            )
-        return self._session
+    def connections(self) -> int:
+        """Open connections, idle or busy."""
+        return len(self._live)
+
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            if len(self._targets) > 4096:  # URLs come from configuration; this only bounds a surprise
+                self._targets.clear()
+            target = self._targets[url] = _Target(url)
+        return target
+
+    async def _connect(self, target: _Target, deadline: float) -> _Connection:
+        loop = asyncio.get_running_loop()
+        conn = _Connection(loop, target.key)
+        tls: ssl.SSLContext | None = None
+        if target.tls:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        timeout_s = min(self.connect_timeout_s, max(0.0, deadline - loop.time()))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await loop.create_connection(lambda: conn, target.host, target.port, ssl=tls,
+                                             server_hostname=target.server_hostname)
+        except TimeoutError as exc:
+            raise EngineTimeoutError(f"{target.host}:{target.port}: no connection within {timeout_s:g} s") from exc
+        except OSError as exc:  # refused, unreachable, DNS, TLS
+            raise EngineUnreachableError(f"{target.host}:{target.port}: {exc!r}") from exc
+        assert conn.transport is not None
+        sock = conn.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, AttributeError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._closed:
+            conn.abort()
+            raise EngineUnreachableError("the engine client is closed")
+        conn.on_lost = self._live.discard
+        self._live.add(conn)
+        return conn
+
+    def _idle_connection(self, target: _Target) -> _Connection | None:
+        idle = self._idle.get(target.key)
+        if not idle:
+            return None
+        oldest = time.monotonic() - self.keepalive_s
+        while idle:
+            conn = idle.pop()
+            if conn.closed or conn.transport is None or conn.transport.is_closing() or conn.idle_since < oldest:
+                conn.abort()
+                continue
+            return conn
+        return None
+
+    def _release(self, conn: _Connection) -> None:
+        conn.finish()
+        conn.used = True
+        if self._closed or conn.closed:
+            conn.abort()
+            return
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) >= self.max_idle:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    async def _exchange(self, target: _Target, request: bytes, timeout_s: float | None) -> EngineResponse:
+        if self._closed:
+            raise EngineUnreachableError("the engine client is closed")
+        loop = asyncio.get_running_loop()
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = loop.time() + timeout_s
+        conn = self._idle_connection(target)
+        fresh = conn is None
+        if conn is None:
+            conn = await self._connect(target, deadline)
+        while True:
+            try:
+                conn.send(request, deadline, timeout_s)
+                await conn.wait_headers()
+            except _StaleConnectionError:
+                conn.abort()
+                if fresh:
+                    raise
+                conn, fresh = await self._connect(target, deadline), True
+                continue
+            except BaseException:
+                conn.abort()
+                raise
+            return EngineResponse(self, conn)
 
     async def post(self, url: str, body: bytes, *, timeout_s: float | None = None) -> EngineResponse:
         """POST JSON and return once the status line and headers arrived.
 
+        The deadline (``timeout_s``, else the client's) covers the whole exchange, reading the
+        answer included.
+
         Raises:
-            EngineUnreachableError: no connection.
+            EngineUnreachableError: no connection, or it closed before the engine answered.
             EngineTimeoutError: no answer in time.
         """
-        extra: dict[str, Any] = {}
-        if timeout_s is not None:
-            extra["timeout"] = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
-        try:
-            response = await self.session.post(url, data=body, headers={"content-type": "application/json"}, **extra)
-        except TimeoutError as exc:
-            raise EngineTimeoutError(f"{url} timed out: {exc!r}") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnreachableError(f"{url}: {exc!r}") from exc
-        return EngineResponse(response)
+        target = self._target(url)
+        request = b"".join((
+            b"POST ", target.path, b" HTTP/1.1\r\n", target.head,
+            b"Content-Type: application/json\r\nContent-Length: ", str(len(body)).encode(), b"\r\n\r\n", body,
+        ))
+        return await self._exchange(target, request, timeout_s)
 
     async def get_json(self, url: str, *, timeout_s: float) -> tuple[int, Any]:
         """GET and parse JSON (None when the body is not JSON).
@@ -129,13 +433,15 @@ class EngineClient:
         Raises:
             EngineError: no connection or no answer in time.
         """
+        target = self._target(url)
+        response = await self._exchange(target, b"".join((b"GET ", target.path, b" HTTP/1.1\r\n", target.head,
+                                                       b"\r\n")), timeout_s)
+        finished = False
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
-                body = await response.read()
-        except TimeoutError as exc:
-            raise EngineTimeoutError(f"{url} timed out") from exc
-        except aiohttp.ClientError as exc:
-            raise EngineUnreachableError(f"{url}: {exc!r}") from exc
+            body = await response.read()
+            finished = True
+        finally:
+            response.close(finished=finished)
         try:
             return response.status, orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -148,13 +454,18 @@ class EngineClient:
             EngineError: no connection or no answer in time.
         """
         response = await self.post(url, body, timeout_s=timeout_s)
+        finished = False
         try:
-            return response.status, await response.read()
+            answer = await response.read()
+            finished = True
         finally:
-            response.close(finished=True)
+            response.close(finished=finished)
+        return response.status, answer
 
     async def aclose(self) -> None:
-        """Close every connection."""
-        if self._session is not None:
-            await self._session.close()
-            await asyncio.sleep(0)  # let the connector finish closing its transports
+        """Close every connection, idle or busy; later calls fail as unreachable. Idempotent."""
+        self._closed = True
+        for conn in list(self._live):
+            conn.abort()
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports finish closing

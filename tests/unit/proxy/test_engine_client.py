@@ -1,0 +1,337 @@
+"""The proxy's HTTP client to the engines, over real sockets.
+
+Well-behaved answers come from a real uvicorn server (what vLLM serves with). Misbehaving
+engines (a kept-alive connection closed as a request crosses it, a reset mid-answer, bytes
+that are not HTTP, an engine that never answers) cannot be had from a real engine on demand:
+those tests talk to a scripted socket server, and their names say so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import pytest
+import uvicorn
+
+from proxy.engine_client import EngineClient, EngineError, EngineTimeoutError, EngineUnreachableError
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Engine:
+    """A small ASGI app under a real uvicorn server: whole answers, streams, and what it saw."""
+
+    def __init__(self) -> None:
+        self.clients: list[tuple[str, int]] = []  # the client address of each request: one port per connection
+        self.disconnected = asyncio.Event()
+        self.release_stream = asyncio.Event()
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+                       send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            return
+        self.clients.append(tuple(scope["client"]))
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["path"] == "/stream":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send({"type": "http.response.body", "body": b"data: one\r\n\r\n", "more_body": True})
+            await self.release_stream.wait()
+            for k in range(3):
+                await send({"type": "http.response.body", "body": b"data: %d\n\n" % k, "more_body": True})
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            return
+        if scope["path"] == "/hang-stream":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"data: one\n\n", "more_body": True})
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.disconnected.set()
+            return
+        status = 404 if scope["path"] == "/missing" else 200
+        answer = orjson.dumps({"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
+                               "echo": body.decode()})
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": answer})
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[Engine, str]]:
+    app = Engine()
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_keep_alive=30, lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield app, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[EngineClient]:
+    engine_client = EngineClient(timeout_s=10.0, connect_timeout_s=2.0)
+    try:
+        yield engine_client
+    finally:
+        await engine_client.aclose()
+
+
+async def test_whole_answers_reuse_one_kept_alive_connection(engine: tuple[Engine, str],
+                                                             client: EngineClient) -> None:
+    app, url = engine
+    for k in range(5):
+        status, answer = await client.post_json(f"{url}/v1/chat/completions?x={k}", b'{"n": %d}' % k, timeout_s=5)
+        assert status == 200
+        assert orjson.loads(answer) == {"method": "POST", "path": "/v1/chat/completions", "query": f"x={k}",
+                                        "echo": f'{{"n": {k}}}'}
+    status, info = await client.get_json(f"{url}/health", timeout_s=5)
+    assert (status, info["method"], info["echo"]) == (200, "GET", "")
+    assert len(set(app.clients)) == 1, app.clients
+    assert client.connections == 1
+
+
+async def test_an_error_status_is_an_answer_not_a_transport_error(engine: tuple[Engine, str],
+                                                                  client: EngineClient) -> None:
+    _app, url = engine
+    response = await client.post(f"{url}/missing", b"{}")
+    assert response.status == 404
+    assert orjson.loads(await response.read())["path"] == "/missing"
+    response.close(finished=True)
+
+
+async def test_concurrent_calls_get_connections_of_their_own(engine: tuple[Engine, str],
+                                                             client: EngineClient) -> None:
+    app, url = engine
+    answers = await asyncio.gather(*(client.post_json(f"{url}/c", b'"%d"' % k, timeout_s=5) for k in range(8)))
+    assert sorted(orjson.loads(body)["echo"] for _status, body in answers) == [f'"{k}"' for k in range(8)]
+    assert client.connections == len(set(app.clients)) >= 2
+
+
+async def test_a_stream_is_read_line_by_line_as_it_arrives(engine: tuple[Engine, str],
+                                                           client: EngineClient) -> None:
+    app, url = engine
+    response = await client.post(f"{url}/stream", b"{}")
+    lines = response.lines()
+    # The first event is readable while the engine still holds the rest back: nothing is buffered.
+    assert await asyncio.wait_for(anext(lines), 5) == b"data: one"
+    assert await anext(lines) == b""
+    app.release_stream.set()
+    rest = [line async for line in lines]
+    assert rest == [b"data: 0", b"", b"data: 1", b"", b"data: 2", b"", b"data: [DONE]", b""]
+    response.close(finished=True)
+    # The connection went back to the pool and serves the next call.
+    status, _ = await client.post_json(f"{url}/after", b"{}", timeout_s=5)
+    assert status == 200
+    assert len(set(app.clients)) == 1
+
+
+async def test_cutting_a_stream_tells_the_engine_the_caller_left(engine: tuple[Engine, str],
+                                                                 client: EngineClient) -> None:
+    app, url = engine
+    response = await client.post(f"{url}/hang-stream", b"{}")
+    assert await anext(response.lines()) == b"data: one"
+    response.close(finished=False)
+    response.close(finished=False)  # idempotent
+    await asyncio.wait_for(app.disconnected.wait(), 5)
+    assert client.connections == 0
+
+
+async def test_a_refused_connection_is_unreachable(client: EngineClient) -> None:
+    with pytest.raises(EngineUnreachableError, match="127.0.0.1"):
+        await client.post(f"http://127.0.0.1:{_free_port()}/v1/chat/completions", b"{}")
+    with pytest.raises(EngineUnreachableError, match="not an http"):
+        await client.post("ftp://127.0.0.1/x", b"{}")
+
+
+async def test_a_closed_client_refuses_calls(engine: tuple[Engine, str]) -> None:
+    _app, url = engine
+    closed = EngineClient(timeout_s=5)
+    assert (await closed.post_json(f"{url}/x", b"{}", timeout_s=5))[0] == 200
+    await closed.aclose()
+    await closed.aclose()
+    assert closed.connections == 0
+    with pytest.raises(EngineUnreachableError, match="closed"):
+        await closed.post(f"{url}/x", b"{}")
+
+
+# --- misbehaving engines: a scripted socket server -------------------------------------------------------
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def scripted_server(script: Script) -> AsyncIterator[tuple[str, list[int]]]:
+    """A TCP server running ``script(reader, writer, connection_number)`` per connection."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        try:
+            await script(reader, writer, len(connections) - 1)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", connections
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + await reader.readexactly(length)
+
+
+def _answer(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def test_scripted_server_closing_a_kept_alive_connection_under_a_request_is_sent_again(
+        client: EngineClient) -> None:
+    seen: list[bytes] = []
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        seen.append(await _read_request(reader))
+        writer.write(_answer(b'{"n": 1}'))
+        await writer.drain()
+        if number == 0:
+            # The next request arrives, and the connection closes without a byte of answer.
+            seen.append(await _read_request(reader))
+            return
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            while True:
+                seen.append(await _read_request(reader))
+                writer.write(_answer(b'{"n": 2}'))
+                await writer.drain()
+
+    async with scripted_server(script) as (url, connections):
+        assert await client.post_json(f"{url}/a", b"{}", timeout_s=5) == (200, b'{"n": 1}')
+        assert await client.post_json(f"{url}/b", b'{"second": true}', timeout_s=5) == (200, b'{"n": 1}')
+        assert len(connections) == 2
+        # Sent twice: once on the stale connection, once on the new one.
+        assert [request.endswith(b'{"second": true}') for request in seen] == [False, True, True]
+
+
+async def test_scripted_server_closing_a_new_connection_before_answering_is_unreachable(
+        client: EngineClient) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+
+    async with scripted_server(script) as (url, connections):
+        with pytest.raises(EngineUnreachableError, match="before answering"):
+            await client.post(f"{url}/a", b"{}")
+        assert len(connections) == 1  # a new connection is not tried again
+
+
+async def test_scripted_server_breaking_off_mid_answer_is_an_engine_error(client: EngineClient) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"partial\":")
+        await writer.drain()
+
+    async with scripted_server(script) as (url, _connections):
+        response = await client.post(f"{url}/a", b"{}")
+        assert response.status == 200
+        with pytest.raises(EngineError, match="mid-answer"):
+            await response.read()
+        response.close(finished=False)
+        assert client.connections == 0
+
+
+async def test_scripted_server_sending_what_is_not_http_is_an_engine_error(client: EngineClient) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async with scripted_server(script) as (url, _connections):
+        with pytest.raises(EngineError, match="malformed engine answer"):
+            await client.post(f"{url}/a", b"{}")
+
+
+async def test_scripted_server_that_never_answers_times_out_at_the_deadline(client: EngineClient) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+        if number == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            await writer.drain()
+        await asyncio.sleep(5)
+
+    async with scripted_server(script) as (url, _connections):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(EngineTimeoutError, match="0.3 s"):
+            await client.post(f"{url}/a", b"{}", timeout_s=0.3)
+        assert 0.25 < loop.time() - started < 2.0
+        # The deadline covers the whole answer, not only its headers.
+        response = await client.post(f"{url}/a", b"{}", timeout_s=0.3)
+        with pytest.raises(EngineTimeoutError):
+            await response.read()
+        response.close(finished=False)
+
+
+async def test_scripted_server_a_body_that_ends_with_the_connection_is_read_whole(client: EngineClient) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * 70_000)
+        await writer.drain()
+
+    async with scripted_server(script) as (url, connections):
+        for _ in range(2):
+            assert await client.post_json(f"{url}/a", b"{}", timeout_s=5) == (200, b"x" * 70_000)
+        assert len(connections) == 2  # "Connection: close" is honoured: not kept for reuse
+
+
+async def test_scripted_server_a_stream_nobody_reads_stops_being_read_from_the_socket(client: EngineClient) -> None:
+    total = 128 << 20
+    written = 0
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        nonlocal written
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        line = b"x" * 1023 + b"\n"
+        chunk = line * 64
+        while written < total:
+            writer.write(chunk)
+            written += len(chunk)
+            await writer.drain()
+
+    async with scripted_server(script) as (url, _connections):
+        response = await client.post(f"{url}/a", b"{}")
+        lines = response.lines()
+        assert len(await anext(lines)) == 1023
+        await asyncio.sleep(1.0)
+        # The engine is held back by the proxy not reading (socket buffers are a few MiB), not
+        # allowed to fill the proxy's memory with an answer nobody consumes yet.
+        assert written < total // 4
+        count = 1 + sum([1 async for _ in lines])
+        assert count == total // 1024
+        response.close(finished=True)
