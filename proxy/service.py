@@ -76,7 +76,7 @@ class CallService:
         """One harness call, end to end."""
         # The web framework may already have opened the server span; then ours nests inside it.
         outer = trace.get_current_span().get_span_context().is_valid
-        span = telemetry.tracer.start_span(f"{request.method} {request.url.path}",
+        span = telemetry.tracer.start_span(f"{request.method} {request.scope['path']}",
                                            kind=SpanKind.INTERNAL if outer else SpanKind.SERVER,
                                            attributes={"openforge.rollout_id": caller.rollout_id,
                                                        "openforge.protocol": adapter.protocol.value})
