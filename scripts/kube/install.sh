@@ -12,14 +12,14 @@
 #                   (etcd's own main module has local replaces too). Debian's etcd is too old for Kubernetes.
 #
 # The binaries land in <cache>/kube/<k8s-version>/bin and a rerun exits at once when both exist.
-# The build is niced and runs one package at a time (the machines are shared); it prints its wall time
+# The build is niced and compiles as many packages at once as there are cores; it prints its wall time
 # and the peak RSS of the compiler processes (from /usr/bin/time when available).
 #
 # Environment:
 #   OPENFORGE_CACHE          cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/openforge)
 #   OPENFORGE_KUBE_VERSION   Kubernetes version (default v1.37.2)
 #   OPENFORGE_ETCD_VERSION   etcd version (default v3.7.3)
-#   OPENFORGE_KUBE_BUILD_P   packages built in parallel (go build -p; default 1)
+#   OPENFORGE_KUBE_BUILD_P   packages built in parallel (go build -p; default: the core count)
 #   OPENFORGE_KUBE_FORCE=1   rebuild even if the binaries exist
 #
 # Prints the bin directory as the last line of stdout, so callers can do
@@ -28,7 +28,7 @@ set -Eeuo pipefail
 
 KUBE_VERSION="${OPENFORGE_KUBE_VERSION:-v1.37.2}"
 ETCD_VERSION="${OPENFORGE_ETCD_VERSION:-v3.7.3}"
-PARALLEL="${OPENFORGE_KUBE_BUILD_P:-1}"
+PARALLEL="${OPENFORGE_KUBE_BUILD_P:-$(nproc)}"
 CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
 ROOT="$CACHE/kube/$KUBE_VERSION"
 BIN="$ROOT/bin"
@@ -59,7 +59,7 @@ fi
 export GOFLAGS="-mod=mod -buildvcs=false"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 export CGO_ENABLED=0
-export GOMAXPROCS="${GOMAXPROCS:-2}"
+export GOMAXPROCS="${GOMAXPROCS:-$(nproc)}"
 TIME=()
 if [ -x /usr/bin/time ]; then TIME=(/usr/bin/time -f '%e s wall, %M KiB peak RSS (largest single process)'); fi
 STAGING_MINOR="v0.${KUBE_VERSION#v1.}"
