@@ -288,6 +288,9 @@ class _ProxyApp(FastAPI):
     their only expected exception is ``ProxyError``. Anything else (other methods and paths,
     trailing slashes, the lifespan) goes to FastAPI unchanged. An unexpected exception reaches
     uvicorn, which logs it and answers 500, as the server-error middleware would have.
+
+    So middleware added to this app does not see model calls, nor does FastAPI's own telemetry:
+    the call service opens their server span itself, continuing a ``traceparent`` it was sent.
     """
 
     hot_handler: Callable[[Request, str, str | None], Awaitable[Response]] | None = None

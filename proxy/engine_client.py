@@ -31,6 +31,11 @@ import orjson
 # so a slow harness cannot make the proxy buffer an engine's whole answer.
 _HIGH_WATER = 1 << 20
 
+# A kept-alive connection that closes this soon after a request, before any answer, was closed by
+# the server while idle (the close crossed the request). Later, the engine may have been working
+# on it (a crash, a reset mid-generation): that is reported, not silently sent again.
+_STALE_WINDOW_S = 1.0
+
 
 class EngineError(Exception):
     """The exchange with an engine failed at the transport level."""
@@ -64,7 +69,10 @@ class _Target:
             raise EngineUnreachableError(f"{url}: not an http(s) URL")
         self.tls = parts.scheme == "https"
         self.host = parts.hostname
-        self.port = parts.port or (443 if self.tls else 80)
+        try:
+            self.port = parts.port or (443 if self.tls else 80)
+        except ValueError as exc:
+            raise EngineUnreachableError(f"{url}: {exc}") from exc
         self.server_hostname = self.host if self.tls else None
         self.key = (parts.scheme, self.host, self.port)
         path = parts.path or "/"
@@ -90,6 +98,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.on_lost: Any = None
+        self.sent_at = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -103,6 +112,7 @@ class _Connection(asyncio.Protocol):
         self.received = False
         self.streaming = False
         self.paused = False
+        self.informational = False
         self.error: EngineError | None = None
 
     # --- one exchange ------------------------------------------------------------------------------
@@ -111,6 +121,7 @@ class _Connection(asyncio.Protocol):
         """Write a request and arm the deadline that covers its whole answer."""
         self._reset()
         self.busy = True
+        self.sent_at = self.loop.time()
         self.timer = self.loop.call_at(deadline, self._time_out, timeout_s)
         assert self.transport is not None
         self.transport.write(request)
@@ -150,10 +161,14 @@ class _Connection(asyncio.Protocol):
         self.busy = False
 
     def abort(self) -> None:
+        """Cut the connection; an exchange still waiting on it fails instead of waiting forever."""
+        if self.busy and not self.complete and self.error is None:
+            self.error = EngineUnreachableError("the connection to the engine was closed by the proxy")
         self.finish()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+        self._wake()
 
     def _wake(self) -> None:
         waiter = self.waiter
@@ -192,9 +207,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.busy and not self.complete and self.error is None:
-            if self.headers_done and not self.length_known:
+            if self.headers_done and not self.length_known and exc is None:
                 self.complete = True  # a body without length or chunks ends where the connection does
-            elif not self.received and self.used:
+            elif not self.received and self.used and self.loop.time() - self.sent_at < _STALE_WINDOW_S:
                 self.error = _StaleConnectionError("engine closed a kept-alive connection before answering")
             elif not self.headers_done:
                 self.error = EngineUnreachableError(f"engine closed the connection before answering ({exc!r})")
@@ -212,7 +227,11 @@ class _Connection(asyncio.Protocol):
             self.length_known = True
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # "100 Continue" and the like come before the answer: skip them
+            self.informational = True
+            return
+        self.status = status
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -223,6 +242,9 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self.informational:
+            self.informational = False
+            return
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
 
@@ -237,6 +259,14 @@ class EngineResponse:
         self._conn = conn
         self._done = False
         self.status = conn.status
+
+    def __del__(self) -> None:
+        # An answer dropped without close() (its caller cancelled before it got to it) must not
+        # keep the engine generating for nobody until the deadline.
+        if not self._done:
+            self._done = True
+            self._conn.abort()
+            self._client._slots_release()
 
     async def read(self) -> bytes:
         """The whole body.
@@ -292,6 +322,7 @@ class EngineResponse:
             self._client._release(conn)
         else:
             conn.abort()
+        self._client._slots_release()
 
 
 class EngineClient:
@@ -303,14 +334,18 @@ class EngineClient:
         connect_timeout_s: the deadline for opening a connection.
         keepalive_s: idle connections older than this are closed instead of reused.
         max_idle: idle connections kept per engine; more are closed when given back.
+        max_in_flight: exchanges at once over all engines; more wait for one to end, rather
+            than open sockets until the process runs out of file descriptors (and takes a
+            healthy engine for unreachable).
     """
 
     def __init__(self, *, timeout_s: float, connect_timeout_s: float = 5.0, keepalive_s: float = 300.0,
-                 max_idle: int = 1024) -> None:
+                 max_idle: int = 1024, max_in_flight: int = 1024) -> None:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle
+        self._slots = asyncio.Semaphore(max_in_flight)
         self._targets: dict[str, _Target] = {}
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._live: set[_Connection] = set()
@@ -372,10 +407,13 @@ class EngineClient:
             return conn
         return None
 
+    def _slots_release(self) -> None:
+        self._slots.release()
+
     def _release(self, conn: _Connection) -> None:
         conn.finish()
         conn.used = True
-        if self._closed or conn.closed:
+        if self._closed or conn.closed or conn.paused:  # a paused socket would not even see a close
             conn.abort()
             return
         idle = self._idle.setdefault(conn.key, [])
@@ -391,24 +429,29 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = loop.time() + timeout_s
-        conn = self._idle_connection(target)
-        fresh = conn is None
-        if conn is None:
-            conn = await self._connect(target, deadline)
-        while True:
-            try:
-                conn.send(request, deadline, timeout_s)
-                await conn.wait_headers()
-            except _StaleConnectionError:
-                conn.abort()
-                if fresh:
+        await self._slots.acquire()
+        try:
+            conn = self._idle_connection(target)
+            fresh = conn is None
+            if conn is None:
+                conn = await self._connect(target, deadline)
+            while True:
+                try:
+                    conn.send(request, deadline, timeout_s)
+                    await conn.wait_headers()
+                except _StaleConnectionError:
+                    conn.abort()
+                    if fresh:
+                        raise
+                    conn, fresh = await self._connect(target, deadline), True
+                    continue
+                except BaseException:
+                    conn.abort()
                     raise
-                conn, fresh = await self._connect(target, deadline), True
-                continue
-            except BaseException:
-                conn.abort()
-                raise
-            return EngineResponse(self, conn)
+                return EngineResponse(self, conn)  # gives the slot back when closed
+        except BaseException:
+            self._slots.release()
+            raise
 
     async def post(self, url: str, body: bytes, *, timeout_s: float | None = None) -> EngineResponse:
         """POST JSON and return once the status line and headers arrived.

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from producers.capture import CAPTURE_KEYS, CallCapture, normalize_request, session_headers
@@ -74,9 +74,14 @@ class CallService:
 
     async def handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes) -> Response:
         """One harness call, end to end."""
-        # The web framework may already have opened the server span; then ours nests inside it.
+        # A framework may already have opened the server span; then ours nests inside it.
+        # Model calls are served ahead of FastAPI's own (see proxy.app._ProxyApp), so ours is
+        # usually the server span, continuing the harness's trace when it sent one.
         outer = trace.get_current_span().get_span_context().is_valid
-        span = telemetry.tracer.start_span(f"{request.method} {request.scope['path']}",
+        parent = None
+        if not outer and "traceparent" in request.headers:
+            parent = propagate.extract(request.headers)
+        span = telemetry.tracer.start_span(f"{request.method} {request.scope['path']}", context=parent,
                                            kind=SpanKind.INTERNAL if outer else SpanKind.SERVER,
                                            attributes={"openforge.rollout_id": caller.rollout_id,
                                                        "openforge.protocol": adapter.protocol.value})
@@ -159,7 +164,8 @@ class CallService:
                     detail = (await upstream_response.read()).decode("utf-8", "replace")[:2000]
                 except EngineError as exc:
                     detail = repr(exc)
-                upstream_response.close(finished=False)
+                finally:
+                    upstream_response.close(finished=False)
                 client_span.end()
                 return await self._fail(adapter, capture, span, self.retries, fingerprint,
                                         upstream_response.status, CallStatus.UPSTREAM_ERROR,

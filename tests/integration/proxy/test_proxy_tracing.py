@@ -58,3 +58,20 @@ async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, p
         assert client.parent is not None and client.parent.span_id in {s.context.span_id for s in servers}
     carried = {dict(r.headers)["traceparent"].decode().split("-")[1] for r in records}
     assert carried == {f"{s.context.trace_id:032x}" for s in servers}
+
+
+async def test_a_call_continues_the_trace_the_harness_sent(spans: InMemorySpanExporter, proxy) -> None:
+    spans.clear()
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with httpx.AsyncClient(timeout=60) as http:
+        answer = await http.post(f"{proxy.base('r-parent')}/v1/chat/completions",
+                                 headers={"authorization": f"Bearer {proxy.token('r-parent')}",
+                                          "traceparent": f"00-{trace_id}-{parent_id}-01"},
+                                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 3})
+        assert answer.status_code == 200
+    await asyncio.sleep(0.2)
+    calls = [s for s in spans.get_finished_spans() if (s.attributes or {}).get("openforge.rollout_id") == "r-parent"]
+    assert len(calls) == 1
+    assert f"{calls[0].context.trace_id:032x}" == trace_id
+    assert calls[0].parent is not None and f"{calls[0].parent.span_id:016x}" == parent_id

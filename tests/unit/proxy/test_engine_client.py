@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -335,3 +336,129 @@ async def test_scripted_server_a_stream_nobody_reads_stops_being_read_from_the_s
         count = 1 + sum([1 async for _ in lines])
         assert count == total // 1024
         response.close(finished=True)
+
+
+async def test_closing_the_client_fails_calls_in_flight_at_once(engine: tuple[Engine, str]) -> None:
+    app, url = engine
+    closing = EngineClient(timeout_s=30)
+    response = await closing.post(f"{url}/hang-stream", b"{}")
+    lines = response.lines()
+    assert [await anext(lines), await anext(lines)] == [b"data: one", b""]
+    waiting = asyncio.ensure_future(anext(lines))
+    await asyncio.sleep(0.05)
+    await closing.aclose()
+    with pytest.raises(EngineUnreachableError, match="closed by the proxy"):
+        await asyncio.wait_for(waiting, 2)
+    await asyncio.wait_for(app.disconnected.wait(), 5)
+
+
+async def test_an_answer_dropped_without_close_cuts_its_connection(engine: tuple[Engine, str],
+                                                                   client: EngineClient) -> None:
+    app, url = engine
+    response = await client.post(f"{url}/hang-stream", b"{}")
+    assert client.connections == 1
+    del response  # the caller was cancelled before it could read or close
+    await asyncio.wait_for(app.disconnected.wait(), 5)
+    assert client.connections == 0
+
+
+async def test_a_cancelled_read_cuts_the_connection(engine: tuple[Engine, str], client: EngineClient) -> None:
+    app, url = engine
+    response = await client.post(f"{url}/hang-stream", b"{}")
+    reading = asyncio.ensure_future(response.read())
+    await asyncio.sleep(0.05)
+    reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    response.close(finished=False)  # what the proxy's call service does in its finally
+    await asyncio.wait_for(app.disconnected.wait(), 5)
+
+
+async def test_calls_beyond_the_in_flight_bound_wait_for_a_free_slot(engine: tuple[Engine, str]) -> None:
+    app, url = engine
+    bounded = EngineClient(timeout_s=10, max_in_flight=2)
+    try:
+        first = await bounded.post(f"{url}/stream", b"{}")
+        second = await bounded.post(f"{url}/stream", b"{}")
+        third = asyncio.ensure_future(bounded.post_json(f"{url}/x", b"{}", timeout_s=5))
+        await asyncio.sleep(0.2)
+        assert not third.done() and bounded.connections == 2
+        first.close(finished=False)
+        assert (await asyncio.wait_for(third, 5))[0] == 200
+        app.release_stream.set()
+        assert [line async for line in second.lines()][-2:] == [b"data: [DONE]", b""]
+        second.close(finished=True)
+    finally:
+        app.release_stream.set()  # a failed check must not leave the engine's handlers waiting
+        await bounded.aclose()
+
+
+async def test_a_short_deadline_does_not_outlive_its_exchange(engine: tuple[Engine, str],
+                                                              client: EngineClient) -> None:
+    _app, url = engine
+    assert (await client.post_json(f"{url}/a", b"{}", timeout_s=0.2))[0] == 200
+    await asyncio.sleep(0.3)  # past the first call's deadline, on the same kept-alive connection
+    assert (await client.post_json(f"{url}/b", b"{}", timeout_s=5))[0] == 200
+    assert client.connections == 1
+
+
+async def test_a_bad_port_is_unreachable(client: EngineClient) -> None:
+    with pytest.raises(EngineUnreachableError, match="(?i)port"):
+        await client.post("http://127.0.0.1:99999/x", b"{}")
+
+
+async def test_scripted_server_a_continue_before_the_answer_is_skipped(client: EngineClient) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(_answer(b'{"after": "continue"}'))
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            await _read_request(reader)
+            writer.write(_answer(b'{"second": 1}'))
+            await writer.drain()
+
+    async with scripted_server(script) as (url, connections):
+        assert await client.post_json(f"{url}/a", b"{}", timeout_s=5) == (200, b'{"after": "continue"}')
+        assert await client.post_json(f"{url}/a", b"{}", timeout_s=5) == (200, b'{"second": 1}')
+        assert len(connections) == 1
+
+
+async def test_scripted_server_a_close_long_after_the_request_is_reported_not_resent(
+        client: EngineClient) -> None:
+    requests = 0
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        nonlocal requests
+        await _read_request(reader)
+        requests += 1
+        writer.write(_answer(b"{}"))
+        await writer.drain()
+        await _read_request(reader)
+        requests += 1
+        await asyncio.sleep(1.3)  # the engine worked on it, then went away without a byte
+
+    async with scripted_server(script) as (url, connections):
+        assert (await client.post_json(f"{url}/a", b"{}", timeout_s=5))[0] == 200
+        with pytest.raises(EngineUnreachableError, match="before answering") as raised:
+            await client.post(f"{url}/a", b"{}")
+        assert type(raised.value) is EngineUnreachableError
+        assert (requests, len(connections)) == (2, 1)
+
+
+async def test_scripted_server_a_reset_cuts_a_body_that_ends_with_the_connection(client: EngineClient) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        sock = writer.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+
+    async with scripted_server(script) as (url, _connections):
+        response = await client.post(f"{url}/a", b"{}")
+        with pytest.raises(EngineError, match="mid-answer"):
+            await response.read()
+        response.close(finished=False)
