@@ -40,7 +40,7 @@ helm:
 	@bash scripts/helm/strimzi_crds.sh >/dev/null
 
 # kube-apiserver and etcd built from the Go module proxy for the integration tests (once;
-# about 25 min cold on two cores, see docs/kube.md).
+# under 6 min cold on two idle cores, see docs/kube.md).
 kube:
 	@bash scripts/kube/install.sh >/dev/null
 
