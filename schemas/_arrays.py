@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -86,6 +87,7 @@ class PackedArray(Sequence[_T]):
             self._set(values._data)
             return
         self._set(self._pack(values))
+        self._check()
 
     # -- construction -------------------------------------------------------------------------
 
@@ -244,19 +246,28 @@ class PackedArray(Sequence[_T]):
 
     @classmethod
     def _pack(cls, values: Iterable[_T]) -> bytes:
+        """The little-endian bytes of ``values``, not yet checked (see :meth:`_check`)."""
         if isinstance(values, str | bytes | bytearray | memoryview):
             # bytes would otherwise pack as small integers, and a str is only meaningful as
             # base64, which has its own constructor.
             raise ValueError(f"{cls.__name__} takes numbers; use from_bytes()/from_base64() for packed data")
+        if type(values) is list or type(values) is tuple:
+            # struct packs a list in about half the time array() takes (which converts item by
+            # item through a generic setter), and writes little-endian on any host. On a value
+            # it refuses, the array path below runs and says which value is wrong.
+            try:
+                data = struct.pack(f"<{len(values)}{cls._TYPECODE}", *values)
+            except (struct.error, OverflowError, TypeError):
+                pass
+            else:
+                return data
         try:
             packed = array(cls._TYPECODE, values)
         except OverflowError:
             raise ValueError(cls._describe_first_invalid(values)) from None
         except TypeError as exc:
             raise ValueError(f"{cls.__name__}: every item must be {cls._KIND} ({exc})") from None
-        obj = cls._from_native(packed)
-        obj._check()
-        return obj._data
+        return cls._from_native(packed)._data
 
     def _check(self) -> None:
         """Reject elements the packed format can hold but the field does not allow."""

@@ -8,6 +8,7 @@ import math
 import pickle
 import random
 import struct
+import sys
 from array import array
 
 import pytest
@@ -144,6 +145,20 @@ def test_accepts_array_and_tuple_inputs() -> None:
     assert Holder(ids=array("i", [1, 2])).ids == [1, 2]
     assert Holder(ids=(1, 2)).ids == [1, 2]
     assert Holder(lps=[1, -2]).lps == [1.0, -2.0]
+
+
+@pytest.mark.parametrize("values", [
+    [], [0], [2**31 - 1, 0, 1, 150_000], (5, 6, 7), [True, False, 3], list(range(0, 2**31 - 1, 2**31 // 977)),
+])
+def test_lists_and_tuples_pack_as_array_packs_them(values: list[int]) -> None:
+    # Lists and tuples take a faster path (struct) than other iterables (array); same bytes.
+    expected = array("i", values)
+    if sys.byteorder != "little":
+        expected.byteswap()
+    assert TokenIds(values).to_bytes() == expected.tobytes() == TokenIds(iter(values)).to_bytes()
+    floats = [float(v) / 7 for v in values]
+    assert Logprobs(floats).to_bytes() == Logprobs(iter(floats)).to_bytes()
+    assert LossMask([v & 1 for v in values]).to_bytes() == LossMask(iter([v & 1 for v in values])).to_bytes()
 
 
 @pytest.mark.parametrize(
