@@ -36,13 +36,13 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from producers.capture import CallCapture, event_from_fields, normalize_request
+from producers.capture import CallCapture, event_from_fields, event_json, normalize_request
 from schemas import DeadLetterV1, ModelCallV1
 from schemas._base import new_event_id
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 from stream import CALLS, DEAD_LETTERS, TopicRegistry
-from stream.producer import encode_record
+from stream.producer import encode_record, encoded_record
 from stream.tracing import inject_trace_context
 
 RAW_CALLS = "openforge/raw-calls"
@@ -138,12 +138,11 @@ def pack_raw_exchange(capture: CallCapture, exchange: EngineExchange, *, upstrea
     return RAW_EXCHANGES, capture.rollout_id.encode(), value, ()
 
 
-def unpack_raw_exchange(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]:
-    """The event a raw exchange record describes, and the trace headers it carried.
+_Fields = tuple[dict[str, Any], str, datetime, list[tuple[str, bytes]]]
+"""A record's event fields (as :meth:`CallCapture.fields` gives them), event id, creation time and trace."""
 
-    Raises:
-        ValueError: the record is not of the expected shape, or does not make a valid event.
-    """
+
+def _exchange_fields(value: bytes) -> _Fields:
     try:
         head_length, request_length = _LENGTHS.unpack_from(value)
         start = _LENGTHS.size + head_length
@@ -167,16 +166,10 @@ def unpack_raw_exchange(value: bytes) -> tuple[ModelCallV1, list[tuple[str, byte
         raise ValueError(f"not a raw exchange record: {exc!r}") from exc
     if type(event_id) is not str or created_at.tzinfo is None:
         raise ValueError("a raw exchange record needs a string event id and an aware creation time")
-    return event_from_fields(data, event_id=event_id, created_at=created_at.astimezone(UTC)), trace
+    return data, event_id, created_at.astimezone(UTC), trace
 
 
-def unpack_raw_call(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]:
-    """The event a raw call record describes, and the trace headers it carried.
-
-    Raises:
-        ValueError: the record is not JSON of the expected shape, or its fields do not make a
-            valid event (``pydantic.ValidationError`` is a ``ValueError``).
-    """
+def _call_fields(value: bytes) -> _Fields:
     try:
         data = orjson.loads(value)
         event_id = data.pop("_event_id")
@@ -197,23 +190,53 @@ def unpack_raw_call(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]
         raise ValueError(f"not a raw call record: {exc!r}") from exc
     if type(event_id) is not str or created_at.tzinfo is None:
         raise ValueError("a raw call record needs a string event id and an aware creation time")
-    return event_from_fields(data, event_id=event_id, created_at=created_at.astimezone(UTC)), trace
+    return data, event_id, created_at.astimezone(UTC), trace
+
+
+def unpack_raw_exchange(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]:
+    """The event a raw exchange record describes, and the trace headers it carried.
+
+    Raises:
+        ValueError: the record is not of the expected shape, or does not make a valid event.
+    """
+    data, event_id, created_at, trace = _exchange_fields(value)
+    return event_from_fields(data, event_id=event_id, created_at=created_at), trace
+
+
+def unpack_raw_call(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]:
+    """The event a raw call record describes, and the trace headers it carried.
+
+    Raises:
+        ValueError: the record is not JSON of the expected shape, or its fields do not make a
+            valid event (``pydantic.ValidationError`` is a ``ValueError``).
+    """
+    data, event_id, created_at, trace = _call_fields(value)
+    return event_from_fields(data, event_id=event_id, created_at=created_at), trace
 
 
 def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: bytes,
                 headers: tuple[tuple[str, bytes], ...], seq: int) -> Record:
     """What to send to Kafka for one journal record: itself, or for a raw call its event.
 
-    A raw call that cannot be made an event is sent as a dead letter instead (``seq``, the
-    journal's sequence number, stands in for the offset it never had), so the journal moves on
-    and the call stays inspectable.
+    The event's JSON is written straight from the record's fields when the checks of
+    :func:`producers.capture.event_json` vouch for them, which is most of the shipper's work
+    saved; otherwise the event is built and validated. A raw call that cannot be made an event
+    is sent as a dead letter instead (``seq``, the journal's sequence number, stands in for the
+    offset it never had), so the journal moves on and the call stays inspectable.
     """
     if topic not in (RAW_CALLS, RAW_EXCHANGES):
         return topic, key, value, headers
     try:
-        event, trace = unpack_raw_call(value) if topic == RAW_CALLS else unpack_raw_exchange(value)
+        data, event_id, created_at, trace = (_call_fields if topic == RAW_CALLS else _exchange_fields)(value)
         calls = registry[CALLS]
-        record_key, encoded, event_headers = encode_record(calls, event)
+        written = event_json(data, event_id=event_id, created_at=created_at)
+        record_key: bytes | None
+        if written is not None:
+            record_key, encoded, event_headers = encoded_record(calls, ModelCallV1, data["rollout_id"].encode(),
+                                                                written)
+        else:
+            event = event_from_fields(data, event_id=event_id, created_at=created_at)
+            record_key, encoded, event_headers = encode_record(calls, event)
     except Exception as exc:  # noqa: BLE001 - whatever the record holds, the journal must move on
         truncated = len(value) > _MAX_LETTER_VALUE
         letter = DeadLetterV1(
@@ -227,7 +250,7 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
         letters = registry[DEAD_LETTERS]
         record_key, encoded, event_headers = encode_record(letters, letter)
         return letters.name, record_key, encoded, tuple(event_headers)
-    # encode_record appended the shipper's own (empty) context; the call's replaces it.
+    # The event's own trace context replaces any the shipper's encoding added.
     names = {name for name, _ in trace}
     kept = [(name, raw) for name, raw in event_headers if name not in names]
     return calls.name, record_key, encoded, tuple(kept + trace)

@@ -150,12 +150,18 @@ class EventRegistry:
             UnregisteredEventError: The event's class is not registered here, so no consumer
                 using this registry could decode it.
         """
-        headers = self._headers.get(type(event))
+        return _to_json(event), self.headers_of(type(event))
+
+    def headers_of(self, cls: type[EventBase]) -> list[tuple[str, bytes]]:
+        """A fresh list of the headers (schema, version, content type) every record of ``cls`` carries.
+
+        Raises:
+            UnregisteredEventError: ``cls`` is not registered here.
+        """
+        headers = self._headers.get(cls)
         if headers is None:
-            raise UnregisteredEventError(
-                f"{type(event).__qualname__} is not registered; register it before producing"
-            )
-        return _to_json(event), list(headers)
+            raise UnregisteredEventError(f"{cls.__qualname__} is not registered; register it before producing")
+        return list(headers)
 
     def decode(self, headers: Headers, value: bytes | None) -> EventBase:
         """Decode a Kafka record into the event class its headers name.

@@ -19,7 +19,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from schemas import EventBase, encode
+from schemas import EventBase, default_registry, encode
 from stream.broker import BROKER_MESSAGE_MAX_BYTES
 from stream.lifecycle import Managed
 from stream.settings import KafkaSettings
@@ -50,20 +50,43 @@ def encode_record(
         WrongTopicError: the event's schema is not declared for the topic.
         EventTooLargeError: the encoded event exceeds the topic's limit.
     """
-    schema = type(event).SCHEMA
-    if schema not in topic.spec.schemas:
-        raise WrongTopicError(
-            f"{schema!r} events do not belong on {topic.name} (it carries {', '.join(topic.spec.schemas)})"
-        )
+    _check_schema(topic, type(event))
     value, headers = encode(event)
-    if len(value) > topic.spec.max_message_bytes:
-        raise EventTooLargeError(
-            f"{schema} event of {len(value):,} bytes exceeds {topic.name}'s "
-            f"max.message.bytes={topic.spec.max_message_bytes:,}"
-        )
+    _check_size(topic, type(event), value)
     record_key = event.kafka_key() if key is None else key
     inject_trace_context(headers)
     return (record_key.encode() if isinstance(record_key, str) else record_key), value, headers
+
+
+def encoded_record(topic: Topic, cls: type[EventBase], key: bytes, value: bytes) -> tuple[bytes, bytes, Headers]:
+    """Key, value and headers of a ``cls`` event whose JSON was written without building it.
+
+    For writers that make an event's JSON straight from its fields (the proxy's shipper does,
+    see ``producers.capture.event_json``): the same checks and headers as :func:`encode_record`,
+    with no trace context added (the caller adds the event's own).
+
+    Raises:
+        WrongTopicError: ``cls`` is not declared for the topic.
+        EventTooLargeError: ``value`` exceeds the topic's limit.
+    """
+    _check_schema(topic, cls)
+    _check_size(topic, cls, value)
+    return key, value, default_registry.headers_of(cls)
+
+
+def _check_schema(topic: Topic, cls: type[EventBase]) -> None:
+    if cls.SCHEMA not in topic.spec.schemas:
+        raise WrongTopicError(
+            f"{cls.SCHEMA!r} events do not belong on {topic.name} (it carries {', '.join(topic.spec.schemas)})"
+        )
+
+
+def _check_size(topic: Topic, cls: type[EventBase], value: bytes) -> None:
+    if len(value) > topic.spec.max_message_bytes:
+        raise EventTooLargeError(
+            f"{cls.SCHEMA} event of {len(value):,} bytes exceeds {topic.name}'s "
+            f"max.message.bytes={topic.spec.max_message_bytes:,}"
+        )
 
 
 class EventProducer(Managed):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -9,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from producers.capture import CallCapture, normalize_request
+from producers.capture import CallCapture, event_from_fields, event_json, normalize_request
 from schemas import ModelCallV1, decode, encode
 from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 
@@ -53,9 +54,25 @@ def _json(event: ModelCallV1) -> dict[str, Any]:
     return body
 
 
+def _same_json(data: dict[str, Any], created_at: datetime = datetime(2026, 5, 4, 3, 2, 1, 123456, tzinfo=UTC)
+               ) -> bytes | None:
+    """``event_json`` of the fields, checked byte for byte against pydantic's JSON of the validated event."""
+    written = event_json(data, event_id="e" * 32, created_at=created_at)
+    try:
+        validated = event_from_fields(data, event_id="e" * 32, created_at=created_at, validate=True)
+    except ValidationError:
+        assert written is None  # what would not validate is never written straight
+        raise
+    if written is not None:
+        assert written == encode(validated)[0]
+    return written
+
+
 def _both(capture: CallCapture, status: CallStatus = CallStatus.OK, **kwargs: Any) -> ModelCallV1:
     fast = capture.build(status, **kwargs)
     slow = capture.build(status, validate=True, **kwargs)
+    # The shipper's path: the event's JSON written straight from the fields, whenever the checks vouch.
+    assert _same_json(capture.fields(status, **kwargs)) is not None
     assert list(_json(fast)) == list(_json(slow))  # same keys in the same order
     assert _json(fast) == _json(slow)
     # What went out without validation must pass it on the way in.
@@ -114,6 +131,49 @@ def test_bad_engine_data_still_fails_validation(choice: dict[str, Any], needle: 
     capture.on_response(_whole([choice]))
     with pytest.raises(ValidationError, match=needle):
         capture.build(CallStatus.OK, upstream_status_code=200)
+    with pytest.raises(ValidationError, match=needle):
+        _same_json(capture.fields(CallStatus.OK, upstream_status_code=200))
+
+
+@pytest.mark.parametrize("content", [
+    "plain", "", "naïve \u2013 漢字 🙂", "quotes \" and \\ backslash / slash", "controls \x00\x01\x1f\x7f\n\t",
+    "\u2028\u2029 separators", "<script>&amp;</script>",
+])
+def test_the_json_written_straight_equals_pydantics_byte_for_byte(content: str) -> None:
+    chat = {**CHAT, "messages": [{"role": "user", "content": content, "n": [1, -2, 2**53 + 1, 2**63 - 1]}],
+            "temperature": 1e-7, "top_p": 0.1, "seed": -1, "stop": [content], "logit_bias": {"12": -100.0},
+            "metadata": {"nested": {"deep": [None, True, False, 1.5e16, -0.0, 3.0]}}}
+    capture = _capture(request=normalize_request(chat, {}), headers={"user-agent": content or "x"})
+    capture.on_response(_whole([_choice(message={"role": "assistant", "content": content,
+                                                 "tool_calls": [{"id": "t", "type": "function",
+                                                                 "function": {"name": "ls", "arguments": "{}"}}]},
+                                        stop_reason=content or None)],
+                               prompt_token_ids=[*range(0, 150_000, 97), 2**31 - 1]))
+    capture.weight_version = "v-" + "9" * 100
+    data = capture.fields(CallStatus.OK, upstream_status_code=200, upstream_replica="http://e:8000")
+    for created in (datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)):
+        assert _same_json(data, created) is not None
+    data["timings"]["total_s"] = 1e-9
+    data["timings"]["time_to_first_token_s"] = 12345.678901234567
+    assert _same_json(data) is not None
+
+
+def test_fields_the_checks_do_not_vouch_for_are_not_written_straight() -> None:
+    capture = _capture()
+    capture.on_response(_whole([_choice()]))
+    data = capture.fields(CallStatus.OK, upstream_status_code=200)
+    created = datetime(2026, 1, 1, tzinfo=UTC)
+    # A time not in UTC: the validating path converts it, this one leaves it alone.
+    assert event_json(data, event_id="e" * 32, created_at=datetime.fromisoformat("2026-01-01T01:00:00+01:00")) is None
+    # A request built by hand with values JSON cannot hold as they are.
+    odd = {**data, "request": NormalizedRequest.model_construct(messages=[{"content": object()}], tools=None,
+                                                                 tool_choice=None, sampling={}, extra={})}
+    assert event_json(odd, event_id="e" * 32, created_at=created) is None
+    # Token ids out of int32, versions that do not cover the tokens.
+    assert event_json({**data, "prompt_token_ids": [2**31]}, event_id="e" * 32, created_at=created) is None
+    bad_versions = [{**data["choices"][0], "weight_versions": [{"version": "1", "start": 0, "end": 1}]}]
+    assert event_json({**data, "choices": bad_versions}, event_id="e" * 32, created_at=created) is None
+    assert event_json(data, event_id="e" * 32, created_at=created) is not None
 
 
 def test_bad_usage_and_headers_still_fail_validation() -> None:

@@ -34,7 +34,7 @@ def _shipped(capture: Any, status: CallStatus = CallStatus.OK, **kwargs: Any) ->
     out_topic, out_key, out_value, out_headers = ship_record(REGISTRY, topic, key, value, headers, seq=7)
     assert out_topic == REGISTRY[CALLS].name and out_key == key
     event = decode(list(out_headers), out_value)
-    assert isinstance(event, ModelCallV1)
+    assert isinstance(event, ModelCallV1) and out_key == event.kafka_key()
     direct = _json(capture.build(status, validate=True, **kwargs))
     shipped = _json(event)
     direct["timings"].pop("total_s", None)
@@ -136,9 +136,10 @@ def test_a_whole_answer_journalled_as_its_engine_exchange_gives_the_same_event(
     topic, key, value, headers = pack_raw_exchange(capture, exchange, upstream_status_code=200,
                                                    upstream_replica="http://engine")
     assert topic == RAW_EXCHANGES and exchange.request in value and exchange.answer in value
-    out_topic, _, out_value, out_headers = ship_record(REGISTRY, topic, key, value, headers, seq=1)
+    out_topic, out_key, out_value, out_headers = ship_record(REGISTRY, topic, key, value, headers, seq=1)
     event = decode(list(out_headers), out_value)
     assert out_topic == REGISTRY[CALLS].name and isinstance(event, ModelCallV1)
+    assert out_key == event.kafka_key()
     direct = _json(capture.build(CallStatus.OK, validate=True, upstream_status_code=200,
                                  upstream_replica="http://engine"))
     assert _json(event) == direct  # token ids, logprobs, versions, request and summary alike
@@ -157,3 +158,18 @@ def test_a_damaged_exchange_record_becomes_a_dead_letter() -> None:
     letter = decode(list(headers), value)
     assert topic == REGISTRY[DEAD_LETTERS].name and isinstance(letter, DeadLetterV1)
     assert letter.topic == RAW_EXCHANGES and letter.value == record[2]
+
+
+def test_the_shipper_writes_a_vouched_event_without_building_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    capture, exchange = _exchange(_whole([_finite(_choice())]))
+    exchange_record = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
+    call_record = pack_raw_call(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=200)
+
+    def refuse(*args: Any, **kwargs: Any) -> ModelCallV1:
+        raise AssertionError("the event was built")
+
+    monkeypatch.setattr("producers.raw_calls.event_from_fields", refuse)
+    for record in (exchange_record, call_record):
+        topic, _, value, headers = ship_record(REGISTRY, *record, seq=1)
+        assert topic == REGISTRY[CALLS].name and isinstance(decode(list(headers), value), ModelCallV1)
+
