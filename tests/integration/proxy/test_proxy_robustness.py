@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from netutil import free_port, free_port_pair
 from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, serve, shutdown
@@ -149,6 +150,30 @@ async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(prox
     assert (linked.retry_of, linked.attempt, linked.status) == (cut.call_id, 1, CallStatus.OK)
     new_call = next(e for e in events if e.streamed and e.status is CallStatus.OK)
     assert (new_call.retry_of, new_call.attempt) == (None, 0)
+
+
+async def test_a_stream_whose_harness_left_before_its_first_byte_is_still_recorded(proxy: RunningProxy) -> None:
+    # The harness sends a streamed request and hangs up at once: the proxy is still waiting for
+    # the engine's headers, so the answer is cut before its first byte and its body never runs.
+    body = {**CHAT, "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "Count to ten."}]}
+    raw = orjson.dumps(body)
+    port = int(proxy.url.rsplit(":", 1)[1])
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /rollouts/r-gone/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
+                 b"authorization: Bearer " + proxy.token("r-gone").encode() + b"\r\n"
+                 b"content-type: application/json\r\ncontent-length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    [event] = await calls_of(proxy, 1)
+    assert (event.rollout_id, event.streamed, event.status) == ("r-gone", True, CallStatus.CLIENT_DISCONNECTED)
+    assert event.request.messages == body["messages"] and event.upstream_replica
+    # The proxy is not left holding anything: the next call of the rollout is a new call.
+    again = await post(f"{proxy.base('r-gone')}/v1/chat/completions", json={**body, "stream": False},
+                       token=proxy.token("r-gone"))
+    assert again.status_code == 200
+    [_, second] = await calls_of(proxy, 2)
+    assert (second.status, second.retry_of, second.attempt) == (CallStatus.OK, event.call_id, 1)
 
 
 def _waiting_on_disk(spool: Path, durability: str) -> int:
