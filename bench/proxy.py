@@ -52,6 +52,11 @@ proxy, the upstream and the Kafka broker, which all share the same two cores, so
 requests/s are a lower bound and the direct target at high concurrency mostly measures the load
 generator; the ratios and the per-request CPU columns are the robust figures.
 
+``--split-cores`` pins the processes instead: the load generator, the upstream, LiteLLM and each
+proxy's main process on the first CPU, each proxy's shipping worker and the broker on the second.
+That is the machine a proxy pod with a core for its shipper (and Kafka elsewhere) gives; on shared
+cores, capture on also pays for the worker's and the broker's CPU out of the proxy's.
+
 Knobs for what capture costs: ``--compression`` (the capturing proxy's and the probe's batch
 compression, ``OPENFORGE_KAFKA_COMPRESSION``) and ``--linger-ms`` (the capturing proxy's
 ``OPENFORGE_PROXY_CAPTURE_LINGER_MS``).
@@ -358,20 +363,47 @@ def tree_cpu_s(root: int | None) -> float:
     """CPU seconds used so far by ``root`` and its descendants (0 when unknown)."""
     if root is None:
         return 0.0
-    table: dict[int, tuple[int, float]] = {}
+    return sum(own_cpu_s(pid) for pid in (root, *descendants(root)))
+
+
+def descendants(root: int) -> list[int]:
+    """The pids of ``root``'s children, their children, and so on."""
+    table: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            table[int(entry.name)] = stat
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
+            table.setdefault(stat[0], []).append(int(entry.name))
+    out, todo = [], list(table.get(root, ()))
     while todo:
         pid = todo.pop()
-        if pid in table:
-            total += table[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total
+        out.append(pid)
+        todo.extend(table.get(pid, ()))
+    return out
+
+
+def pin(pids: Sequence[int], cpus: set[int]) -> None:
+    """Every thread of these processes on ``cpus`` (threads they start later inherit it)."""
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(task.name), cpus)
+
+
+def split_cores(serving: Sequence[int], proxies: Sequence[int], broker: int | None) -> str:
+    """Serving on the first CPU, shipping on the second: how a proxy with a core for its shipper runs.
+
+    Serving: this load generator, the upstream, LiteLLM and each proxy's main process. Shipping:
+    each proxy's shipping worker and the Kafka broker (elsewhere in a real deployment).
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError("--split-cores needs two CPUs")
+    first, second = {cpus[0]}, {cpus[1]}
+    pin([os.getpid(), *serving, *(d for pid in serving for d in descendants(pid)), *proxies], first)
+    pin([*(d for pid in proxies for d in descendants(pid)),
+         *([broker, *descendants(broker)] if broker is not None else [])], second)
+    return (f"Split cores: CPU {cpus[0]} serves (load generator, upstream, LiteLLM, each proxy's main process), "
+            f"CPU {cpus[1]} ships (each proxy's shipping worker, the Kafka broker).")
 
 
 # -- the measurements ---------------------------------------------------------------------------
@@ -838,8 +870,11 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
                  "shipping worker), the upstream, the Kafka broker and this load generator, "
                  f"at c={mid}; the broker's includes its background work (tens of ms per second), which "
                  "dominates at low request rates.")
-    lines.append(f"All processes share {os.cpu_count()} cores with the load generator; req/s are lower bounds "
-                 "and direct at high concurrency mostly measures the load generator.")
+    if args.split_cores:
+        lines.append(summary["cores"] + " req/s are lower bounds.")
+    else:
+        lines.append(f"All processes share {os.cpu_count()} cores with the load generator; req/s are lower bounds "
+                     "and direct at high concurrency mostly measures the load generator.")
     lines.append("")
 
     goals = summary["goals"]
@@ -965,6 +1000,12 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                 waited = await wait_ready(litellm, litellm_port, "/health/liveliness", 120)
                 progress(f"{litellm.name} ready on :{litellm_port} ({waited:.1f}s)")
 
+            summary_cores = f"shared: {os.cpu_count()}"
+            if args.split_cores:
+                proxies = [p.pid for p in (openforge, inline, acked, nocap) if p is not None]
+                serving = [upstream.pid, *([litellm.pid] if litellm is not None else [])]
+                summary_cores = split_cores(serving, proxies, broker_pid)
+                progress(summary_cores)
             before = (await http_get_json(upstream_port, "/stats"))["chat"]
             probe = AckProbe(kafka, f"{kafka.topic_prefix}bench.ack-floor", args)
             async with KafkaAdmin(kafka) as admin:
@@ -977,6 +1018,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
             for process in processes:
                 process.check_alive()
             summary = summarize(targets, results, args)
+            summary["cores"] = summary_cores
 
             # Checks: one event per call the capturing proxies answered, none from the other. The
             # journalling proxy answers before Kafka has the event: give its shipper time to finish.
@@ -1047,6 +1089,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="leave out the proxy that ships its journal from its own event loop")
     parser.add_argument("--skip-ack", action="store_true",
                         help="leave out the capturing proxy with ack durability (answers wait for Kafka)")
+    parser.add_argument("--split-cores", action="store_true",
+                        help="serve on the first CPU (load generator, upstream, each proxy's main process) and "
+                             "ship on the second (each proxy's shipping worker, the broker), as a proxy with a "
+                             "core for its shipper runs; default: every process on every core")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if min(args.requests, args.rounds, args.max_requests, *args.concurrency) < 1 or args.warmup < 0:
