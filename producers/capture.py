@@ -365,6 +365,10 @@ def event_from_fields(data: dict[str, Any], *, event_id: str | None = None, crea
 
 _MAX_ID = 256
 _MAX_VERSION = 128
+_MAX_EVENT_ID = 128
+#: The fields :meth:`CallCapture.fields` gives, in the event's order (all but the id and time).
+_CALL_FIELDS = tuple(name for name in ModelCallV1.model_fields if name not in ("event_id", "created_at"))
+_CHOICE_FIELDS = tuple(CallChoice.model_fields)
 
 _M = TypeVar("_M", bound=BaseModel)
 _FIELDS: dict[type[BaseModel], tuple[str, ...]] = {}
@@ -397,6 +401,10 @@ def _is_id(value: object, optional: bool = False) -> bool:
     return type(value) is str and 0 < len(value) <= _MAX_ID
 
 
+def _is_event_id(value: object) -> bool:
+    return type(value) is str and 0 < len(value) <= _MAX_EVENT_ID
+
+
 def _is_count(value: object) -> bool:
     return type(value) is int and value >= 0
 
@@ -415,17 +423,19 @@ class _Vouched:
 
 
 def _vouch_choice(raw: dict[str, Any]) -> tuple[dict[str, Any], TokenIds, Logprobs, list[dict[str, Any]]] | None:
-    if not _is_count(raw["index"]):
+    if type(raw) is not dict or tuple(raw) != _CHOICE_FIELDS or not _is_count(raw["index"]):
         return None
     if not (raw["finish_reason"] is None or type(raw["finish_reason"]) is str):
         return None
     if not (raw["stop_reason"] is None or type(raw["stop_reason"]) in (str, int)):
         return None
+    ranges = raw["weight_versions"]
+    if not (type(raw["completion_token_ids"]) is list and type(raw["logprobs"]) is list and type(ranges) is list):
+        return None  # validation takes fewer kinds of sequence than packing does
     ids = TokenIds(raw["completion_token_ids"])  # packing checks every value
     logprobs = Logprobs(raw["logprobs"])
     if len(ids) != len(logprobs):
         return None
-    ranges = raw["weight_versions"]
     position = 0
     for r in ranges:
         if type(r) is not dict or len(r) != 3:
@@ -441,8 +451,15 @@ def _vouch_choice(raw: dict[str, Any]) -> tuple[dict[str, Any], TokenIds, Logpro
 
 
 def _vouch(data: dict[str, Any]) -> _Vouched | None:
-    """The fields' packed arrays when validation of the event could not fail, else None."""
+    """The fields' packed arrays when validation of the event could not fail, else None.
+
+    The values inside the request and the response are taken to be what a JSON parser gives
+    (they come from the harness's body and the engine's answer, or from the adapters, which
+    build plain JSON values); their shape is checked, not each value.
+    """
     try:
+        if tuple(data) != _CALL_FIELDS:
+            return None  # a field missing or unknown (a record of another version)
         if not (_is_id(data["rollout_id"]) and _is_id(data["call_id"]) and _is_id(data["task_id"], True)
                 and _is_id(data["retry_of"], True) and _is_count(data["attempt"])):
             return None
@@ -452,7 +469,10 @@ def _vouch(data: dict[str, Any]) -> _Vouched | None:
             return None
         if type(data["protocol"]) is not ApiProtocol or type(data["status"]) is not CallStatus:
             return None
-        if not isinstance(data["request"], NormalizedRequest):
+        request = data["request"]
+        if not (isinstance(request, NormalizedRequest) and type(request.messages) is list
+                and (request.tools is None or type(request.tools) is list)
+                and type(request.sampling) is dict and type(request.extra) is dict):
             return None
         code = data["upstream_status_code"]
         if not (code is None or (type(code) is int and 100 <= code <= 599)):
@@ -467,6 +487,8 @@ def _vouch(data: dict[str, Any]) -> _Vouched | None:
                 type(k) is str and type(v) is str and k == k.lower() for k, v in headers.items()):
             return None
         if not _CREDENTIAL_HEADERS.isdisjoint(headers):
+            return None
+        if type(data["choices"]) is not list or type(data["prompt_token_ids"]) is not list:
             return None
         choices = [_vouch_choice(raw) for raw in data["choices"]]
         if any(c is None for c in choices):
@@ -496,6 +518,8 @@ def _vouch(data: dict[str, Any]) -> _Vouched | None:
 def _trusted_event(data: dict[str, Any], event_id: str | None = None,
                    created_at: datetime | None = None) -> ModelCallV1 | None:
     """``ModelCallV1`` built without validation, or None when validation could fail."""
+    if not (event_id is None or _is_event_id(event_id)):
+        return None
     vouched = _vouch(data)
     if vouched is None:
         return None
@@ -537,7 +561,7 @@ def event_json(data: dict[str, Any], *, event_id: str, created_at: datetime) -> 
         event_id: The event's id.
         created_at: The event's creation time, in UTC.
     """
-    if created_at.tzinfo is not UTC:
+    if created_at.tzinfo is not UTC or not _is_event_id(event_id):
         return None
     vouched = _vouch(data)
     if vouched is None:

@@ -173,6 +173,24 @@ def test_fields_the_checks_do_not_vouch_for_are_not_written_straight() -> None:
     assert event_json({**data, "prompt_token_ids": [2**31]}, event_id="e" * 32, created_at=created) is None
     bad_versions = [{**data["choices"][0], "weight_versions": [{"version": "1", "start": 0, "end": 1}]}]
     assert event_json({**data, "choices": bad_versions}, event_id="e" * 32, created_at=created) is None
+    # Ids the event refuses.
+    assert event_json(data, event_id="", created_at=created) is None
+    assert event_json(data, event_id="e" * 129, created_at=created) is None
+    # Keys of another version of the record: unknown ones would be dropped, missing ones defaulted.
+    assert event_json({**data, "new_field": 1}, event_id="e" * 32, created_at=created) is None
+    assert event_json({k: v for k, v in data.items() if k != "response"}, event_id="e" * 32,
+                      created_at=created) is None
+    extra_key = [{**data["choices"][0], "text": "x"}]
+    assert event_json({**data, "choices": extra_key}, event_id="e" * 32, created_at=created) is None
+    # Shapes validation refuses though packing or orjson would take them.
+    for shape in ({"prompt_token_ids": {}}, {"prompt_token_ids": iter([1])}, {"choices": {}},
+                  {"choices": [{**data["choices"][0], "weight_versions": ""}]},
+                  {"choices": [{**data["choices"][0], "completion_token_ids": (7, 8)}]}):
+        assert event_json({**data, **shape}, event_id="e" * 32, created_at=created) is None, shape
+    for request in ({"messages": "hi"}, {"tools": 5}, {"sampling": [1]}, {"extra": None}):
+        fields = {"messages": [], "tools": None, "tool_choice": None, "sampling": {}, "extra": {}, **request}
+        odd = {**data, "request": NormalizedRequest.model_construct(**fields)}
+        assert event_json(odd, event_id="e" * 32, created_at=created) is None, request
     assert event_json(data, event_id="e" * 32, created_at=created) is not None
 
 

@@ -173,3 +173,15 @@ def test_the_shipper_writes_a_vouched_event_without_building_it(monkeypatch: pyt
         topic, _, value, headers = ship_record(REGISTRY, *record, seq=1)
         assert topic == REGISTRY[CALLS].name and isinstance(decode(list(headers), value), ModelCallV1)
 
+
+def test_a_raw_call_of_another_version_is_a_dead_letter_not_an_event_missing_a_field() -> None:
+    capture = _capture()
+    capture.on_response(_whole([_choice()]))
+    topic, key, value, headers = pack_raw_call(capture, CallStatus.OK, upstream_status_code=200)
+    newer = orjson.loads(value)
+    newer["new_field"] = 1
+    out_topic, _, out_value, out_headers = ship_record(REGISTRY, topic, key, orjson.dumps(newer), headers, seq=9)
+    letter = decode(list(out_headers), out_value)
+    assert out_topic == REGISTRY[DEAD_LETTERS].name and isinstance(letter, DeadLetterV1)
+    assert "new_field" in letter.reason
+
