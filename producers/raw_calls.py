@@ -79,7 +79,7 @@ def pack_raw_call(capture: CallCapture, status: CallStatus, *, upstream_status_c
     Runs on the proxy's event loop for every call, so it does no more than one ``orjson`` dump.
     """
     data = capture.fields(status, upstream_status_code=upstream_status_code, error_message=error_message,
-                          upstream_replica=upstream_replica)
+                          upstream_replica=upstream_replica, prompt_ids_unparsed=True)
     request = data["request"]
     # A constructed request's __dict__ holds its fields as plain JSON values.
     data["request"] = dict(request.__dict__) if isinstance(request, NormalizedRequest) else request

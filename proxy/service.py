@@ -24,7 +24,7 @@ from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from producers.capture import CAPTURE_KEYS, CallCapture, normalize_request, session_headers
+from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request, session_headers
 from producers.durable import EventLog
 from producers.raw_calls import EngineExchange
 from proxy import telemetry
@@ -176,10 +176,12 @@ class CallService:
             finished = False
             try:
                 answer_bytes = await upstream_response.read()
-                payload = orjson.loads(answer_bytes)
+                parsed, capture.prompt_ids_json = _without_prompt_ids(answer_bytes, asked)
+                payload = orjson.loads(parsed)
                 finished = True
             except (EngineError, orjson.JSONDecodeError) as exc:
                 client_span.end()
+                capture.prompt_ids_json = None  # an unreadable answer's ids are not recorded
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
                                         CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}", replica)
             finally:
@@ -208,6 +210,7 @@ class CallService:
         async def relay() -> AsyncIterator[bytes]:
             held: list[bytes] = []  # closing events wait until the event is durable
             finished = False
+            first = True
             status = CallStatus.CLIENT_DISCONNECTED
             error: str | None = None
             try:
@@ -217,6 +220,9 @@ class CallService:
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         break
+                    if first:  # vLLM sends the prompt's ids once, with the first chunk
+                        first = False
+                        data, capture.prompt_ids_json = _without_prompt_ids(data, asked)
                     chunk = orjson.loads(data)
                     if "error" in chunk and not chunk.get("choices"):
                         error = str(chunk["error"])
@@ -296,10 +302,15 @@ class CallService:
         if outcome == "spool":
             telemetry.publish_errors.add(1)
         telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": capture.outcome(status).value})
-        telemetry.tokens.add(len(capture.prompt_token_ids), {"kind": "prompt"})
+        telemetry.tokens.add(capture.prompt_token_count, {"kind": "prompt"})
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})
         if capture.first_token_s is not None:
             telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
+
+
+def _without_prompt_ids(body: bytes, asked: dict[str, Any]) -> tuple[bytes, bytes | None]:
+    """The engine's JSON to parse, and its prompt ids cut out unparsed, unless the harness asked for them."""
+    return (body, None) if asked.get("return_token_ids") else cut_prompt_ids(body)
 
 
 def _same(before: str | None, after: str | None) -> str | None:

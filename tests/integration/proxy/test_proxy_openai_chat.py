@@ -9,6 +9,7 @@ import openai
 import pytest
 from proxy_helpers import calls_of
 
+import proxy.service as proxy_service
 from schemas.call.v1 import ApiProtocol, CallStatus
 
 pytestmark = pytest.mark.kafka
@@ -88,6 +89,38 @@ async def test_streaming_passes_tokens_through_and_captures_them(proxy, vllm_url
     assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, messages)
     assert len(event.choices[0].logprobs) == len(streamed_ids)
     assert event.usage is not None and event.usage.completion_tokens == len(streamed_ids)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_prompt_ids_the_harness_did_not_ask_for_are_cut_unparsed_and_captured_exactly(
+        proxy, vllm_url, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    cuts: list[bytes | None] = []
+    real = proxy_service.cut_prompt_ids
+
+    def recording(body: bytes) -> tuple[bytes, bytes | None]:
+        rest, ids = real(body)
+        cuts.append(ids)
+        return rest, ids
+
+    monkeypatch.setattr(proxy_service, "cut_prompt_ids", recording)
+    messages = [{"role": "user", "content": "Name three colours."}]
+    async with client_for(proxy, "r-cut-ids") as client:
+        if stream:
+            chunks = [c async for c in await client.chat.completions.create(
+                model="m", messages=messages, max_tokens=8, stream=True)]
+            assert all("prompt_token_ids" not in (c.model_extra or {}) for c in chunks)
+        else:
+            answer = await client.chat.completions.create(model="m", messages=messages, max_tokens=8)
+            assert "prompt_token_ids" not in (answer.model_extra or {})
+        # Asked for, the ids reach the harness as the engine sent them, and nothing is cut.
+        asked = await client.chat.completions.create(model="m", messages=messages, max_tokens=8,
+                                                     extra_body={"return_token_ids": True})
+    first, second = await calls_of(proxy, 2)
+    expected = await tokenize(vllm_url, first.model, messages)
+    assert len(cuts) == 1 and cuts[0] is not None  # vLLM's JSON is cut as the proxy expects it
+    assert (asked.model_extra or {})["prompt_token_ids"] == expected
+    assert list(first.prompt_token_ids) == expected == list(second.prompt_token_ids)
+    assert first.streamed is stream and first.usage is not None and first.usage.prompt_tokens == len(expected)
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
