@@ -80,9 +80,21 @@ def cut_prompt_ids(body: bytes) -> tuple[bytes, bytes | None]:
     end = body.find(b"]", opening)
     inner = body[opening + 1:end]
     if (end < 0 or inner.translate(None, _DIGITS_AND_COMMAS) or inner.startswith(b",") or inner.endswith(b",")
-            or b",," in inner):
+            or b",," in inner or _leading_zero(inner)):
         return body, None
     return body[:start] + b'"prompt_token_ids":null' + body[end + 1:], body[opening:end + 1]
+
+
+def _leading_zero(numbers: bytes) -> bool:
+    """Whether a number in ``numbers`` (digits and commas) starts with a 0 another digit follows (not JSON)."""
+    if numbers[:1] == b"0" and numbers[1:2].isdigit():
+        return True
+    at = numbers.find(b",0")
+    while at >= 0:  # only the id 0 itself starts with 0: few matches
+        if numbers[at + 2:at + 3].isdigit():
+            return True
+        at = numbers.find(b",0", at + 2)
+    return False
 
 
 def normalize_request(chat: dict[str, Any], asked: dict[str, Any]) -> NormalizedRequest:

@@ -176,12 +176,12 @@ class CallService:
             finished = False
             try:
                 answer_bytes = await upstream_response.read()
-                parsed, capture.prompt_ids_json = _without_prompt_ids(answer_bytes, asked)
+                parsed, prompt_ids = _without_prompt_ids(answer_bytes, asked)
                 payload = orjson.loads(parsed)
+                capture.prompt_ids_json = prompt_ids  # only a readable answer's
                 finished = True
             except (EngineError, orjson.JSONDecodeError) as exc:
                 client_span.end()
-                capture.prompt_ids_json = None  # an unreadable answer's ids are not recorded
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
                                         CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}", replica)
             finally:
@@ -220,10 +220,13 @@ class CallService:
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         break
+                    prompt_ids = None
                     if first:  # vLLM sends the prompt's ids once, with the first chunk
                         first = False
-                        data, capture.prompt_ids_json = _without_prompt_ids(data, asked)
+                        data, prompt_ids = _without_prompt_ids(data, asked)
                     chunk = orjson.loads(data)
+                    if prompt_ids is not None:  # only a readable chunk's
+                        capture.prompt_ids_json = prompt_ids
                     if "error" in chunk and not chunk.get("choices"):
                         error = str(chunk["error"])
                         status = CallStatus.UPSTREAM_ERROR

@@ -24,6 +24,7 @@ def test_the_ids_are_cut_and_the_rest_parses_as_before() -> None:
     assert {k: v for k, v in parsed.items() if k != "prompt_token_ids"} == {
         k: v for k, v in orjson.loads(answer).items() if k != "prompt_token_ids"}
     assert cut_prompt_ids(orjson.dumps({"prompt_token_ids": []})) == (b'{"prompt_token_ids":null}', b"[]")
+    assert cut_prompt_ids(b'{"prompt_token_ids":[0,10,0,101,0]}')[1] == b"[0,10,0,101,0]"  # the id 0 is fine
 
 
 @pytest.mark.parametrize("body", [
@@ -36,6 +37,8 @@ def test_the_ids_are_cut_and_the_rest_parses_as_before() -> None:
     b'{"prompt_token_ids":[1,]}',
     b'{"prompt_token_ids":[1.5]}',
     b'{"prompt_token_ids":[[1]]}',
+    b'{"prompt_token_ids":[01,2]}',  # leading zeros are not JSON: the parser says so, as before
+    b'{"prompt_token_ids":[1,2,007]}',
     b'{"prompt_token_ids":[1,2',  # truncated
     # Model text quoting the key: inside a JSON string every quote is escaped.
     orjson.dumps({"choices": [{"message": {"content": '"prompt_token_ids":[1,2]'}}], "prompt_token_ids": None}),
