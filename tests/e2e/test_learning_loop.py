@@ -50,5 +50,12 @@ def test_tiny_model_learns_the_toy_task_through_the_whole_loop(kafka_settings: K
                                  f"last {statistics.fmean(last):.3f}, t={t:.1f}"
     # Still learning, not collapsed onto one answer per task (which would stop GRPO for good).
     assert summary.alike_groups_last is not None and summary.alike_groups_last < 0.5, summary
-    assert summary.entropy_last is not None and summary.entropy_last > 0.05, summary
+    # The entropy itself is not judged: a policy that found the answer is near 0 nats per token
+    # too (docs/demo.md), so how low it is when the run stops says when it stopped, not whether
+    # it collapsed. What the loop promises is the way out of a collapse: the demo's bonus reaches
+    # the learner and acts on every step that has stuck groups.
+    stuck_steps = [m for _, _, m in curve.checkpoints if m.get("stuck_trajectories", 0) > 0]
+    assert all(m.get("entropy_coeff", 0) > 0 for m in stuck_steps), stuck_steps
+    entropies = [m["entropy"] for _, _, m in curve.checkpoints if "entropy" in m]
+    assert entropies and entropies[-1] < entropies[0], "the policy never sharpened"
     assert (tmp_path / next(tmp_path.iterdir()).name / "reward_curve.png").exists()
