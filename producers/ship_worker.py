@@ -265,7 +265,7 @@ async def _work(directory: Path) -> int:
         async def listen() -> None:
             while data := await stdin.read(4096):
                 if b"w" in data:
-                    shipper.wake()
+                    shipper.hurry()
             shipper.stop_when_done()  # the proxy closed stdin, or died
 
         listener = asyncio.create_task(listen())

@@ -87,6 +87,7 @@ class Shipper:
         self.idle_wait_s = idle_wait_s
         self._on_progress = on_progress
         self._wake = asyncio.Event()
+        self._hurry = asyncio.Event()
         self.stopping = False
         self.kafka_ok = False
         """True while the last batch reached Kafka (or nothing needed sending since connecting)."""
@@ -101,10 +102,15 @@ class Shipper:
         """Something was appended: look now instead of at the next poll."""
         self._wake.set()
 
+    def hurry(self) -> None:
+        """Someone waits for what the journal holds to reach Kafka: look now, and cut any linger short."""
+        self._wake.set()
+        self._hurry.set()
+
     def stop_when_done(self) -> None:
         """Ship what is there, then return from :meth:`run` (or on the first failure)."""
         self.stopping = True
-        self._wake.set()
+        self.hurry()
 
     async def connect(self) -> bool:
         """Connect to Kafka if not connected; False while it is unreachable."""
@@ -178,17 +184,25 @@ class Shipper:
             self.source.mark_shipped(records)
             self.shipped = records[-1].seq
             self._progress()
-            if len(records) < self.batch_records:
+            # A batch cut short by a limit leaves records waiting: send them now. Lingering
+            # after every full batch would cap shipping at one batch per linger, below what a
+            # busy proxy journals, and the journal would grow until calls were refused.
+            if len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes:
                 await self._linger()
 
     async def _linger(self) -> None:
-        """Let a few more events join the next batch.
+        """Let a few more events join the next batch, unless someone waits for Kafka.
 
         No answer waits for the shipper, so a few milliseconds cost nothing a harness sees,
         and the broker's and this process's cost per produce request is shared by more events.
+        A reward waiting for its rollout's calls (:meth:`hurry`) or a stop ends the pause early;
+        an append (:meth:`wake`) does not, or every call would end it.
         """
-        if self.linger_s > 0 and not self.stopping:
-            await asyncio.sleep(self.linger_s)
+        if self.linger_s > 0 and not self._hurry.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._hurry.wait(), self.linger_s)
+        if not self.stopping:
+            self._hurry.clear()
 
 
 class JournalPublisher:
@@ -328,6 +342,8 @@ class JournalPublisher:
         await self._appended()
         if not wait_for_kafka:
             return "journal"
+        if self._shipper is not None:
+            self._shipper.hurry()
         if self._worker is not None:
             self._worker.wake()
         with contextlib.suppress(TimeoutError):

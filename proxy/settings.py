@@ -69,7 +69,9 @@ class ProxySettings(BaseSettings):
     journal_linger_ms: int = Field(default=20, ge=0, le=1000)
     """How long the journal's shipper lets events gather before each produce request. No answer
     waits for it, so it only delays when Kafka has an event; every produce request costs the
-    broker and the proxy CPU, so fewer, larger ones leave more for calls."""
+    broker and the proxy CPU, so fewer, larger ones leave more for calls. There is no linger
+    after a batch that filled up (a backlog ships back to back), nor while a reward waits for
+    its rollout's calls to reach Kafka."""
 
     journal_shipper: Literal["process", "inline"] = "process"
     """Where the journal is shipped from (``journal`` durability). ``process`` (default): a
