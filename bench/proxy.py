@@ -44,7 +44,10 @@ Measured, in one run, alternating targets so that a noisy machine disturbs them 
    rotate the target order and the table shows the median over rounds. The CPU time that the
    target's server process (with its children, the proxy's shipping worker) used per request is
    read from /proc; it depends much less on how busy
-   the machine was than requests/s do.
+   the machine was than requests/s do. After a capturing target's cell the benchmark waits until
+   Kafka holds every event answered so far and reads the CPU figures only then, so a journalling
+   proxy's shipping backlog is charged to its own cell rather than slowing the next target's
+   (the ``drained in`` figure of each cell; requests/s count the load's time alone).
 
 The load generator is this process: a minimal HTTP/1.1 client on raw asyncio streams (no HTTP
 library), which parses only what it needs. On a two-core machine it competes for CPU with the
@@ -89,7 +92,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -428,6 +431,8 @@ class Cell:
     upstream_cpu_us: float
     broker_cpu_us: float
     client_cpu_us: float
+    drain_s: float = 0.0
+    """Seconds from the load's end until Kafka held every event of the capturing targets."""
 
 
 async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stream: bool,
@@ -463,7 +468,15 @@ async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stre
 
 
 async def throughput_cell(target: Target, concurrency: int, duration_s: float, max_requests: int,
-                          counter_base: int, upstream_pid: int | None, broker_pid: int | None) -> Cell:
+                          counter_base: int, upstream_pid: int | None, broker_pid: int | None,
+                          drain: Callable[[], Awaitable[float]] | None = None) -> Cell:
+    """One timed load of ``target``; ``drain``, for a capturing target, waits until Kafka holds its events.
+
+    A journalling proxy answers before its events reach Kafka, so when the load stops its shipper
+    may still hold a batch or more. Its CPU and the broker's are read only after that drain: the
+    cell pays for all of its own capture and none of it spills into the next target's cell.
+    Requests per second count the load's time alone.
+    """
     conns = [Connection("127.0.0.1", target.port) for _ in range(concurrency)]
     rollouts = [f"bench-c{concurrency}-{k}" for k in range(concurrency)]
     errors_before = len(target.errors)
@@ -490,6 +503,7 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
 
         await asyncio.gather(*(worker(k) for k in range(concurrency)))
         elapsed = time.perf_counter() - started
+        drain_s = await drain() if drain is not None else 0.0
         cpu1 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time(),
                 own_cpu_s(target.pid))
     finally:
@@ -499,7 +513,8 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
     return Cell(rps=done / elapsed, requests=done, errors=len(target.errors) - errors_before,
                 server_cpu_us=(cpu1[0] - cpu0[0]) * per, server_own_cpu_us=(cpu1[4] - cpu0[4]) * per,
                 upstream_cpu_us=(cpu1[1] - cpu0[1]) * per,
-                broker_cpu_us=(cpu1[2] - cpu0[2]) * per, client_cpu_us=(cpu1[3] - cpu0[3]) * per)
+                broker_cpu_us=(cpu1[2] - cpu0[2]) * per, client_cpu_us=(cpu1[3] - cpu0[3]) * per,
+                drain_s=drain_s)
 
 
 @dataclass
@@ -551,8 +566,36 @@ class AckProbe:
             await self.producer.stop()
 
 
+CAPTURING = ("openforge", "openforge-inline", "openforge-ack")
+"""The targets that publish a call event for every call they answer."""
+
+
+class KafkaDrain:
+    """Waits until the calls topic holds an event for every call the capturing targets answered."""
+
+    def __init__(self, admin: KafkaAdmin, topic: str, targets: Sequence[Target], timeout_s: float = 60.0) -> None:
+        self.admin = admin
+        self.topic = topic
+        self.targets = [t for t in targets if t.name in CAPTURING]
+        self.timeout_s = timeout_s
+
+    async def stored(self) -> int:
+        return sum((await self.admin.end_offsets(await self.admin.partitions(self.topic))).values())
+
+    async def __call__(self) -> float:
+        """Seconds it took; gives up (and says so) after ``timeout_s``."""
+        started = time.perf_counter()
+        expected = sum(t.ok for t in self.targets)
+        while await self.stored() < expected:
+            if time.perf_counter() - started > self.timeout_s:
+                progress(f"Kafka still lacks events after {self.timeout_s:.0f}s of draining; measuring on")
+                break
+            await asyncio.sleep(0.01)
+        return time.perf_counter() - started
+
+
 async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_pid: int | None,
-                  broker_pid: int | None, probe: AckProbe | None = None) -> Results:
+                  broker_pid: int | None, probe: AckProbe | None = None, drain: KafkaDrain | None = None) -> Results:
     for target in targets:
         progress(f"validating {target.label}")
         await validate(target)
@@ -566,18 +609,22 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_
     ttft = await sequential(targets, args.requests, args.warmup, stream=True)
     cells: dict[str, dict[int, list[Cell]]] = {t.name: {c: [] for c in args.concurrency} for t in targets}
     counter = 20_000_000
+    if drain is not None:
+        await drain()  # the latency loops' events, before any cell is timed
     for round_no in range(args.rounds):
         for ci, concurrency in enumerate(args.concurrency):
             shift = (round_no + ci) % len(targets)
             for target in [*targets[shift:], *targets[:shift]]:
                 cell = await throughput_cell(target, concurrency, args.duration, args.max_requests, counter,
-                                             upstream_pid, broker_pid)
+                                             upstream_pid, broker_pid,
+                                             drain if target.name in CAPTURING else None)
                 counter += args.max_requests + 2 * concurrency
                 cells[target.name][concurrency].append(cell)
                 progress(f"round {round_no + 1}/{args.rounds} c={concurrency:<3} {target.label:<26} "
                          f"{cell.rps:8,.0f} req/s  server CPU {cell.server_cpu_us:7,.0f} us/req "
                          f"(main process {cell.server_own_cpu_us:5,.0f})  "
                          f"client CPU {cell.client_cpu_us:5,.0f} us/req"
+                         + (f"  drained in {cell.drain_s:.2f}s" if target.name in CAPTURING else "")
                          + (f"  {cell.errors} errors" if cell.errors else ""))
     return Results(latency, ttft, cells)
 
@@ -785,6 +832,7 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
                 "upstream_cpu_us_median": statistics.median(c.upstream_cpu_us for c in cells),
                 "broker_cpu_us_median": statistics.median(c.broker_cpu_us for c in cells),
                 "client_cpu_us_median": statistics.median(c.client_cpu_us for c in cells),
+                "drain_s_max": max(c.drain_s for c in cells),
             }
         throughput[target.name] = per_c
 
@@ -1012,7 +1060,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
                 await admin.create_topics([Topic(probe.topic, args.partitions, CALLS)])
             await probe.start()
             try:
-                results = await measure(targets, args, upstream.pid, broker_pid, probe)
+                async with KafkaAdmin(kafka) as admin:
+                    drain = KafkaDrain(admin, f"{kafka.topic_prefix}{CALLS.base_name}", targets)
+                    results = await measure(targets, args, upstream.pid, broker_pid, probe, drain)
             finally:
                 await probe.stop()
             for process in processes:
@@ -1023,7 +1073,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
             # Checks: one event per call the capturing proxies answered, none from the other. The
             # journalling proxy answers before Kafka has the event: give its shipper time to finish.
             topic = f"{kafka.topic_prefix}{CALLS.base_name}"
-            expected = sum(t.ok for t in targets if t.name in ("openforge", "openforge-inline", "openforge-ack"))
+            expected = sum(t.ok for t in targets if t.name in CAPTURING)
             async with KafkaAdmin(kafka) as admin:
                 deadline = time.monotonic() + 30
                 while True:
