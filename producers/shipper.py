@@ -88,6 +88,7 @@ class Shipper:
         self._on_progress = on_progress
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         self.stopping = False
         self.kafka_ok = False
         """True while the last batch reached Kafka (or nothing needed sending since connecting)."""
@@ -110,6 +111,7 @@ class Shipper:
     def stop_when_done(self) -> None:
         """Ship what is there, then return from :meth:`run` (or on the first failure)."""
         self.stopping = True
+        self._stop_requested.set()
         self.hurry()
 
     async def connect(self) -> bool:
@@ -176,7 +178,9 @@ class Shipper:
                 self._progress()
                 if self.stopping:
                     return
-                await asyncio.sleep(backoff)
+                # A stop ends the pause (it then tries once more within its deadline).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_requested.wait(), backoff)
                 backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
                 continue
             backoff = 0.5
@@ -313,7 +317,11 @@ class JournalPublisher:
             await asyncio.to_thread(self._before_start)
 
     def wake(self) -> None:
-        """Have the shipper look at the journal now rather than at its next poll."""
+        """Have the shipper look at the journal now rather than at its next poll.
+
+        Inline this ends only an idle wait; the shipping process has a single signal, so there
+        it also cuts a linger short, as a reward's wait does.
+        """
         if self._shipper is not None:
             self._shipper.wake()
         if self._worker is not None:

@@ -42,6 +42,24 @@ def test_the_tail_reads_what_the_writer_appends_in_order_and_waits_for_more(tmp_
     tail.close()
 
 
+def test_the_tail_takes_batches_as_the_journal_does_past_the_byte_limit_by_one_record(tmp_path: Path) -> None:
+    # The shipper tells a batch cut by a limit (ship the next at once) from a drained journal
+    # (linger) by whether the batch reached the limit: both readers must end a batch on the
+    # record that crosses it, never before.
+    writer = _writer(tmp_path)
+    _fill(writer, 0, 10, size=1000)
+    tail = JournalTail(tmp_path)
+    tail.open()
+    batch = tail.read(100, 2500)
+    assert _numbers(batch) == [0, 1, 2] and sum(r.size for r in batch) >= 2500
+    assert _numbers(tail.read(3, 1 << 20)) == [3, 4, 5]
+    assert _numbers(tail.read(100, 1)) == [6]  # one record even when it alone exceeds the limit
+    rest = tail.read(100, 1 << 20)
+    assert _numbers(rest) == [7, 8, 9] and sum(r.size for r in rest) < 1 << 20
+    writer.close()
+    tail.close()
+
+
 def test_a_frame_still_being_written_is_read_once_it_is_whole(tmp_path: Path) -> None:
     writer = _writer(tmp_path)
     _fill(writer, 0, 1)
