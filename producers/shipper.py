@@ -89,7 +89,6 @@ class Shipper:
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()
         self._stop_requested = asyncio.Event()
-        self.stopping = False
         self.kafka_ok = False
         """True while the last batch reached Kafka (or nothing needed sending since connecting)."""
         self.failed = False
@@ -103,6 +102,11 @@ class Shipper:
         """Something was appended: look now instead of at the next poll."""
         self._wake.set()
 
+    @property
+    def stopping(self) -> bool:
+        """:meth:`stop_when_done` was called."""
+        return self._stop_requested.is_set()
+
     def hurry(self) -> None:
         """Someone waits for what the journal holds to reach Kafka: look now, and cut any linger short."""
         self._wake.set()
@@ -110,7 +114,6 @@ class Shipper:
 
     def stop_when_done(self) -> None:
         """Ship what is there, then return from :meth:`run` (or on the first failure)."""
-        self.stopping = True
         self._stop_requested.set()
         self.hurry()
 
