@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -37,10 +37,10 @@ async def _stored(kafka: KafkaSettings, registry: TopicRegistry) -> int:
         return sum((await admin.end_offsets(await admin.partitions(topic))).values())
 
 
-async def _until(condition: object, timeout_s: float) -> bool:
+async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while asyncio.get_running_loop().time() < deadline:
-        if condition():  # type: ignore[operator]
+        if condition():
             return True
         await asyncio.sleep(0.02)
     return False
