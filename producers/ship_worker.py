@@ -269,8 +269,11 @@ async def _work(directory: Path) -> int:
             shipper.stop_when_done()  # the proxy closed stdin, or died
 
         listener = asyncio.create_task(listen())
-        # A SIGTERM to the proxy's whole process group means the same as the proxy stopping.
-        loop.add_signal_handler(signal.SIGTERM, shipper.stop_when_done)
+        # A SIGTERM to the proxy's whole process group (systemd's default, a shell killing a job)
+        # reaches this worker while the proxy still finishes its last calls. Ship what is there at
+        # once, and go on until the proxy closes stdin after its drain (or dies, which closes it
+        # too): exiting here would leave those last calls to a worker restarted mid-shutdown.
+        loop.add_signal_handler(signal.SIGTERM, shipper.hurry)
         done, _ = await asyncio.wait({runner, listener}, return_when=asyncio.FIRST_COMPLETED)
         if listener in done:
             try:
@@ -297,7 +300,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         raise SystemExit("usage: python -m producers.ship_worker <journal folder>")
     # The proxy stops this worker by closing its stdin, after the proxy's own drain; a Ctrl-C
-    # meant for the proxy must not cut the shipping short (SIGTERM drains, see _work).
+    # meant for the proxy must not cut the shipping short (nor may a SIGTERM, see _work).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     gc.freeze()  # the imports' objects never die; keep collections short
     gc.set_threshold(10_000)

@@ -331,3 +331,67 @@ async def test_a_killed_shipping_worker_is_restarted_and_no_call_is_lost(vllm_ur
     finally:
         await shutdown(server, task)
         broker.stop()
+
+
+async def test_sigterm_to_the_process_group_ships_the_last_call_without_restarting_the_worker(
+        vllm_url: str, tmp_path: Path) -> None:
+    """systemd and shells signal a service's whole process group. The shipping worker gets that
+    SIGTERM too, while the proxy still finishes a stream: it must keep shipping until the proxy
+    closes its pipe, not exit and be restarted as if it had died, and the stream's call reaches
+    Kafka before the proxy is gone."""
+    broker, kafka, registry = await _private_broker(tmp_path)
+    proxy_port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
+           "OPENFORGE_PROXY_CREDENTIAL_KEY": KEY.decode(), "OPENFORGE_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
+           "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
+    log = tmp_path / "proxy.log"
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "openforge", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
+            "--upstream", vllm_url, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True)
+    token = mint_token(KEY, "r-term", Role.AGENT, 600)
+    url = f"http://127.0.0.1:{proxy_port}/rollouts/r-term/v1/chat/completions"
+    try:
+        assert await _up(proxy_port, process), log.read_text()[-3000:]
+        ready = await _ready_until(proxy_port, lambda r: r["kafka"] is True, timeout_s=60.0)
+        assert ready["kafka"] is True, log.read_text()[-3000:]
+        assert (await post(url, json={**CHAT, "seed": 0}, token=token)).status_code == 200
+        chunks = 0
+        async with httpx.AsyncClient(timeout=60) as client, client.stream(
+                "POST", url, headers=auth(token),
+                json={**CHAT, "seed": 1, "stream": True, "max_tokens": 600, "ignore_eos": True}) as stream:
+            assert stream.status_code == 200
+            async for line in stream.aiter_lines():
+                if line.startswith("data: {"):
+                    chunks += 1
+                    if chunks == 5:
+                        os.killpg(process.pid, signal.SIGTERM)  # the proxy and its worker alike
+        assert chunks > 100, f"the stream was cut short after {chunks} chunks: the drain did not wait for it"
+        code = await asyncio.wait_for(process.wait(), 60)
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+    text = log.read_text()
+    assert code in (0, -signal.SIGTERM), text[-3000:]
+    assert "journal shipper exited" not in text, text[-3000:]
+    try:
+        events = await read_events(kafka, registry, expect=2)
+        assert sorted(e.request.sampling["seed"] for e in events) == [0, 1]
+        streamed = next(e for e in events if e.request.sampling["seed"] == 1)
+        assert streamed.status == CallStatus.OK and len(streamed.choices[0].completion_token_ids) == 600
+    finally:
+        broker.stop()
+
+
+async def _up(port: int, process: asyncio.subprocess.Process) -> bool:
+    """Wait for a proxy process's health endpoint; False if it exited first."""
+    for _ in range(600):
+        with contextlib.suppress(httpx.HTTPError):
+            if (await get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                return True
+        if process.returncode is not None:
+            return False
+        await asyncio.sleep(0.1)
+    return False
