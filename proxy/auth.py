@@ -8,7 +8,7 @@ from fastapi import Request
 
 from proxy.errors import ProxyError
 from proxy.settings import ProxySettings
-from schemas.credentials import Credential, CredentialError, Role, verify_token
+from schemas.credentials import MIN_KEY_BYTES, Credential, CredentialError, Role, verify_token
 
 #: Verified tokens remembered at most (one per live rollout is typical).
 _VERIFIED_CACHE_SIZE = 100_000
@@ -53,6 +53,10 @@ class Authenticator:
             raise ValueError(
                 "set OPENFORGE_PROXY_CREDENTIAL_KEY (or _FILE), or allow anonymous calls explicitly"
             )
+        if self.key is not None and len(self.key) < MIN_KEY_BYTES:
+            # Refused here, at start-up: later, every call would fail with a 500 while /health said ok.
+            raise ValueError(f"the credential key (OPENFORGE_PROXY_CREDENTIAL_KEY or _FILE) has {len(self.key)} "
+                             f"bytes; it needs at least {MIN_KEY_BYTES}")
 
     def authenticate(
         self, request: Request, path_rollout: str | None, *, need: Role = Role.AGENT

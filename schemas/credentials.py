@@ -21,10 +21,13 @@ from enum import StrEnum
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["Credential", "CredentialError", "Role", "mint_token", "verify_token"]
+__all__ = ["MIN_KEY_BYTES", "Credential", "CredentialError", "Role", "mint_token", "verify_token"]
 
 _PREFIX = "of1."
-_MIN_KEY_BYTES = 16
+MIN_KEY_BYTES = 16
+"""Shortest signing key accepted: 128 bits."""
+_MAX_TOKEN_CHARS = 4096
+"""Longer tokens are refused unread: a minted one is a few hundred characters."""
 
 
 class Role(StrEnum):
@@ -64,8 +67,8 @@ def _unb64(text: str) -> bytes:
 
 
 def _check_key(key: bytes) -> None:
-    if len(key) < _MIN_KEY_BYTES:
-        raise ValueError(f"the credential signing key must be at least {_MIN_KEY_BYTES} bytes")
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"the credential signing key must be at least {MIN_KEY_BYTES} bytes")
 
 
 def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id: str | None = None,
@@ -77,7 +80,10 @@ def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id
         claims["t"] = task_id
     body = _PREFIX + _b64(orjson.dumps(claims))
     signature = hmac.new(key, body.encode(), hashlib.sha256).digest()
-    return f"{body}.{_b64(signature)}"
+    token = f"{body}.{_b64(signature)}"
+    if len(token) > _MAX_TOKEN_CHARS:
+        raise ValueError(f"a token for these claims would be longer than {_MAX_TOKEN_CHARS} characters")
+    return token
 
 
 def verify_token(key: bytes, token: str, *, now: float | None = None) -> Credential:
@@ -87,15 +93,16 @@ def verify_token(key: bytes, token: str, *, now: float | None = None) -> Credent
         CredentialError: anything is wrong; the message says what, never the key.
     """
     _check_key(key)
+    if len(token) > _MAX_TOKEN_CHARS:
+        raise CredentialError(f"token longer than {_MAX_TOKEN_CHARS} characters")
     if not token.startswith(_PREFIX) or token.count(".") != 2:
         raise CredentialError("not an OpenForge rollout token")
     body, _, signature = token.rpartition(".")
     expected = hmac.new(key, body.encode(), hashlib.sha256).digest()
-    try:
-        given = _unb64(signature)
-    except ValueError as exc:
-        raise CredentialError("malformed token signature") from exc
-    if not hmac.compare_digest(expected, given):
+    # Compared as text, not decoded: base64 decoding skips stray characters and takes '+' for
+    # '-', so one token would have endless spellings that all verify, each a new entry in the
+    # proxy's cache of verified tokens.
+    if not hmac.compare_digest(_b64(expected).encode(), signature.encode(errors="replace")):
         raise CredentialError("token signature does not match")
     try:
         credential = Credential.model_validate(orjson.loads(_unb64(body[len(_PREFIX):])))

@@ -44,3 +44,39 @@ def test_cache_does_not_admit_a_forged_signature_or_another_rollout() -> None:
     other = mint_token(("x" * 32).encode(), "r-1", Role.AGENT, 60.0)
     with pytest.raises(UnauthorizedError):
         auth.authenticate(_request(other), "r-1")
+
+
+def test_a_token_has_one_spelling_only() -> None:
+    """Base64 decoding would skip stray characters and take '+' for '-': every respelling of a
+    valid token would verify, and each would be a new entry in the cache of verified tokens."""
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    tokens = [mint_token(KEY.encode(), f"r-{i}", Role.AGENT, 60.0) for i in range(200)]
+    token = next(t for t in tokens if "-" in t.rpartition(".")[2] or "_" in t.rpartition(".")[2])
+    body, _, signature = token.rpartition(".")
+    respelled = [
+        f"{body}.{signature}=",  # padding
+        f"{body}.{signature[:5]}!{signature[5:]}",  # a character outside the alphabet
+        f"{body}.{signature.replace('-', '+').replace('_', '/')}",  # the other alphabet
+    ]
+    rollout = auth.authenticate(_request(token), None).rollout_id
+    cached = len(auth._verified)
+    for variant in respelled:
+        assert variant != token
+        with pytest.raises(UnauthorizedError, match="signature"):
+            auth.authenticate(_request(variant), rollout)
+    assert len(auth._verified) == cached == 1
+
+
+def test_an_overlong_token_is_refused_unread() -> None:
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    token = mint_token(KEY.encode(), "r-1", Role.AGENT, 60.0)
+    body, _, signature = token.rpartition(".")
+    with pytest.raises(UnauthorizedError, match="longer than"):
+        auth.authenticate(_request(f"{body}.{signature}{'A' * 10_000}"), "r-1")
+    with pytest.raises(ValueError, match="longer than"):
+        mint_token(KEY.encode(), "r-1", Role.AGENT, 60.0, task_id="t" * 5000)
+
+
+def test_a_short_key_is_refused_at_start_up() -> None:
+    with pytest.raises(ValueError, match="at least 16"):
+        Authenticator(ProxySettings(credential_key="short-key"))
