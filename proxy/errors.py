@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
+# vLLM's words when a prompt does not fit the context: "This model's maximum context length is
+# 1024 tokens. However, your prompt contains [at least] 1500 input tokens, ..." (or "... 6000
+# characters (more than ...", a check made before tokenizing; and before 0.10, "... However, you
+# requested 1500 tokens (1400 in the messages, 100 in the completion)").
+_CONTEXT_OVERFLOW = re.compile(r"maximum context length is (\d+) tokens\. However, (?:your prompt contains "
+                               r"(at least )?(\d+) input tokens|you requested (\d+) tokens)?")
 
 class ProxyError(Exception):
     """Base of errors with an HTTP status; the message is shown to the client."""
@@ -32,3 +40,19 @@ class UnsupportedFeatureError(InvalidRequestError):
         super().__init__(f"unsupported field {field}: {detail}")
         self.field = field
         self.detail = detail
+
+
+def context_overflow(message: str) -> tuple[int | None, int] | None:
+    """``(prompt tokens or None, context length)`` when an engine's error says the prompt does not fit.
+
+    Harnesses recover from a full context by compacting the conversation, and they recognise
+    that case by their own API's words: the translated protocols rephrase the engine's message
+    (see the adapters' ``error``). The prompt's size is None when the engine did not count it
+    in tokens, or only as a lower bound ("at least", where it stopped counting): a harness cuts
+    the conversation by the difference, so a too-small figure would have it cut too little.
+    """
+    found = _CONTEXT_OVERFLOW.search(message)
+    if found is None:
+        return None
+    tokens = None if found.group(2) else found.group(3) or found.group(4)
+    return (int(tokens) if tokens else None), int(found.group(1))

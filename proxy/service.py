@@ -34,7 +34,7 @@ from proxy.errors import InvalidRequestError, ProxyError
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
-from schemas.call.v1 import CallStatus, NormalizedRequest
+from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class CallService:
         self.publisher = publisher
         self.retries = RetryTracker(settings.retry_window_s)
         self._served_model: str | None = settings.served_model
+        self._context: dict[str, int | None] = {}
+        """Each replica's context length (``max_model_len`` in its model list; None: not reported)."""
         self._background: set[asyncio.Task[None]] = set()
 
     async def drain(self, timeout_s: float) -> None:
@@ -70,7 +72,39 @@ class CallService:
             if status != 200 or not isinstance(models, dict) or not models.get("data"):
                 raise EngineUnreachableError(f"{replica}/v1/models answered {status}")
             self._served_model = str(models["data"][0]["id"])
+            self._context[replica] = _context_length(models)
         return self._served_model
+
+    async def context_length(self, replica: str) -> int | None:
+        """The replica's context length in tokens, asked once; None when it does not say.
+
+        An engine that cannot be asked now is asked again on a later call.
+        """
+        if replica not in self._context:
+            try:
+                status, models = await self.upstream.client.get_json(f"{replica}/v1/models", timeout_s=10.0)
+            except EngineError:
+                return None
+            self._context[replica] = _context_length(models) if status == 200 else None
+        return self._context[replica]
+
+    async def _fit_output(self, chat: dict[str, Any], capture: CallCapture, replica: str) -> None:
+        """Lower a translated call's ``max_tokens`` to what the engine's context can hold.
+
+        Claude Code asks for 32,000 output tokens whatever the model, as Anthropic's API allows
+        up to the model's output limit; vLLM refuses any ``max_tokens`` over its context length
+        with a 400, which would fail every call to an engine with a shorter context. The number
+        is only a ceiling (vLLM itself stops where the context ends), so lowering it changes no
+        answer. Chat completions pass through as sent: there the harness speaks the engine's
+        own API and would get the same answer from it directly.
+        """
+        wanted = chat.get("max_tokens")
+        if type(wanted) is not int:
+            return
+        limit = await self.context_length(replica)
+        if limit is not None and wanted > limit:
+            chat["max_tokens"] = limit
+            capture.request.sampling["max_tokens"] = limit  # the event records what the engine got
 
     async def handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes) -> Response:
         """One harness call, end to end."""
@@ -141,6 +175,8 @@ class CallService:
             try:
                 chat["model"] = await self.served_model(replica)
                 capture.model = chat["model"]
+                if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                    await self._fit_output(chat, capture, replica)
                 client_span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
                                                           attributes={"server.address": replica})
                 upstream_t0 = time.perf_counter()
@@ -314,6 +350,16 @@ class CallService:
 def _without_prompt_ids(body: bytes, asked: dict[str, Any]) -> tuple[bytes, bytes | None]:
     """The engine's JSON to parse, and its prompt ids cut out unparsed, unless the harness asked for them."""
     return (body, None) if asked.get("return_token_ids") else cut_prompt_ids(body)
+
+
+def _context_length(models: object) -> int | None:
+    """``max_model_len`` of the first model in an engine's ``/v1/models`` answer, if it gives one."""
+    if isinstance(models, dict) and isinstance(data := models.get("data"), list) and data \
+            and isinstance(data[0], dict):
+        value = data[0].get("max_model_len")
+        if type(value) is int and value > 0:
+            return value
+    return None
 
 
 def _same(before: str | None, after: str | None) -> str | None:

@@ -13,6 +13,7 @@ from proxy.anthropic.translate import (
     sse_encode,
     to_chat_request,
 )
+from proxy.errors import context_overflow
 from schemas.call.v1 import ApiProtocol
 
 
@@ -35,7 +36,16 @@ class AnthropicAdapter:
         return _AnthropicStream(StreamTranslator(model=str(body.get("model") or "")))
 
     def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
-        """Anthropic's error shape."""
+        """Anthropic's error shape; a prompt over the engine's context in Anthropic's words.
+
+        Claude Code compacts the conversation on "prompt is too long: N tokens > M maximum" and
+        reads the two numbers to decide how much to cut.
+        """
+        overflow = context_overflow(message) if status == 400 else None
+        if overflow is not None:
+            tokens, limit = overflow
+            message = (f"prompt is too long: {tokens} tokens > {limit} maximum" if tokens is not None
+                       else f"prompt is too long: more than the {limit} tokens the model's context holds")
         return error_body(status, message, error_type)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.adapters import StreamSession
-from proxy.errors import ProxyError
+from proxy.errors import ProxyError, context_overflow
 from proxy.responses.translate import (
     StreamTranslator,
     UpstreamFormatError,
@@ -46,8 +46,14 @@ class ResponsesAdapter:
         return _ResponsesStream(StreamTranslator(request=body))
 
     def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
-        """OpenAI's error shape."""
-        return error_body(status, message, error_type)
+        """OpenAI's error shape; a prompt over the engine's context gets OpenAI's code for it.
+
+        Codex compacts the conversation when an error's code is ``context_length_exceeded``.
+        """
+        body = error_body(status, message, error_type)
+        if status == 400 and context_overflow(message) is not None:
+            body["error"]["code"] = "context_length_exceeded"
+        return body
 
 
 class _ResponsesStream:

@@ -3,6 +3,8 @@ captured token-exact with the translated prompt."""
 
 from __future__ import annotations
 
+import re
+
 import anthropic
 import httpx
 import openai
@@ -119,3 +121,49 @@ async def test_responses_previous_response_id_is_refused_by_name(proxy) -> None:
     async with responses_client(proxy, "r-prev") as client:
         with pytest.raises(openai.BadRequestError, match="previous_response_id"):
             await client.responses.create(model="m", input="again", previous_response_id="resp_123")
+
+
+async def test_output_ceiling_over_the_engines_context_is_lowered_for_translated_calls(proxy, vllm_url) -> None:
+    """Claude Code asks for 32,000 output tokens whatever the model; vLLM refuses a max_tokens
+    over its context length. Translated calls get the engine's context length as their ceiling
+    (the event records what the engine got); chat completions reach the engine as sent."""
+    async with httpx.AsyncClient() as http:
+        context = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]["max_model_len"]
+    assert context < 32_000
+    async with anthropic_client(proxy, "r-ceiling") as client:
+        async with client.messages.stream(model="claude-opus-4-7", max_tokens=32_000,
+                                          messages=[{"role": "user", "content": "Write a long story."}]) as stream:
+            async for event in stream:
+                if event.type == "content_block_delta":
+                    break  # generating: the engine took the call; leaving ends it early
+    [recorded] = await calls_of(proxy, 1)
+    assert recorded.protocol is ApiProtocol.ANTHROPIC_MESSAGES
+    assert recorded.request.sampling["max_tokens"] == context
+    assert recorded.status in {CallStatus.CLIENT_DISCONNECTED, CallStatus.OK}
+    async with responses_client(proxy, "r-ceiling-chat") as chat:  # the same client speaks chat
+        with pytest.raises(openai.BadRequestError, match="max_tokens"):
+            await chat.chat.completions.create(model="m", max_tokens=32_000,
+                                               messages=[{"role": "user", "content": "Hi"}])
+
+
+async def test_a_prompt_over_the_context_is_refused_in_each_harness_api_s_own_words(proxy, vllm_url) -> None:
+    """Claude Code compacts on "prompt is too long: N tokens > M maximum", Codex on the error code
+    context_length_exceeded; the event keeps the engine's own message."""
+    async with httpx.AsyncClient() as http:
+        context = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]["max_model_len"]
+    long_text = "the quick brown fox jumps over the lazy dog " * (context // 4)
+    async with anthropic_client(proxy, "r-long-a") as client:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(model="claude-opus-4-7", max_tokens=8,
+                                         messages=[{"role": "user", "content": long_text}])
+    message = refused.value.body["error"]["message"]
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
+    assert re.fullmatch(rf"prompt is too long: (\d+ tokens > {context} maximum|more than the {context} tokens .*)",
+                        message), message
+    async with responses_client(proxy, "r-long-r") as client:
+        with pytest.raises(openai.BadRequestError) as refused_r:
+            await client.responses.create(model="gpt-5-codex", input=long_text, max_output_tokens=8)
+    assert refused_r.value.code == "context_length_exceeded", refused_r.value.body
+    events = await calls_of(proxy, 2)
+    assert {e.status for e in events} == {CallStatus.UPSTREAM_ERROR}
+    assert all("maximum context length" in e.error_message for e in events), [e.error_message for e in events]
