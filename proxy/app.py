@@ -93,7 +93,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         kafka = settings.kafka.model_copy(update={"linger_ms": settings.capture_linger_ms})
         publisher = _publisher(settings, registry, kafka)
         await publisher.start()
-        telemetry.observe_spool(lambda: publisher.backlog)
+        telemetry.observe_publisher(lambda: publisher.backlog, lambda: publisher.publish_errors)
         calls = CallService(settings, upstream, publisher)
         app.state.openforge = AppState(settings, auth, upstream, publisher, calls, _adapters())
         if own_process:

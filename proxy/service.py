@@ -335,11 +335,8 @@ class CallService:
                       exchange: EngineExchange | None = None) -> None:
         if not self.settings.capture:
             return
-        outcome = await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
-                                                    error_message=error_message, upstream_replica=replica,
-                                                    exchange=exchange)
-        if outcome == "spool":
-            telemetry.publish_errors.add(1)
+        await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
+                                          error_message=error_message, upstream_replica=replica, exchange=exchange)
         telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": capture.outcome(status).value})
         telemetry.tokens.add(capture.prompt_token_count, {"kind": "prompt"})
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})

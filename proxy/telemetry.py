@@ -18,15 +18,41 @@ time_to_first_token = _meter.create_histogram("openforge.proxy.time_to_first_tok
                                               description="Time from request to the first sampled token.")
 added_latency = _meter.create_histogram("openforge.proxy.added_latency", unit="s",
                                         description="Time spent in the proxy outside the engine call.")
-publish_errors = _meter.create_counter("openforge.proxy.publish_errors", unit="{event}",
-                                       description="Events that Kafka did not take and went to the spool.")
 
 
-def observe_spool(depth: Callable[[], int]) -> None:
-    """Report the spool depth (events waiting for Kafka) as an observable gauge."""
+class _Publisher:
+    """Where the publisher's figures are read from (the process's one publisher, set at start-up)."""
 
-    def callback(_options: CallbackOptions) -> Iterable[Observation]:
-        yield Observation(depth())
+    backlog: Callable[[], int] | None = None
+    errors: Callable[[], int] | None = None
 
-    _meter.create_observable_gauge("openforge.proxy.spool_depth", callbacks=[callback], unit="{event}",
-                                   description="Call events waiting on local disk for Kafka.")
+
+def _spool_depth(_options: CallbackOptions) -> Iterable[Observation]:
+    if _Publisher.backlog is not None:
+        yield Observation(_Publisher.backlog())
+
+
+def _publish_errors(_options: CallbackOptions) -> Iterable[Observation]:
+    if _Publisher.errors is not None:
+        yield Observation(_Publisher.errors())
+
+
+# Registered once, here: an instrument registered again under the same name keeps its first
+# callbacks, which would read a publisher that is gone (several apps in one process, as in tests).
+_meter.create_observable_gauge("openforge.proxy.spool_depth", callbacks=[_spool_depth], unit="{event}",
+                               description="Call events waiting on local disk for Kafka.")
+_meter.create_observable_counter(
+    "openforge.proxy.publish_errors", callbacks=[_publish_errors], unit="{attempt}",
+    description="Hand-offs to Kafka that failed: batches of the journal sent again (journal durability), "
+                "or events that went to the spool (ack durability).")
+
+
+def observe_publisher(backlog: Callable[[], int], errors: Callable[[], int]) -> None:
+    """Report the publisher's backlog (a gauge) and its failed hand-offs to Kafka (a counter).
+
+    Both are read from the publisher when metrics are collected. The failures happen where the
+    events are shipped, which with journal durability is the shipping worker, in a process of
+    its own; the publisher keeps their running count either way.
+    """
+    _Publisher.backlog = backlog
+    _Publisher.errors = errors

@@ -97,8 +97,10 @@ def proxy() -> dict[str, Any]:
               quantiles("openforge_proxy_added_latency_seconds"), "s"),
         panel("Spool depth", "Call events waiting on local disk for Kafka (0 when Kafka keeps up).",
               [(f"sum by (k8s_pod_name) (openforge_proxy_spool_depth{{{NS}}})", "{{k8s_pod_name}}")]),
-        panel("Events spooled/s", "Events Kafka did not take in time; they went to the spool.",
-              [(f"sum(rate(openforge_proxy_publish_errors_total{{{NS}}}[{RATE}]))", "spooled")]),
+        panel("Failed hand-offs to Kafka/s",
+              "Journal batches Kafka did not take and that are sent again (journal durability), or events "
+              "that went to the spool (ack durability). Nothing is lost; the spool depth shows what waits.",
+              [(f"sum(rate(openforge_proxy_publish_errors_total{{{NS}}}[{RATE}]))", "failed")]),
     ])
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from meters import metric_value
 from netutil import free_port, free_port_pair
 from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, serve, shutdown
 
@@ -230,6 +231,10 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
         assert [r.status_code for r in during] == [200] * 5  # harness unaffected
         ready = await _ready_until(settings.port, lambda r: r["kafka"] is False)
         assert ready["spooled"] == 5 and ready["kafka"] is False
+        # The outage shows on the dashboards: what waits, and the failed hand-offs to Kafka.
+        assert metric_value("openforge.proxy.spool_depth") == 5
+        failed = metric_value("openforge.proxy.publish_errors")
+        assert failed is not None and failed >= 1, failed
     finally:
         await shutdown(server, task)  # the proxy stops with events still on disk
     assert _waiting_on_disk(tmp_path / "spool", durability) == 5
