@@ -7,6 +7,7 @@ existing cluster instead. A test that needs Kafka and cannot reach it fails.
 
 from __future__ import annotations
 
+import atexit
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -32,6 +33,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="folder with the etcd and kube-apiserver binaries (default: where `make kube` puts them)")
 
 
+# The session's servers run in sessions of their own (a Ctrl-C meant for pytest
+# must not kill them mid-teardown), so nothing else stops them if a teardown is cut short, as an
+# interrupted or crashing run can do; stopping twice is harmless.
+
+
 @pytest.fixture(scope="session")
 def vllm_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real vLLM (CPU build) serving the tiny local model; installed and made once, cached."""
@@ -46,6 +52,7 @@ def vllm_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     model = make_tiny_model(python, cache_root() / "models" / "tiny-qwen2-seed0")
     engine = LocalEngine(model, free_port(), python, tmp_path_factory.mktemp("vllm") / "vllm.log")
     engine.start()
+    atexit.register(engine.stop)  # also at exit: see the note above the fixtures
     try:
         yield engine.url
     finally:
@@ -71,6 +78,7 @@ def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             if attempt == 2:
                 raise
     assert local is not None
+    atexit.register(local.stop)  # also at exit: see the note above the fixtures
     try:
         yield local
     finally:
@@ -117,6 +125,7 @@ def kube_api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     given = request.config.getoption("--kube-bin")
     api = KubeAPI(tmp_path_factory.mktemp("kube"), Path(given) if given else kube_bin_dir())
     api.start()
+    atexit.register(api.stop)  # also at exit: see the note above the fixtures
     try:
         yield api
     finally:

@@ -40,6 +40,7 @@ import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from inloop_server import InLoopServer
 
 MODEL = "openforge-scripted"
 VOCAB = 151_000
@@ -338,7 +339,7 @@ class ScriptedEngine:
     @contextlib.asynccontextmanager
     async def running(self, port: int) -> AsyncIterator[str]:
         """Serve on 127.0.0.1:``port`` in this event loop; yields the base URL."""
-        server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning",
+        server = InLoopServer(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning",
                                                lifespan="off"))
         task = asyncio.create_task(server.serve())
         url = f"http://127.0.0.1:{port}"

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import uvicorn
 from aiokafka import AIOKafkaConsumer
+from inloop_server import InLoopServer
 from netutil import free_port
 
 from proxy.app import build_app
@@ -37,7 +38,7 @@ class RunningProxy:
 
 
 async def serve(settings: ProxySettings) -> tuple[uvicorn.Server, asyncio.Task[None]]:
-    server = uvicorn.Server(uvicorn.Config(build_app(settings), host="127.0.0.1", port=settings.port,
+    server = InLoopServer(uvicorn.Config(build_app(settings), host="127.0.0.1", port=settings.port,
                                           log_level="warning", lifespan="on"))
     task = asyncio.create_task(server.serve())
     async with httpx.AsyncClient() as client:

@@ -7,7 +7,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,11 +198,24 @@ async def _ready_until(port: int, check: Callable[[dict[str, Any]], bool], timeo
         await asyncio.sleep(0.2)
 
 
-async def _private_broker(tmp_path: Path) -> tuple[LocalBroker, KafkaSettings, TopicRegistry]:
-    """A broker of the test's own (it gets stopped and restarted), started, with the topics made."""
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[LocalBroker]:
+    """A broker of the test's own (the test stops and restarts it), started.
+
+    Stopped however the test ends: the broker runs in a session of its own, so a failed or
+    interrupted test would otherwise leave a Kafka process behind.
+    """
     port = free_port_pair()
     broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "kafka")))
     broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+async def _private_broker(broker: LocalBroker) -> tuple[LocalBroker, KafkaSettings, TopicRegistry]:
+    """``broker`` with the topics made, and the settings to reach it."""
     kafka = KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=1, linger_ms=0, request_timeout_ms=5000)
     registry = TopicRegistry.from_settings(kafka)
     async with KafkaAdmin(kafka, registry) as admin:
@@ -212,9 +225,9 @@ async def _private_broker(tmp_path: Path) -> tuple[LocalBroker, KafkaSettings, T
 
 @pytest.mark.parametrize("durability", ["journal", "journal-inline", "ack"])
 async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_refuses(
-    vllm_url: str, tmp_path: Path, durability: str
+    vllm_url: str, tmp_path: Path, durability: str, own_broker: LocalBroker
 ) -> None:
-    broker, kafka, registry = await _private_broker(tmp_path)
+    broker, kafka, registry = await _private_broker(own_broker)
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
                              spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0,
@@ -266,9 +279,10 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
 
 
 
-async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, tmp_path: Path) -> None:
+async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, tmp_path: Path,
+                                                                 own_broker: LocalBroker) -> None:
     """SIGKILL after answering: the journal holds every answered call, and the next process ships it."""
-    broker, kafka, registry = await _private_broker(tmp_path)
+    broker, kafka, registry = await _private_broker(own_broker)
     broker.stop()  # nothing can be shipped: every answered call exists only in the journal
     proxy_port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
@@ -307,10 +321,11 @@ async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, 
         broker.stop()
 
 
-async def test_a_killed_shipping_worker_is_restarted_and_no_call_is_lost(vllm_url: str, tmp_path: Path) -> None:
+async def test_a_killed_shipping_worker_is_restarted_and_no_call_is_lost(vllm_url: str, tmp_path: Path,
+                                                                         own_broker: LocalBroker) -> None:
     """SIGKILL the proxy's shipping worker mid-run: the proxy keeps answering, starts another, and
     every call reaches Kafka (a record shipped but not yet marked may arrive twice, with one id)."""
-    broker, kafka, registry = await _private_broker(tmp_path)
+    broker, kafka, registry = await _private_broker(own_broker)
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
                              spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0)
@@ -339,12 +354,12 @@ async def test_a_killed_shipping_worker_is_restarted_and_no_call_is_lost(vllm_ur
 
 
 async def test_sigterm_to_the_process_group_ships_the_last_call_without_restarting_the_worker(
-        vllm_url: str, tmp_path: Path) -> None:
+        vllm_url: str, tmp_path: Path, own_broker: LocalBroker) -> None:
     """systemd and shells signal a service's whole process group. The shipping worker gets that
     SIGTERM too, while the proxy still finishes a stream: it must keep shipping until the proxy
     closes its pipe, not exit and be restarted as if it had died, and the stream's call reaches
     Kafka before the proxy is gone."""
-    broker, kafka, registry = await _private_broker(tmp_path)
+    broker, kafka, registry = await _private_broker(own_broker)
     proxy_port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
            "OPENFORGE_PROXY_CREDENTIAL_KEY": KEY.decode(), "OPENFORGE_PROXY_SPOOL_DIR": str(tmp_path / "spool"),

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 import uvicorn
+from inloop_server import InLoopServer
 
 from proxy.engine_client import EngineClient, EngineError, EngineTimeoutError, EngineUnreachableError
 
@@ -75,7 +76,7 @@ class Engine:
 async def engine() -> AsyncIterator[tuple[Engine, str]]:
     app = Engine()
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+    server = InLoopServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_keep_alive=30, lifespan="off"))
     task = asyncio.create_task(server.serve())
     while not server.started:
