@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ from proxy.upstream import UpstreamPool
 from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 
 logger = logging.getLogger(__name__)
+
+
+_ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,12 @@ class CallService:
         parent = None
         if not outer and "traceparent" in request.headers:
             parent = propagate.extract(request.headers)
-        span = telemetry.tracer.start_span(f"{request.method} {request.scope['path']}", context=parent,
+        # Named by route, not path: a name per rollout would give trace backends one span name
+        # per rollout to index. The rollout is an attribute.
+        route = _ROLLOUT_SEGMENT.sub("/rollouts/{rollout_id}/", request.scope["path"], count=1)
+        span = telemetry.tracer.start_span(f"{request.method} {route}", context=parent,
                                            kind=SpanKind.INTERNAL if outer else SpanKind.SERVER,
-                                           attributes={"openforge.rollout_id": caller.rollout_id,
+                                           attributes={"http.route": route, "openforge.rollout_id": caller.rollout_id,
                                                        "openforge.protocol": adapter.protocol.value})
         with trace.use_span(span, end_on_exit=False):
             try:

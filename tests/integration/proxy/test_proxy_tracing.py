@@ -45,6 +45,9 @@ async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, p
     calls = [s for s in finished if "openforge.call_id" in (s.attributes or {})]
     clients = [s for s in finished if s.kind is SpanKind.CLIENT]
     assert len(calls) == 2 and len(clients) == 2, [(s.name, s.kind) for s in finished]
+    # Named by route: one span name for every rollout, the rollout an attribute.
+    assert {s.name for s in calls} == {"POST /rollouts/{rollout_id}/v1/chat/completions"}
+    assert {(s.attributes or {})["openforge.rollout_id"] for s in calls} == {"r-trace"}
     # The call span is the request's server span, or nests in the framework's server span.
     by_id = {s.context.span_id: s for s in finished}
     for span in calls:
