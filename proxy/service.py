@@ -215,7 +215,7 @@ class CallService:
                                         _engine_message(detail), replica)
             if streamed:
                 return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
-                                    client_span, fingerprint, version_before)
+                                    client_span, fingerprint, version_before, upstream_t0)
             finished = False
             try:
                 answer_bytes = await upstream_response.read()
@@ -247,7 +247,7 @@ class CallService:
 
     def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
                 upstream: EngineResponse, replica: str, span: trace.Span, client_span: trace.Span,
-                fingerprint: bytes, version_before: str | None) -> StreamingResponse:
+                fingerprint: bytes, version_before: str | None, upstream_t0: float) -> StreamingResponse:
         session = adapter.stream(body, asked)
 
         async def relay() -> AsyncIterator[bytes]:
@@ -310,8 +310,14 @@ class CallService:
                 raise
             upstream.close(finished=status is CallStatus.OK)
             client_span.end()
+            upstream_s = time.perf_counter() - upstream_t0
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
             await self._finish_stream(capture, status, error, replica, span, fingerprint)
+            if status is CallStatus.OK:
+                # As for whole answers: the proxy's own time before the engine's stream and after
+                # it (recording the call); relaying chunks overlaps the engine's generation.
+                telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
+                                               {"protocol": adapter.protocol.value, "streamed": True})
             for out in held:
                 yield out
 

@@ -35,3 +35,17 @@ def metric_value(name: str) -> float | None:
                 if metric.name == name:
                     found = (found or 0.0) + sum(point.value for point in metric.data.data_points)
     return found
+
+
+def histogram_counts(name: str) -> dict[tuple[tuple[str, object], ...], int]:
+    """How many values the named histogram recorded so far, by attribute set."""
+    data = memory_reader().get_metrics_data()
+    counts: dict[tuple[tuple[str, object], ...], int] = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        key = tuple(sorted((point.attributes or {}).items()))
+                        counts[key] = counts.get(key, 0) + point.count
+    return counts

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
+from meters import histogram_counts, memory_reader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from spans import memory_exporter
@@ -23,6 +24,8 @@ def spans() -> InMemorySpanExporter:
 
 async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, proxy) -> None:
     spans.clear()
+    memory_reader()  # instruments record only once a provider is installed
+    latency_before = histogram_counts("openforge.proxy.added_latency")
     async with httpx.AsyncClient(timeout=60) as http:
         for stream in (False, True):
             answer = await http.post(f"{proxy.base('r-trace')}/v1/chat/completions",
@@ -61,6 +64,11 @@ async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, p
         assert client.parent is not None and client.parent.span_id in {s.context.span_id for s in servers}
     carried = {dict(r.headers)["traceparent"].decode().split("-")[1] for r in records}
     assert carried == {f"{s.context.trace_id:032x}" for s in servers}
+    # The proxy's added latency is measured for whole answers and streams alike.
+    latency = histogram_counts("openforge.proxy.added_latency")
+    for streamed in (False, True):
+        key = (("protocol", "openai_chat"), ("streamed", streamed))
+        assert latency.get(key, 0) - latency_before.get(key, 0) == 1, latency
 
 
 async def test_a_call_continues_the_trace_the_harness_sent(spans: InMemorySpanExporter, proxy) -> None:
