@@ -39,7 +39,7 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
             port=settings.port,
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=30,
+            timeout_graceful_shutdown=settings.drain_s,
         )
     finally:
         shutdown_telemetry()

@@ -84,6 +84,12 @@ class ProxySettings(BaseSettings):
     """How long to wait for Kafka's acknowledgement: before spooling (``ack``), per shipped
     batch (``journal``), and for a reward to reach Kafka before answering its verifier."""
 
+    drain_s: int = Field(default=30, ge=1, le=3600)
+    """How long a stopping proxy lets the calls in flight finish (streams included). Recording
+    the calls of harnesses that left takes up to 10 s more, and shipping what the journal still
+    holds up to three times ``publish_timeout_s`` and 5 s: the Helm chart's grace period allows
+    for all of it."""
+
     retry_window_s: float = Field(default=600.0, gt=0)
     """How long a failed call is remembered, so an identical re-send is linked as its retry."""
 

@@ -322,3 +322,24 @@ def test_checksums_are_quoted() -> None:
     assert len(lines) >= 2
     for line in lines:
         assert line.rstrip().endswith("| quote }}"), line
+
+
+def test_drain_seconds_reach_the_processes_and_the_grace_period_covers_the_proxys_shipping(
+        helm: Helm, helm_tmp: Path) -> None:
+    objects = helm.render({"proxy": {"drainSeconds": 40, "publishTimeoutSeconds": 6},
+                           "assembler": {"drainSeconds": 25}, "learner": {"drainSeconds": 90}}, helm_tmp)
+    proxy = one(objects, "Deployment", "-proxy")
+    assert env_of(proxy)["OPENFORGE_PROXY_DRAIN_S"] == "40"
+    assert env_of(proxy)["OPENFORGE_PROXY_PUBLISH_TIMEOUT_S"] == "6"
+    # Calls drain (40), calls of harnesses that left are recorded (10), the journal ships (3 x 6 + 5).
+    assert proxy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 40 + 10 + 3 * 6 + 5
+    assert env_of(one(objects, "Deployment", "-assembler"))["OPENFORGE_ASSEMBLER_DRAIN_TIMEOUT_S"] == "25"
+    learner = one(objects, "Deployment", "-learner")
+    assert env_of(learner)["OPENFORGE_LEARNER_DRAIN_TIMEOUT_S"] == "90"
+    assert learner["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 90
+    # The settings exist under those names: a misspelt variable would be ignored silently.
+    from consumers.assembler.settings import AssemblerSettings
+    from learner.settings import LearnerSettings
+    from proxy.settings import ProxySettings
+    assert "drain_s" in ProxySettings.model_fields and "publish_timeout_s" in ProxySettings.model_fields
+    assert "drain_timeout_s" in AssemblerSettings.model_fields and "drain_timeout_s" in LearnerSettings.model_fields

@@ -45,8 +45,15 @@ spec:
     spec:
       serviceAccountName: {{ include "openforge.component" $ctx }}
       automountServiceAccountToken: {{ .token | default false }}
-      # The process drains for drainSeconds on SIGTERM; Kubernetes must not kill it sooner.
+      # The process drains for drainSeconds on SIGTERM; Kubernetes must not kill it sooner. After
+      # its calls drain, the proxy records those of harnesses that left (10 s at most) and ships
+      # what its journal holds (up to three publish timeouts, and 5 s): on an emptyDir, what a
+      # killed proxy had not shipped is gone.
+      {{- if eq .name "proxy" }}
+      terminationGracePeriodSeconds: {{ add $v.drainSeconds 10 (mul 3 $v.publishTimeoutSeconds) 5 15 }}
+      {{- else }}
       terminationGracePeriodSeconds: {{ add $v.drainSeconds 15 }}
+      {{- end }}
       {{- with $root.Values.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}

@@ -52,6 +52,8 @@ OPENFORGE_PROXY_ALLOW_ANONYMOUS: {{ $v.allowAnonymous | quote }}
 OPENFORGE_PROXY_SPOOL_DIR: "/var/spool/openforge"
 OPENFORGE_PROXY_DURABILITY: {{ $v.durability | quote }}
 OPENFORGE_PROXY_JOURNAL_SHIPPER: {{ $v.journalShipper | quote }}
+OPENFORGE_PROXY_DRAIN_S: {{ $v.drainSeconds | quote }}
+OPENFORGE_PROXY_PUBLISH_TIMEOUT_S: {{ $v.publishTimeoutSeconds | quote }}
 {{- end }}
 
 {{- define "openforge.env.launcher" -}}
@@ -74,6 +76,7 @@ OPENFORGE_KUBE_IN_CLUSTER: "true"
 
 {{- define "openforge.env.assembler" -}}
 OPENFORGE_ASSEMBLER_GROUP_ID: {{ printf "%s-assembler" (include "openforge.fullname" .) | quote }}
+OPENFORGE_ASSEMBLER_DRAIN_TIMEOUT_S: {{ .Values.assembler.drainSeconds | quote }}
 {{- end }}
 
 {{/*
@@ -95,6 +98,7 @@ OPENFORGE_LEARNER_ENGINE: {{ ternary "fsdp" "hf" (include "openforge.learnerRank
 OPENFORGE_LEARNER_MODEL_DIR: {{ .Values.vllm.model | quote }}
 OPENFORGE_LEARNER_MODEL_NAME: {{ .Values.vllm.servedModelName | quote }}
 OPENFORGE_LEARNER_MAX_STALENESS: {{ $v.maxStaleness | quote }}
+OPENFORGE_LEARNER_DRAIN_TIMEOUT_S: {{ $v.drainSeconds | quote }}
 {{ include "openforge.env.checkpoints" . }}
 {{- end }}
 
