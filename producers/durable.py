@@ -114,6 +114,7 @@ class DurablePublisher:
         self._stopped = False
         self.publish_errors = 0
         """Sends that failed or timed out and were spooled instead."""
+        self._keeping: set[asyncio.Future[Outcome]] = set()
 
     @property
     def direct(self) -> bool:
@@ -165,21 +166,31 @@ class DurablePublisher:
         del wait_for_kafka
         resolved = self.registry[topic]
         key, value, headers = encode_record(resolved, event)
+        # A caller cancelled while this waits (a harness that left while its answer waited for
+        # Kafka) must not take the event with it: the wait runs as a task of its own, which ends
+        # in Kafka or the spool either way, and which stop() lets finish.
+        keeping = asyncio.ensure_future(self._keep(resolved.name, key, value, headers, event.event_id))
+        self._keeping.add(keeping)
+        keeping.add_done_callback(self._keeping.discard)
+        return await asyncio.shield(keeping)
+
+    async def _keep(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
+                    event_id: str) -> Outcome:
         if self._direct and self._producer is not None:
             try:
                 # One deadline for queueing and acknowledgement. ``asyncio.timeout`` instead of
                 # ``wait_for``: the latter wraps the send in a task of its own, on every call.
                 async with asyncio.timeout(self.ack_timeout_s):
-                    future = await self._producer.send_raw(resolved.name, value, key=key, headers=headers)
+                    future = await self._producer.send_raw(topic, value, key=key, headers=headers)
                     await future
                 return "kafka"
             except Exception as exc:  # noqa: BLE001 - any send failure falls back to the spool
                 self.publish_errors += 1
-                logger.warning("publishing %s failed (%s); switching to the spool", event.event_id, exc)
+                logger.warning("publishing %s failed (%s); switching to the spool", event_id, exc)
                 self._direct = False
-                await self._spool(resolved.name, key, value, headers, force=True)
+                await self._spool(topic, key, value, headers, force=True)
                 return "spool"
-        await self._spool(resolved.name, key, value, headers, force=True)
+        await self._spool(topic, key, value, headers, force=True)
         return "spool"
 
     async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
@@ -246,6 +257,8 @@ class DurablePublisher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._keeping:  # events whose callers left before Kafka or the spool had them
+            await asyncio.wait(self._keeping, timeout=self.ack_timeout_s * 2)
         if self._producer is not None:
             # Everything unacknowledged is in the spool already, so waiting for Kafka is optional.
             with contextlib.suppress(Exception):

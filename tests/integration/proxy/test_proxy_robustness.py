@@ -415,3 +415,33 @@ async def _up(port: int, process: asyncio.subprocess.Process) -> bool:
             return False
         await asyncio.sleep(0.1)
     return False
+
+
+async def test_ack_mode_keeps_the_event_of_a_harness_that_left_while_its_answer_waited_for_kafka(
+        vllm_url: str, tmp_path: Path, own_broker: LocalBroker) -> None:
+    """With ``ack`` durability a stream's closing events wait for Kafka's acknowledgement. A harness
+    that leaves during that wait cancels the wait; the event must still land in the spool."""
+    broker, kafka, _ = await _private_broker(own_broker)
+    from proxy.settings import ProxySettings
+    settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
+                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=3.0, durability="ack")
+    server, task = await serve(settings)
+    url = f"http://127.0.0.1:{settings.port}/rollouts/r-left/v1/chat/completions"
+    token = mint_token(KEY, "r-left", Role.AGENT, 600)
+    try:
+        assert (await post(url, json=CHAT, token=token)).status_code == 200  # Kafka took it directly
+        assert (await _ready_until(settings.port, lambda r: r["kafka"] is True))["spooled"] == 0
+        broker.stop()
+        received = b""
+        async with httpx.AsyncClient(timeout=60) as client, client.stream(
+                "POST", url, headers=auth(token), json={**CHAT, "seed": 7, "stream": True}) as stream:
+            chunks = stream.aiter_raw()
+            with contextlib.suppress(TimeoutError):
+                while True:  # until the answer stalls: its closing events wait for Kafka
+                    received += await asyncio.wait_for(anext(chunks), 1.0)
+        assert b"data: " in received and b"[DONE]" not in received  # left before the end
+        ready = await _ready_until(settings.port, lambda r: r["spooled"] == 1, timeout_s=15.0)
+        assert ready["spooled"] == 1, ready
+    finally:
+        await shutdown(server, task)
+    assert _waiting_on_disk(tmp_path / "spool", "ack") == 1
