@@ -232,6 +232,10 @@ class CallCapture:
             for i, call in enumerate(message.get("tool_calls") or []):
                 choice.tool_calls[i] = call
 
+    def discard_answer(self) -> None:
+        """Forget the choices taken so far: an answer that could not be read whole is not kept in part."""
+        self._choices.clear()
+
     def on_chunk(self, chunk: dict[str, Any]) -> None:
         """Take one streamed chat-completion chunk, as it passes through."""
         self._header_fields(chunk)

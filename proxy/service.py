@@ -231,12 +231,21 @@ class CallService:
                 upstream_response.close(finished=finished)
             upstream_s = time.perf_counter() - upstream_t0
             client_span.end()
-            capture.on_response(payload)
+            try:
+                if not isinstance(payload, dict):
+                    raise TypeError(f"a JSON {type(payload).__name__}, not an object")
+                capture.on_response(payload)
+                # Translated before the call is recorded ok: an answer the harness never got is not ok.
+                answer = adapter.from_chat(payload, body, asked)
+            except Exception as exc:  # noqa: BLE001 - whatever the engine sent, the call is recorded
+                capture.discard_answer()
+                return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                        CallStatus.UPSTREAM_ERROR,
+                                        f"engine answer not understood: {exc!r}", replica)
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
             await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status,
                                replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
             self.retries.end(caller.rollout_id, fingerprint, call_id, ok=True)
-            answer = adapter.from_chat(payload, body, asked)
             telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
                                            {"protocol": adapter.protocol.value, "streamed": False})
             span.end()

@@ -92,7 +92,9 @@ class Fault:
 
     By default the engine answers with HTTP ``status`` (harnesses retry 5xx). With ``drop_after``
     set, a streamed request is answered 200 and its stream is cut after that many chunks, without
-    a finish reason or ``[DONE]``, as when an engine dies mid-answer.
+    a finish reason or ``[DONE]``, as when an engine dies mid-answer. With ``body`` set, a whole
+    request is answered with ``status`` and exactly these bytes, as a server that breaks the
+    contract would.
     """
 
     match: Callable[[dict[str, Any]], bool]
@@ -100,6 +102,7 @@ class Fault:
     times: int = 1
     message: str = "scripted engine: injected fault, retry later"
     drop_after: int | None = None
+    body: bytes | None = None
     fired: int = 0
 
 
@@ -249,6 +252,9 @@ class ScriptedEngine:
                       and (f.drop_after is None or streamed)), None)
         if fault is not None:
             fault.fired += 1
+        if fault is not None and fault.body is not None:
+            self.seen.append(SeenCall(index, body, fault.status, "fault", streamed))
+            return Response(fault.body, status_code=fault.status, media_type="application/json")
         if fault is not None and fault.drop_after is None:
             self.seen.append(SeenCall(index, body, fault.status, "fault", streamed))
             return _json({"error": {"message": fault.message, "type": "ServiceUnavailable",
