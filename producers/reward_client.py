@@ -100,8 +100,11 @@ def post_reward(value: float, info: dict[str, Any] | None = None, *, settings: R
         RewardConfigError: the environment lacks the URL or token.
         RewardError: the proxy refused (4xx) or stayed unreachable through every attempt.
     """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardError(f"the reward must be a number, not {value!r}: the proxy refuses anything else")
     if not math.isfinite(value):
         raise RewardError(f"the reward must be a finite number, not {value}")
+    value = float(value)  # a numpy float or an int subclass is sent as a plain JSON number
     config = settings or RewardClientSettings()
     url, token = config.target()
     body = {"value": value, "info": info or {}}

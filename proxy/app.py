@@ -219,6 +219,13 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             body = orjson.loads(await read_body(request, 1024 * 1024))
             if not isinstance(body, dict):
                 raise InvalidRequestError("the reward body must be a JSON object")
+            # Strict, unlike the event's own validation: a misspelt field would drop its content
+            # silently, and "0.5" or true read as numbers would hide a verifier's bug.
+            unknown = sorted(set(body) - _REWARD_FIELDS)
+            if unknown:
+                raise InvalidRequestError(f"unknown field(s) {', '.join(unknown)}: a reward takes value and info")
+            if type(body.get("value")) not in (int, float):
+                raise InvalidRequestError(f"value must be a JSON number, got {body.get('value')!r}")
             event = RewardV1(rollout_id=credential.rollout_id, task_id=credential.task_id,
                              value=body.get("value"), info=body.get("info") or {},
                              verifier_id=f"verifier:{credential.rollout_id}")
@@ -273,6 +280,7 @@ def _error_response(path: str, exc: ProxyError) -> Response:
     return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
 
 
+_REWARD_FIELDS = frozenset({"value", "info"})
 _HOT_PATH = re.compile(r"(?:/rollouts/(?P<rollout_id>[^/]+))?/v1/(?P<kind>chat/completions|messages|responses)")
 _HOT_KINDS = {"chat/completions": "chat", "messages": "messages", "responses": "responses"}
 

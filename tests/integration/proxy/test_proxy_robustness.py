@@ -71,6 +71,12 @@ async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
     assert other.status_code == 401
     bad = await post(url, json={"value": "high"}, token=proxy.token("r-v", Role.VERIFIER))
     assert bad.status_code == 400 and "value" in bad.text
+    # Strict: numbers in strings and booleans are a verifier's bug, a misspelt field would be lost.
+    for loose in ({"value": "0.5"}, {"value": True}, {"value": None}):
+        refused = await post(url, json=loose, token=proxy.token("r-v", Role.VERIFIER))
+        assert refused.status_code == 400 and "JSON number" in refused.text, (loose, refused.text)
+    misspelt = await post(url, json={"value": 1, "infos": {"passed": 3}}, token=proxy.token("r-v", Role.VERIFIER))
+    assert misspelt.status_code == 400 and "infos" in misspelt.text
     nan = await post(url, content=b'{"value": NaN}', token=proxy.token("r-v", Role.VERIFIER),
                      headers={"content-type": "application/json"})
     assert nan.status_code == 400

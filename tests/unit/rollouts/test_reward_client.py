@@ -31,6 +31,12 @@ def test_non_finite_reward_is_refused_before_sending() -> None:
         post_reward(float("nan"), settings=settings())
 
 
+@pytest.mark.parametrize("value", [True, "0.5", None])
+def test_a_reward_that_is_not_a_number_is_refused_before_sending(value: object) -> None:
+    with pytest.raises(RewardError, match="must be a number"):
+        post_reward(value, settings=settings())  # type: ignore[arg-type]
+
+
 def test_5xx_is_retried_until_accepted_with_fake_proxy() -> None:
     seen: list[httpx.Request] = []
 
