@@ -113,6 +113,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
+        telemetry.refused.add(1, {"status": exc.status_code})
         return _error_response(request.url.path, exc)
 
     async def read_body(request: Request, limit: int) -> bytes:
@@ -134,6 +135,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             raise InvalidRequestError(f"this proxy does not serve the {kind} API")
         credential = st.auth.authenticate(request, rollout_id)
         if not st.publisher.accepting:
+            telemetry.refused.add(1, {"status": 503})
             return Response(orjson.dumps(adapter.error(503, "call log is full; retry later", "overloaded_error")),
                             status_code=503, media_type="application/json", headers={"retry-after": "5"})
         raw = await read_body(request, st.settings.max_body_bytes)
@@ -143,6 +145,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         try:
             return await call(request, kind, rollout_id)
         except ProxyError as exc:
+            telemetry.refused.add(1, {"status": exc.status_code})
             return _error_response(request.url.path, exc)
 
     # The model-call routes are served ahead of FastAPI (see _ProxyApp); the FastAPI routes

@@ -16,6 +16,10 @@ tokens = _meter.create_counter("openforge.proxy.tokens", unit="{token}",
                                description="Prompt and completion tokens of captured calls.")
 time_to_first_token = _meter.create_histogram("openforge.proxy.time_to_first_token", unit="s",
                                               description="Time from request to the first sampled token.")
+refused = _meter.create_counter("openforge.proxy.refused", unit="{request}",
+                               description="Requests answered with an error before any engine work (no call event "
+                                           "records them), by HTTP status: credentials (401, 403), bodies over the "
+                                           "limit (413), a full spool (503), a malformed reward (400).")
 added_latency = _meter.create_histogram("openforge.proxy.added_latency", unit="s",
                                         description="Time spent in the proxy outside the engine call.")
 

@@ -49,3 +49,17 @@ def histogram_counts(name: str) -> dict[tuple[tuple[str, object], ...], int]:
                         key = tuple(sorted((point.attributes or {}).items()))
                         counts[key] = counts.get(key, 0) + point.count
     return counts
+
+
+def counter_values(name: str) -> dict[tuple[tuple[str, object], ...], float]:
+    """The named counter's totals so far, by attribute set."""
+    data = memory_reader().get_metrics_data()
+    totals: dict[tuple[tuple[str, object], ...], float] = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        key = tuple(sorted((point.attributes or {}).items()))
+                        totals[key] = totals.get(key, 0.0) + point.value
+    return totals

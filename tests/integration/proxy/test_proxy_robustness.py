@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from meters import metric_value
+from meters import counter_values, metric_value
 from netutil import free_port, free_port_pair
 from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, serve, shutdown
 
@@ -47,6 +47,7 @@ async def post(url: str, *, token: str | None = None, json: object = None, conte
 
 
 async def test_credentials_are_checked(proxy: RunningProxy) -> None:
+    refused_before = counter_values("openforge.proxy.refused").get((("status", 401),), 0)
     url = f"{proxy.base('r-a')}/v1/chat/completions"
     assert (await post(url, json=CHAT)).status_code == 401
     assert (await post(url, json=CHAT, token="sk-not-ours")).status_code == 401
@@ -61,6 +62,8 @@ async def test_credentials_are_checked(proxy: RunningProxy) -> None:
     assert ok.status_code == 200
     [event] = await calls_of(proxy, 1)
     assert event.rollout_id == "r-a"
+    # Refusals leave no call event; the metric is where an operator sees them.
+    assert counter_values("openforge.proxy.refused").get((("status", 401),), 0) - refused_before == 5
 
 
 async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
