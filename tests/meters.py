@@ -6,11 +6,16 @@ fixed when it is made: every test that reads metrics shares the reader made here
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 _reader: list[InMemoryMetricReader] = []
+
+Attributes = tuple[tuple[str, object], ...]
 
 
 def memory_reader() -> InMemoryMetricReader:
@@ -25,41 +30,34 @@ def memory_reader() -> InMemoryMetricReader:
     return _reader[0]
 
 
+def _points(name: str) -> Iterator[tuple[Attributes, Any]]:
+    """The named instrument's data points, collected now, with their attributes sorted."""
+    data = memory_reader().get_metrics_data()
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    for point in metric.data.data_points:
+                        yield tuple(sorted((point.attributes or {}).items())), point
+
+
 def metric_value(name: str) -> float | None:
-    """The sum of the named instrument's data points, collected now (None: not reported)."""
-    data = memory_reader().get_metrics_data()
-    found: float | None = None
-    for resource in data.resource_metrics if data is not None else ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                if metric.name == name:
-                    found = (found or 0.0) + sum(point.value for point in metric.data.data_points)
-    return found
+    """The sum of the named instrument's data points (None: not reported)."""
+    values = [point.value for _, point in _points(name)]
+    return sum(values) if values else None
 
 
-def histogram_counts(name: str) -> dict[tuple[tuple[str, object], ...], int]:
-    """How many values the named histogram recorded so far, by attribute set."""
-    data = memory_reader().get_metrics_data()
-    counts: dict[tuple[tuple[str, object], ...], int] = {}
-    for resource in data.resource_metrics if data is not None else ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                if metric.name == name:
-                    for point in metric.data.data_points:
-                        key = tuple(sorted((point.attributes or {}).items()))
-                        counts[key] = counts.get(key, 0) + point.count
-    return counts
-
-
-def counter_values(name: str) -> dict[tuple[tuple[str, object], ...], float]:
+def counter_values(name: str) -> dict[Attributes, float]:
     """The named counter's totals so far, by attribute set."""
-    data = memory_reader().get_metrics_data()
-    totals: dict[tuple[tuple[str, object], ...], float] = {}
-    for resource in data.resource_metrics if data is not None else ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                if metric.name == name:
-                    for point in metric.data.data_points:
-                        key = tuple(sorted((point.attributes or {}).items()))
-                        totals[key] = totals.get(key, 0.0) + point.value
+    totals: dict[Attributes, float] = {}
+    for attributes, point in _points(name):
+        totals[attributes] = totals.get(attributes, 0.0) + point.value
     return totals
+
+
+def histogram_counts(name: str) -> dict[Attributes, int]:
+    """How many values the named histogram recorded so far, by attribute set."""
+    counts: dict[Attributes, int] = {}
+    for attributes, point in _points(name):
+        counts[attributes] = counts.get(attributes, 0) + point.count
+    return counts
