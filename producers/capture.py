@@ -233,8 +233,12 @@ class CallCapture:
                 choice.tool_calls[i] = call
 
     def discard_answer(self) -> None:
-        """Forget the choices taken so far: an answer that could not be read whole is not kept in part."""
+        """Forget what was taken from an answer that could not be read whole: none of it is kept."""
         self._choices.clear()
+        self.usage = self.response_id = self.response_model = None
+        self.first_token_s = None
+        if self.prompt_ids_json is None:  # ids cut from the bytes came from a readable answer
+            self._prompt_ids = []
 
     def on_chunk(self, chunk: dict[str, Any]) -> None:
         """Take one streamed chat-completion chunk, as it passes through."""

@@ -158,7 +158,7 @@ class DurablePublisher:
 
         Admission is the caller's job (check :attr:`accepting` before doing the work
         the event records): once the work is done its event is kept even if that
-        overshoots the spool's bound by a record, because dropping it would lose data.
+        overshoots the spool's bound, because dropping it would lose data.
 
         Raises:
             ValueError: the event does not fit its topic (wrong type or too large).
@@ -171,15 +171,21 @@ class DurablePublisher:
         # in Kafka or the spool either way, and which stop() lets finish.
         keeping = asyncio.ensure_future(self._keep(resolved.name, key, value, headers, event.event_id))
         self._keeping.add(keeping)
-        keeping.add_done_callback(self._keeping.discard)
+        keeping.add_done_callback(self._kept)
         return await asyncio.shield(keeping)
+
+    def _kept(self, keeping: asyncio.Future[Outcome]) -> None:
+        self._keeping.discard(keeping)
+        # Read here, so that a failure whose caller had left is logged rather than lost.
+        if not keeping.cancelled() and (exc := keeping.exception()) is not None:
+            logger.error("an event could be kept neither in Kafka nor in the spool: %r", exc)
 
     async def _keep(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
                     event_id: str) -> Outcome:
         if self._direct and self._producer is not None:
             try:
                 # One deadline for queueing and acknowledgement. ``asyncio.timeout`` instead of
-                # ``wait_for``: the latter wraps the send in a task of its own, on every call.
+                # ``wait_for``: the latter would add a second task to each call.
                 async with asyncio.timeout(self.ack_timeout_s):
                     future = await self._producer.send_raw(topic, value, key=key, headers=headers)
                     await future
@@ -257,8 +263,12 @@ class DurablePublisher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._keeping:  # events whose callers left before Kafka or the spool had them
-            await asyncio.wait(self._keeping, timeout=self.ack_timeout_s * 2)
+        # Events whose callers left before Kafka or the spool had them; any published while this
+        # waits go to the spool (the drainer is stopped, so the publisher is not direct any more).
+        self._direct = False
+        deadline = asyncio.get_running_loop().time() + self.ack_timeout_s * 2
+        while self._keeping and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.wait(set(self._keeping), timeout=left)
         if self._producer is not None:
             # Everything unacknowledged is in the spool already, so waiting for Kafka is optional.
             with contextlib.suppress(Exception):

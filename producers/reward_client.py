@@ -104,7 +104,7 @@ def post_reward(value: float, info: dict[str, Any] | None = None, *, settings: R
         raise RewardError(f"the reward must be a number, not {value!r}: the proxy refuses anything else")
     if not math.isfinite(value):
         raise RewardError(f"the reward must be a finite number, not {value}")
-    value = float(value)  # a numpy float or an int subclass is sent as a plain JSON number
+    value = float(value)  # subclasses of int and float (numpy's float64) go out as plain JSON numbers
     config = settings or RewardClientSettings()
     url, token = config.target()
     body = {"value": value, "info": info or {}}

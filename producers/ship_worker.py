@@ -302,6 +302,9 @@ def main() -> None:
     # The proxy stops this worker by closing its stdin, after the proxy's own drain; a Ctrl-C
     # meant for the proxy must not cut the shipping short (nor may a SIGTERM, see _work).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Until _work installs its SIGTERM handler (after the journal's lock and Kafka, which can take
+    # a while), a SIGTERM to the process group must not end the worker either.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     gc.freeze()  # the imports' objects never die; keep collections short
     gc.set_threshold(10_000)
     try:

@@ -113,7 +113,8 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
 
     @app.exception_handler(ProxyError)
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
-        telemetry.refused.add(1, {"status": exc.status_code})
+        if exc.status_code < 500:  # an engine that failed a helper request is not a refusal
+            telemetry.refused.add(1, {"status": exc.status_code})
         return _error_response(request.url.path, exc)
 
     async def read_body(request: Request, limit: int) -> bytes:
@@ -238,6 +239,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
             raise InvalidRequestError(f"invalid reward: {problems}") from exc
         if not st.publisher.accepting:
+            telemetry.refused.add(1, {"status": 503})
             return Response(b'{"error":{"message":"event log is full; retry later"}}', status_code=503,
                             media_type="application/json", headers={"retry-after": "5"})
         outcome = await st.publisher.publish(REWARDS, event, wait_for_kafka=True)

@@ -6,10 +6,12 @@ import re
 
 # vLLM's words when a prompt does not fit the context: "This model's maximum context length is
 # 1024 tokens. However, your prompt contains [at least] 1500 input tokens, ..." (or "... 6000
-# characters (more than ...", a check made before tokenizing; and before 0.10, "... However, you
-# requested 1500 tokens (1400 in the messages, 100 in the completion)").
+# characters (more than ...", a check made before tokenizing). Before 0.10 it said "... However, you
+# requested 1500 tokens (1400 in the messages, 100 in the completion)": there the prompt may fit
+# and only the room left for the answer not, which is no reason to compact the conversation.
 _CONTEXT_OVERFLOW = re.compile(r"maximum context length is (\d+) tokens\. However, (?:your prompt contains "
-                               r"(at least )?(\d+) input tokens|you requested (\d+) tokens)?")
+                               r"(at least )?(\d+) input tokens|you requested \d+ tokens \((\d+) in the messages)?")
+
 
 class ProxyError(Exception):
     """Base of errors with an HTTP status; the message is shown to the client."""
@@ -54,5 +56,9 @@ def context_overflow(message: str) -> tuple[int | None, int] | None:
     found = _CONTEXT_OVERFLOW.search(message)
     if found is None:
         return None
-    tokens = None if found.group(2) else found.group(3) or found.group(4)
-    return (int(tokens) if tokens else None), int(found.group(1))
+    limit = int(found.group(1))
+    if found.group(4) is not None:  # the older wording: only a prompt over the limit is one
+        prompt = int(found.group(4))
+        return (prompt, limit) if prompt > limit else None
+    tokens = None if found.group(2) else found.group(3)
+    return (int(tokens) if tokens else None), limit

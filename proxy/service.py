@@ -89,7 +89,9 @@ class CallService:
                 status, models = await self.upstream.client.get_json(f"{replica}/v1/models", timeout_s=10.0)
             except EngineError:
                 return None
-            self._context[replica] = _context_length(models) if status == 200 else None
+            if status != 200:
+                return None  # a gateway's passing error: ask again on a later call
+            self._context[replica] = _context_length(models)
         return self._context[replica]
 
     async def _fit_output(self, chat: dict[str, Any], capture: CallCapture, replica: str) -> None:
@@ -231,17 +233,28 @@ class CallService:
                 upstream_response.close(finished=finished)
             upstream_s = time.perf_counter() - upstream_t0
             client_span.end()
+            engine_status = upstream_response.status
             try:
                 if not isinstance(payload, dict):
                     raise TypeError(f"a JSON {type(payload).__name__}, not an object")
                 capture.on_response(payload)
-                # Translated before the call is recorded ok: an answer the harness never got is not ok.
-                answer = adapter.from_chat(payload, body, asked)
-            except Exception as exc:  # noqa: BLE001 - whatever the engine sent, the call is recorded
+            except (TypeError, AttributeError, KeyError, ValueError) as exc:  # not a chat completion
                 capture.discard_answer()
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                        CallStatus.UPSTREAM_ERROR,
-                                        f"engine answer not understood: {exc!r}", replica)
+                                        CallStatus.UPSTREAM_ERROR, f"engine answer not understood: {exc!r}",
+                                        replica, upstream_status=engine_status)
+            try:
+                # Translated before the call is recorded ok: an answer the harness never got is not ok.
+                answer = adapter.from_chat(payload, body, asked)
+            except Exception as exc:  # whatever broke, the call is recorded
+                if not isinstance(exc, ProxyError):
+                    logger.exception("translating the engine's answer failed (call %s)", call_id)
+                capture.discard_answer()
+                status, code = ((CallStatus.UPSTREAM_ERROR, 502) if isinstance(exc, ProxyError)
+                                else (CallStatus.INTERNAL_ERROR, 500))
+                return await self._fail(adapter, capture, span, self.retries, fingerprint, code, status,
+                                        f"engine answer not translated: {exc!r}", replica,
+                                        upstream_status=engine_status)
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
             await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status,
                                replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
@@ -343,9 +356,16 @@ class CallService:
 
     async def _fail(self, adapter: Adapter, capture: CallCapture, span: trace.Span, retries: RetryTracker,
                     fingerprint: bytes, http_status: int, status: CallStatus, message: str,
-                    replica: str | None) -> Response:
-        await self._record(capture, status, error_message=message, upstream_status_code=(
-            http_status if status is CallStatus.UPSTREAM_ERROR else None), replica=replica)
+                    replica: str | None, *, upstream_status: int | None = None) -> Response:
+        """Record the failed call and answer the harness ``http_status`` in its API's shape.
+
+        ``upstream_status`` is the engine's own status when it answered (an answer that could not
+        be used); otherwise an engine error's status is the one the harness gets.
+        """
+        if upstream_status is None and status is CallStatus.UPSTREAM_ERROR:
+            upstream_status = http_status
+        await self._record(capture, status, error_message=message, upstream_status_code=upstream_status,
+                           replica=replica)
         retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
         span.set_status(Status(StatusCode.ERROR, message))
         span.end()

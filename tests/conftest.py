@@ -51,8 +51,8 @@ def vllm_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     python = install_vllm()
     model = make_tiny_model(python, cache_root() / "models" / "tiny-qwen2-seed0")
     engine = LocalEngine(model, free_port(), python, tmp_path_factory.mktemp("vllm") / "vllm.log")
+    atexit.register(engine.stop)  # also at exit (see the note above), even if cut short while starting
     engine.start()
-    atexit.register(engine.stop)  # also at exit: see the note above the fixtures
     try:
         yield engine.url
     finally:
@@ -71,6 +71,7 @@ def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         local = LocalBroker(BrokerSettings(
             port=port, controller_port=port + 1, data_dir=str(tmp_path_factory.mktemp("kafka")),
         ))
+        atexit.register(local.stop)  # also at exit (see the note above), even if cut short while starting
         try:
             local.start()
             break
@@ -78,7 +79,6 @@ def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             if attempt == 2:
                 raise
     assert local is not None
-    atexit.register(local.stop)  # also at exit: see the note above the fixtures
     try:
         yield local
     finally:
@@ -124,8 +124,8 @@ def kube_api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
     given = request.config.getoption("--kube-bin")
     api = KubeAPI(tmp_path_factory.mktemp("kube"), Path(given) if given else kube_bin_dir())
+    atexit.register(api.stop)  # also at exit (see the note above), even if cut short while starting
     api.start()
-    atexit.register(api.stop)  # also at exit: see the note above the fixtures
     try:
         yield api
     finally:

@@ -22,7 +22,8 @@ from stream import CALLS, KafkaSettings, TopicRegistry
 
 pytestmark = pytest.mark.kafka
 
-BROKEN = [b'["not", "an", "object"]', b'{"choices": [7]}', b'{"choices": [{"message": "text, not an object"}]}']
+BROKEN = [b'["not", "an", "object"]', b'{"choices": [7]}', b'{"choices": [{"message": "text, not an object"}]}',
+          b'{"usage": "not an object", "choices": [7]}']
 
 
 @pytest.mark.parametrize(("path", "body"), [
@@ -53,3 +54,4 @@ async def test_an_answer_that_is_not_a_chat_completion_is_a_502_and_still_record
     events = await read_events(kafka_settings, topics, CALLS, expect=len(BROKEN))
     assert [e.status for e in events] == [CallStatus.UPSTREAM_ERROR] * len(BROKEN)
     assert all("engine answer not understood" in (e.error_message or "") and not e.choices for e in events)
+    assert {e.upstream_status_code for e in events} == {200}  # what the engine said, not what the harness got

@@ -280,6 +280,8 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"proxy": {"replicaz": 3}}, "replicaz"),
     ({"learner": {"gpu": {"count": 0}}}, "count"),
     ({"rollouts": {"namespace": "Not_A_Namespace"}}, "namespace"),
+    ({"proxy": {"extraEnv": {"OPENFORGE_PROXY_DRAIN_S": "300"}}}, "set those instead"),
+    ({"assembler": {"drainSeconds": 0}}, "drainSeconds"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)

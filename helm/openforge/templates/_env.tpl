@@ -123,7 +123,14 @@ first (OTEL_RESOURCE_ATTRIBUTES refers to them), then every variable sorted by n
 {{- $vars = merge $vars (include "openforge.env.kafka" $root | fromYaml) }}
 {{- $vars = merge $vars (include "openforge.env.otel" (dict "root" $root "name" .name) | fromYaml) }}
 {{- $vars = merge $vars (include (printf "openforge.env.%s" .name) $root | fromYaml) }}
-{{- $vars = merge (deepCopy (default dict (index $root.Values .name).extraEnv)) $vars }}
+{{- $extra := default dict (index $root.Values .name).extraEnv }}
+{{- /* The pod's grace period follows these; an override in extraEnv would leave it too short. */}}
+{{- range $owned := list "OPENFORGE_PROXY_DRAIN_S" "OPENFORGE_PROXY_PUBLISH_TIMEOUT_S" "OPENFORGE_ASSEMBLER_DRAIN_TIMEOUT_S" "OPENFORGE_LEARNER_DRAIN_TIMEOUT_S" }}
+{{- if hasKey $extra $owned }}
+{{- fail (printf "%s.extraEnv sets %s, which the chart derives from %s.drainSeconds or %s.publishTimeoutSeconds (the pod's grace period follows them): set those instead" $.name $owned $.name $.name) }}
+{{- end }}
+{{- end }}
+{{- $vars = merge (deepCopy $extra) $vars }}
 - name: POD_NAME
   valueFrom:
     fieldRef:

@@ -23,12 +23,14 @@ CHARACTERS = ("This model's maximum context length is 1024 tokens. However, your
               "(more than 30000 characters, which is the upper bound for 1023 input tokens).")
 OLD = ("This model's maximum context length is 4096 tokens. However, you requested 5100 tokens (5000 in the "
        "messages, 100 in the completion). Please reduce the length of the messages or completion.")
+OLD_ROOM = ("This model's maximum context length is 4096 tokens. However, you requested 4196 tokens (96 in the "
+            "messages, 4100 in the completion). Please reduce the length of the messages or completion.")
 OTHER = "max_tokens=32000 cannot be greater than max_model_len=1024. Please request fewer output tokens."
 
 
 @pytest.mark.parametrize(("message", "expected"), [
-    (COUNTED, (5000, 4096)), (LOWER_BOUND, (None, 1024)), (CHARACTERS, (None, 1024)), (OLD, (5100, 4096)),
-    (OTHER, None), ("", None)])
+    (COUNTED, (5000, 4096)), (LOWER_BOUND, (None, 1024)), (CHARACTERS, (None, 1024)), (OLD, (5000, 4096)),
+    (OLD_ROOM, None), (OTHER, None), ("", None)])
 def test_the_engines_overflow_messages_are_read(message: str, expected: tuple[int | None, int] | None) -> None:
     assert context_overflow(message) == expected
 
