@@ -72,12 +72,18 @@ class CallService:
     async def served_model(self, replica: str) -> str:
         """The engine's model name (asked once), used whatever name the harness sent."""
         if self._served_model is None:
-            status, models = await self.upstream.client.get_json(f"{replica}/v1/models", timeout_s=10.0)
+            status, models = await self._models(replica)
             if status != 200 or not isinstance(models, dict) or not models.get("data"):
                 raise EngineUnreachableError(f"{replica}/v1/models answered {status}")
             self._served_model = str(models["data"][0]["id"])
-            self._context[replica] = _context_length(models)
         return self._served_model
+
+    async def _models(self, replica: str) -> tuple[int, Any]:
+        """The replica's ``/v1/models`` answer; its context length is kept from a 200 on the way."""
+        status, models = await self.upstream.client.get_json(f"{replica}/v1/models", timeout_s=10.0)
+        if status == 200:
+            self._context[replica] = _context_length(models)
+        return status, models
 
     async def context_length(self, replica: str) -> int | None:
         """The replica's context length in tokens, asked once; None when it does not say.
@@ -85,14 +91,9 @@ class CallService:
         An engine that cannot be asked now is asked again on a later call.
         """
         if replica not in self._context:
-            try:
-                status, models = await self.upstream.client.get_json(f"{replica}/v1/models", timeout_s=10.0)
-            except EngineError:
-                return None
-            if status != 200:
-                return None  # a gateway's passing error: ask again on a later call
-            self._context[replica] = _context_length(models)
-        return self._context[replica]
+            with contextlib.suppress(EngineError):
+                await self._models(replica)  # a failure or a gateway's passing error: asked again later
+        return self._context.get(replica)
 
     async def _fit_output(self, chat: dict[str, Any], capture: CallCapture, replica: str) -> None:
         """Lower a translated call's ``max_tokens`` to what the engine's context can hold.
