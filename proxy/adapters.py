@@ -31,6 +31,9 @@ class StreamSession(Protocol):
     def fail(self, message: str) -> bytes:
         """An in-stream error event, for an engine that fails mid-stream."""
 
+    def prompt_length(self, tokens: int) -> None:
+        """The prompt's length in tokens, from the engine's first chunk (its usage comes last)."""
+
 
 class Adapter(Protocol):
     """One harness protocol."""
@@ -116,3 +119,6 @@ class _ChatStream:
 
     def fail(self, message: str) -> bytes:
         return b"data: " + orjson.dumps({"error": {"message": message, "type": "api_error"}}) + b"\n\n"
+
+    def prompt_length(self, tokens: int) -> None:
+        """Chunks pass through as the engine sent them."""

@@ -287,6 +287,7 @@ class CallService:
                     if data == b"[DONE]":
                         break
                     prompt_ids = None
+                    opening = first
                     if first:  # vLLM sends the prompt's ids once, with the first chunk
                         first = False
                         data, prompt_ids = _without_prompt_ids(data, asked)
@@ -299,6 +300,8 @@ class CallService:
                         held.append(session.fail(_engine_message(error)))
                         break
                     capture.on_chunk(chunk)
+                    if opening and capture.prompt_token_count:
+                        session.prompt_length(capture.prompt_token_count)
                     finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                     out = session.feed(chunk)
                     if out:

@@ -61,3 +61,6 @@ class _AnthropicStream:
 
     def fail(self, message: str) -> bytes:
         return sse_encode(*error_event(message))
+
+    def prompt_length(self, tokens: int) -> None:
+        self.translator.prompt_tokens = tokens

@@ -735,6 +735,8 @@ class StreamTranslator:
         self._finish_reason: str | None = None
         self._engine_stop: Any = None
         self._usage: dict[str, Any] | None = None
+        self.prompt_tokens: int | None = None
+        """The prompt's length when known before the engine's usage (for ``message_start``)."""
 
     @property
     def upstream_finished(self) -> bool:
@@ -757,6 +759,11 @@ class StreamTranslator:
         usage = chunk.get("usage") if chunk else None
         if isinstance(usage, dict):
             self._usage = usage
+        start_usage = self._usage
+        if start_usage is None and self.prompt_tokens is not None:
+            # Anthropic's message_start carries the input count, and harnesses show it as the
+            # context size while the answer streams; vLLM's usage comes only with the last chunk.
+            start_usage = {"prompt_tokens": self.prompt_tokens}
         message: dict[str, Any] = {
             "id": self.message_id,
             "type": "message",
@@ -765,7 +772,7 @@ class StreamTranslator:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": _usage(self._usage) | {"output_tokens": 0},
+            "usage": _usage(start_usage) | {"output_tokens": 0},
         }
         return [("message_start", {"type": "message_start", "message": message})]
 

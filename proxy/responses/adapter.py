@@ -71,3 +71,6 @@ class _ResponsesStream:
 
     def fail(self, message: str) -> bytes:
         return b"".join(sse_encode(name, data) for name, data in self.translator.failed_event(message))
+
+    def prompt_length(self, tokens: int) -> None:
+        """Responses streams report usage only in their terminal event, as OpenAI's do."""

@@ -50,6 +50,7 @@ async def test_anthropic_messages_streamed_with_tools_and_beta_flag(proxy, vllm_
         async with client.beta.messages.stream(
             model="claude-opus-4-7", max_tokens=16, tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"},
             messages=[{"role": "user", "content": "Weather in Paris?"}]) as stream:
+            starts = [e.message.usage async for e in stream if e.type == "message_start"]
             final = await stream.get_final_message()
     assert final.stop_reason in {"tool_use", "max_tokens", "end_turn"}
     [event] = await calls_of(proxy, 1)
@@ -59,6 +60,10 @@ async def test_anthropic_messages_streamed_with_tools_and_beta_flag(proxy, vllm_
     assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, event.request.messages,
                                                           event.request.tools)
     assert len(event.choices[0].completion_token_ids) == final.usage.output_tokens
+    # message_start already tells the harness the prompt's size, as Anthropic's API does.
+    [start] = starts
+    assert start.input_tokens + (start.cache_read_input_tokens or 0) == len(event.prompt_token_ids)
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == len(event.prompt_token_ids)
 
 
 async def test_anthropic_count_tokens_matches_the_engine(proxy, vllm_url) -> None:

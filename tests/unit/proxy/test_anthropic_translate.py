@@ -523,6 +523,17 @@ def test_stream_event_sequence_for_text_and_tool_calls() -> None:
                                        "cache_read_input_tokens": 0}}
 
 
+def test_message_start_carries_the_prompt_length_known_before_the_engine_s_usage() -> None:
+    translator = StreamTranslator(model="m")
+    translator.prompt_tokens = 1200
+    events = [event for c in tool_call_chunks() for event in translator.feed(c)]
+    start = events[0][1]["message"]["usage"]
+    assert start == {"input_tokens": 1200, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                     "cache_read_input_tokens": 0}
+    delta = next(data for name, data in events if name == "message_delta")
+    assert delta["usage"]["input_tokens"] == 1200 and delta["usage"]["output_tokens"] == 31
+
+
 def test_stream_message_delta_waits_for_the_usage_chunk() -> None:
     translator = StreamTranslator(model="m", message_id="msg_fixed")
     chunks = tool_call_chunks()
