@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 
 _ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
 
+ABORTED = ("the engine aborted this answer before it was finished (finish_reason 'abort', as when a replica "
+           "is paused for a weight update); send the request again")
+"""What a harness of a translated API is told instead of a cut answer."""
+
 
 @dataclass(frozen=True)
 class Caller:
@@ -244,6 +248,9 @@ class CallService:
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
                                         CallStatus.UPSTREAM_ERROR, f"engine answer not understood: {exc!r}",
                                         replica, upstream_status=engine_status)
+            if _aborted(adapter, payload.get("choices")):
+                return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                        CallStatus.UPSTREAM_ERROR, ABORTED, replica, upstream_status=engine_status)
             try:
                 # Translated before the call is recorded ok: an answer the harness never got is not ok.
                 answer = adapter.from_chat(payload, body, asked)
@@ -302,6 +309,10 @@ class CallService:
                     capture.on_chunk(chunk)
                     if opening and capture.prompt_token_count:
                         session.prompt_length(capture.prompt_token_count)
+                    if _aborted(adapter, chunk.get("choices")):
+                        status, error = CallStatus.UPSTREAM_ERROR, ABORTED
+                        held.append(session.fail(error))
+                        break
                     finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                     out = session.feed(chunk)
                     if out:
@@ -388,6 +399,19 @@ class CallService:
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})
         if capture.first_token_s is not None:
             telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
+
+
+def _aborted(adapter: Adapter, choices: Any) -> bool:
+    """Whether the engine cut this answer short and the harness's API has no word for that.
+
+    vLLM ends every answer in flight with ``finish_reason: "abort"`` when a replica is paused in
+    its default mode (``abort``). Chat completions pass it on as the engine said it. Anthropic's
+    stop reasons and Responses' statuses have no such value: as ``end_turn`` or ``completed`` the
+    harness would act on half an answer, so it gets a retryable error instead (a 502, or the
+    stream's error event), and the call is recorded as an engine error with what was sampled.
+    """
+    return adapter.protocol is not ApiProtocol.OPENAI_CHAT and type(choices) is list and any(
+        type(c) is dict and c.get("finish_reason") == "abort" for c in choices)
 
 
 def _without_prompt_ids(body: bytes, asked: dict[str, Any]) -> tuple[bytes, bytes | None]:

@@ -3,6 +3,7 @@ captured token-exact with the translated prompt."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import anthropic
@@ -12,6 +13,7 @@ import pytest
 from proxy_helpers import calls_of
 from test_proxy_openai_chat import tokenize
 
+from proxy.service import ABORTED
 from schemas.call.v1 import ApiProtocol, CallStatus
 
 pytestmark = pytest.mark.kafka
@@ -172,3 +174,50 @@ async def test_a_prompt_over_the_context_is_refused_in_each_harness_api_s_own_wo
     events = await calls_of(proxy, 2)
     assert {e.status for e in events} == {CallStatus.UPSTREAM_ERROR}
     assert all("maximum context length" in e.error_message for e in events), [e.error_message for e in events]
+
+
+async def _abort_once_generating(vllm_url: str) -> None:
+    """Pause the engine in vLLM's default mode (``abort``) once it generates, then resume it."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        while True:
+            metrics = (await http.get(f"{vllm_url}/metrics")).text
+            running = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                          if line.startswith("vllm:num_requests_running"))
+            if running >= 1:
+                break
+            await asyncio.sleep(0.01)
+        try:
+            (await http.post(f"{vllm_url}/pause", params={"mode": "abort"})).raise_for_status()
+        finally:
+            (await http.post(f"{vllm_url}/resume")).raise_for_status()
+
+
+async def test_an_answer_the_engine_aborts_reaches_translated_harnesses_as_a_retryable_error(
+        proxy, vllm_url) -> None:
+    """A pause in vLLM's default mode ends every answer in flight with finish_reason "abort".
+    Anthropic and Responses have no word for it: told end_turn or completed, a harness would act
+    on half an answer. It gets an error it retries instead (a 502, or the stream's error event),
+    and the call is recorded as an engine error with what was sampled."""
+    async with anthropic_client(proxy, "r-abort-stream") as client:
+        aborter = asyncio.create_task(_abort_once_generating(vllm_url))
+        with pytest.raises(anthropic.APIStatusError) as cut:
+            async with client.messages.stream(model="claude-opus-4-7", max_tokens=32_000,
+                                              messages=[{"role": "user", "content": "Write a long story."}]) as stream:
+                async for _ in stream:
+                    pass
+        await aborter
+    assert cut.value.body["error"]["message"] == ABORTED, cut.value.body
+    async with responses_client(proxy, "r-abort-whole") as responses:
+        aborter = asyncio.create_task(_abort_once_generating(vllm_url))
+        with pytest.raises(openai.InternalServerError) as cut_whole:
+            await responses.responses.create(model="gpt-5-codex", input="Write a long story.",
+                                             max_output_tokens=32_000)
+        await aborter
+    assert cut_whole.value.status_code == 502 and ABORTED in str(cut_whole.value)
+    events = await calls_of(proxy, 2)
+    assert [(e.protocol, e.streamed) for e in events] == [(ApiProtocol.ANTHROPIC_MESSAGES, True),
+                                                          (ApiProtocol.OPENAI_RESPONSES, False)]
+    for event in events:
+        assert event.status is CallStatus.UPSTREAM_ERROR and event.error_message == ABORTED
+        [choice] = event.choices
+        assert choice.finish_reason == "abort" and len(choice.completion_token_ids) == len(choice.logprobs)
