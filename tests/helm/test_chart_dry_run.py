@@ -121,6 +121,11 @@ def test_separate_rollout_namespace_dry_run(api: Api, helm: Helm, helm_tmp: Path
     _dry_run_all(api, helm.render({"rollouts": {"namespace": "rollouts"}}, helm_tmp))
 
 
+def test_proxy_spool_on_claims_dry_run(api: Api, helm: Helm, helm_tmp: Path) -> None:
+    _dry_run_all(api, helm.render({"proxy": {"spoolVolume": "persistentVolumeClaim",
+                                             "spoolStorageClassName": "standard"}}, helm_tmp))
+
+
 def test_dry_run_rejects_an_unknown_field(api: Api, default_objects: list[dict[str, Any]]) -> None:
     """Guards the check itself: strict field validation must refuse a misspelt field."""
     topic = next(o for o in default_objects if o["kind"] == "KafkaTopic")

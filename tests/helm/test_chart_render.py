@@ -141,6 +141,38 @@ def test_proxy_autoscaler_owns_replicas(default_objects: list[dict[str, Any]], h
     assert one(fixed, "Deployment", "-proxy")["spec"]["replicas"] == 3
 
 
+def test_proxy_spool_on_claims_outlives_its_pods(default_objects: list[dict[str, Any]], helm: Helm,
+                                                helm_tmp: Path) -> None:
+    """By default the spool is an emptyDir; on claims, each proxy replica keeps its own through
+    deletion and scale-in, and the autoscaler scales the StatefulSet that owns them."""
+    spool = next(v for v in one(default_objects, "Deployment", "-proxy")["spec"]["template"]["spec"]["volumes"]
+                 if v["name"] == "spool")
+    assert spool == {"name": "spool", "emptyDir": {"sizeLimit": "2Gi"}}
+    assert find(default_objects, "StatefulSet", "-proxy") == []
+    kept = helm.render({"proxy": {"spoolVolume": "persistentVolumeClaim", "spoolSizeLimit": "5Gi",
+                                  "spoolStorageClassName": "fast-ssd"}}, helm_tmp)
+    assert find(kept, "Deployment", "-proxy") == []
+    proxy = one(kept, "StatefulSet", "-proxy")
+    spec = proxy["spec"]
+    assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    assert spec["podManagementPolicy"] == "Parallel" and "replicas" not in spec
+    assert spec["serviceName"] == one(kept, "Service", "-proxy")["metadata"]["name"]
+    assert spec["volumeClaimTemplates"] == [{"metadata": {"name": "spool"}, "spec": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}},
+        "storageClassName": "fast-ssd"}}]
+    pod = spec["template"]["spec"]
+    assert "spool" not in {v["name"] for v in pod["volumes"]}
+    assert {"name": "spool", "mountPath": "/var/spool/openforge"} in pod["containers"][0]["volumeMounts"]
+    assert env_of(proxy)["OPENFORGE_PROXY_SPOOL_DIR"] == "/var/spool/openforge"
+    hpa = one(kept, "HorizontalPodAutoscaler", "-proxy")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": proxy["metadata"]["name"]}
+    fixed = helm.render({"proxy": {"spoolVolume": "persistentVolumeClaim", "autoscaling": {"enabled": False},
+                                   "replicas": 3}}, helm_tmp)
+    assert one(fixed, "StatefulSet", "-proxy")["spec"]["replicas"] == 3
+    assert "storageClassName" not in one(fixed, "StatefulSet", "-proxy")["spec"]["volumeClaimTemplates"][0]["spec"]
+
+
 def test_vllm_replicas_have_the_rl_endpoints(default_objects: list[dict[str, Any]]) -> None:
     vllm = one(default_objects, "StatefulSet", "-vllm")
     container = vllm["spec"]["template"]["spec"]["containers"][0]
@@ -282,6 +314,7 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"rollouts": {"namespace": "Not_A_Namespace"}}, "namespace"),
     ({"proxy": {"extraEnv": {"OPENFORGE_PROXY_DRAIN_S": "300"}}}, "set those instead"),
     ({"assembler": {"drainSeconds": 0}}, "drainSeconds"),
+    ({"proxy": {"spoolVolume": "hostPath"}}, "at '/proxy/spoolVolume': value must be one of"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)

@@ -11,13 +11,15 @@
   envFrom    envFrom sources (list) or nil
   command    container command replacing the image's `openforge` entrypoint (list) or nil
   token      mount a ServiceAccount token (only launcher and watcher talk to the API server)
+  claims     volumeClaimTemplates (list) or nil: makes it a StatefulSet whose pods each keep
+             their claims through deletion and scale-in
 */}}
 {{- define "openforge.deployment" -}}
 {{- $root := .root }}
 {{- $v := index $root.Values .name }}
 {{- $ctx := dict "root" $root "name" .name }}
 apiVersion: apps/v1
-kind: Deployment
+kind: {{ ternary "StatefulSet" "Deployment" (not (empty .claims)) }}
 metadata:
   name: {{ include "openforge.component" $ctx }}
   namespace: {{ $root.Release.Namespace }}
@@ -26,6 +28,17 @@ metadata:
 spec:
   {{- if hasKey . "replicas" }}
   replicas: {{ .replicas }}
+  {{- end }}
+  {{- with .claims }}
+  serviceName: {{ include "openforge.component" $ctx }}
+  # Replicas start and stop together, as a Deployment's do; each keeps its claim (and what it
+  # holds for Kafka) when scaled in or deleted, and ships it when it runs again.
+  podManagementPolicy: Parallel
+  persistentVolumeClaimRetentionPolicy:
+    whenDeleted: Retain
+    whenScaled: Retain
+  volumeClaimTemplates:
+    {{- toYaml . | nindent 4 }}
   {{- end }}
   {{- if eq .name "learner" }}
   # One learner owns the optimizer state and the consumed offsets: never two at once.
@@ -47,8 +60,8 @@ spec:
       automountServiceAccountToken: {{ .token | default false }}
       # The process drains for drainSeconds on SIGTERM; Kubernetes must not kill it sooner. After
       # its calls drain, the proxy records those of harnesses that left (10 s at most) and ships
-      # what its journal holds (up to three publish timeouts, and 5 s): on an emptyDir, what a
-      # killed proxy had not shipped is gone.
+      # what its journal holds (up to three publish timeouts, and 5 s): on an emptyDir (the
+      # default spoolVolume), what a killed proxy had not shipped is gone.
       {{- if eq .name "proxy" }}
       terminationGracePeriodSeconds: {{ add $v.drainSeconds 10 (mul 3 $v.publishTimeoutSeconds) 5 15 }}
       {{- else }}
