@@ -42,9 +42,15 @@ logger = logging.getLogger(__name__)
 
 _ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
 
-ABORTED = ("the engine aborted this answer before it was finished (finish_reason 'abort', as when a replica "
-           "is paused for a weight update); send the request again")
-"""What a harness of a translated API is told instead of a cut answer."""
+ENGINE_ABORTED = "the engine aborted this answer before it was finished (finish_reason 'abort')"
+"""How a call whose answer the engine aborted is recorded when the harness got the answer as it was."""
+ABORTED = (f"{ENGINE_ABORTED}, as a replica paused in vLLM's default mode or shutting down does; "
+           "send the request again")
+"""What a harness of a translated API is told instead of an answer the engine aborted."""
+ENGINE_UNFINISHED = "the engine ended its stream without finishing the answer (no finish_reason before [DONE])"
+"""How a stream that ended so is recorded when the harness got it as it was."""
+UNFINISHED = f"{ENGINE_UNFINISHED}, as vLLM does for an answer aborted before its first token; send the request again"
+"""What a harness of a translated API is told instead."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,8 @@ class CallService:
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
                                         CallStatus.UPSTREAM_ERROR, f"engine answer not understood: {exc!r}",
                                         replica, upstream_status=engine_status)
-            if _aborted(adapter, payload.get("choices")):
+            aborted = _aborted(payload.get("choices"))
+            if aborted and adapter.protocol is not ApiProtocol.OPENAI_CHAT:
                 return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
                                         CallStatus.UPSTREAM_ERROR, ABORTED, replica, upstream_status=engine_status)
             try:
@@ -264,9 +271,14 @@ class CallService:
                                         f"engine answer not translated: {exc!r}", replica,
                                         upstream_status=engine_status)
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-            await self._record(capture, CallStatus.OK, upstream_status_code=upstream_response.status,
-                               replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
-            self.retries.end(caller.rollout_id, fingerprint, call_id, ok=True)
+            if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
+                await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
+                                   upstream_status_code=engine_status, replica=replica)
+                span.set_status(Status(StatusCode.ERROR, ENGINE_ABORTED))
+            else:
+                await self._record(capture, CallStatus.OK, upstream_status_code=engine_status,
+                                   replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
+            self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not aborted)
             telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
                                            {"protocol": adapter.protocol.value, "streamed": False})
             span.end()
@@ -283,6 +295,7 @@ class CallService:
         async def relay() -> AsyncIterator[bytes]:
             held: list[bytes] = []  # closing events wait until the event is durable
             finished = False
+            cut: str | None = None  # why a chat answer relayed as the engine sent it is not whole
             first = True
             status = CallStatus.CLIENT_DISCONNECTED
             error: str | None = None
@@ -309,10 +322,12 @@ class CallService:
                     capture.on_chunk(chunk)
                     if opening and capture.prompt_token_count:
                         session.prompt_length(capture.prompt_token_count)
-                    if _aborted(adapter, chunk.get("choices")):
-                        status, error = CallStatus.UPSTREAM_ERROR, ABORTED
-                        held.append(session.fail(error))
-                        break
+                    if _aborted(chunk.get("choices")):
+                        if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                            status, error = CallStatus.UPSTREAM_ERROR, ABORTED
+                            held.append(session.fail(error))
+                            break
+                        cut = ENGINE_ABORTED
                     finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
                     out = session.feed(chunk)
                     if out:
@@ -326,8 +341,16 @@ class CallService:
                 else:
                     if not finished:
                         raise EngineError("engine stream ended without [DONE]")
+                if error is None and not finished:
+                    # [DONE] before any finish reason: how vLLM ends an answer aborted before its
+                    # first token (the final chunk comes only with a token).
+                    if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                        status, error = CallStatus.UPSTREAM_ERROR, UNFINISHED
+                        held.append(session.fail(error))
+                    else:
+                        cut = ENGINE_UNFINISHED
                 if error is None:
-                    status = CallStatus.OK
+                    status, error = (CallStatus.OK, None) if cut is None else (CallStatus.UPSTREAM_ERROR, cut)
                     held.append(session.finish())
             except (EngineError, orjson.JSONDecodeError) as exc:
                 status, error = CallStatus.UPSTREAM_ERROR, f"engine stream broke: {exc!r}"
@@ -345,7 +368,7 @@ class CallService:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
                 raise
-            upstream.close(finished=status is CallStatus.OK)
+            upstream.close(finished=status is CallStatus.OK or cut is not None)  # read to its end
             client_span.end()
             upstream_s = time.perf_counter() - upstream_t0
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
@@ -401,17 +424,17 @@ class CallService:
             telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
 
 
-def _aborted(adapter: Adapter, choices: Any) -> bool:
-    """Whether the engine cut this answer short and the harness's API has no word for that.
+def _aborted(choices: Any) -> bool:
+    """Whether the engine cut this answer short.
 
     vLLM ends every answer in flight with ``finish_reason: "abort"`` when a replica is paused in
-    its default mode (``abort``). Chat completions pass it on as the engine said it. Anthropic's
-    stop reasons and Responses' statuses have no such value: as ``end_turn`` or ``completed`` the
-    harness would act on half an answer, so it gets a retryable error instead (a 502, or the
-    stream's error event), and the call is recorded as an engine error with what was sampled.
+    its default mode (``abort``) or shuts down. Anthropic's stop reasons and Responses' statuses
+    have no such value: as ``end_turn`` or ``completed`` the harness would act on half an answer,
+    so it gets a retryable error instead (a 502, or the stream's error event). Chat completions
+    pass it on as the engine said it. Either way the call is recorded as an engine error with
+    what was sampled, and a call sent again is linked to it as a retry.
     """
-    return adapter.protocol is not ApiProtocol.OPENAI_CHAT and type(choices) is list and any(
-        type(c) is dict and c.get("finish_reason") == "abort" for c in choices)
+    return type(choices) is list and any(type(c) is dict and c.get("finish_reason") == "abort" for c in choices)
 
 
 def _without_prompt_ids(body: bytes, asked: dict[str, Any]) -> tuple[bytes, bytes | None]:

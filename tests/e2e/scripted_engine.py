@@ -92,9 +92,11 @@ class Fault:
 
     By default the engine answers with HTTP ``status`` (harnesses retry 5xx). With ``drop_after``
     set, a streamed request is answered 200 and its stream is cut after that many chunks, without
-    a finish reason or ``[DONE]``, as when an engine dies mid-answer. With ``body`` set, a whole
-    request is answered with ``status`` and exactly these bytes, as a server that breaks the
-    contract would.
+    a finish reason or ``[DONE]``, as when an engine dies mid-answer. With ``abort_after`` set,
+    the answer (whole or streamed) holds only that many pieces and ends with ``finish_reason:
+    "abort"``, usage and ``[DONE]``, as vLLM ends the answers in flight when it is paused in its
+    default mode. With ``body`` set, a whole request is answered with ``status`` and exactly these
+    bytes, as a server that breaks the contract would.
     """
 
     match: Callable[[dict[str, Any]], bool]
@@ -102,6 +104,7 @@ class Fault:
     times: int = 1
     message: str = "scripted engine: injected fault, retry later"
     drop_after: int | None = None
+    abort_after: int | None = None
     body: bytes | None = None
     fired: int = 0
 
@@ -113,7 +116,7 @@ class SeenCall:
     index: int
     body: dict[str, Any]
     status: int
-    kind: str  # "tool_call", "final", "plain", "fault" (an HTTP error) or "dropped" (a cut stream)
+    kind: str  # "tool_call", "final", "plain", "fault" (an HTTP error), "dropped" (a cut stream), "aborted"
     streamed: bool
     prompt_token_ids: list[int] = field(default_factory=list)
     completion_token_ids: list[int] = field(default_factory=list)
@@ -255,7 +258,7 @@ class ScriptedEngine:
         if fault is not None and fault.body is not None:
             self.seen.append(SeenCall(index, body, fault.status, "fault", streamed))
             return Response(fault.body, status_code=fault.status, media_type="application/json")
-        if fault is not None and fault.drop_after is None:
+        if fault is not None and fault.drop_after is None and fault.abort_after is None:
             self.seen.append(SeenCall(index, body, fault.status, "fault", streamed))
             return _json({"error": {"message": fault.message, "type": "ServiceUnavailable",
                                     "code": fault.status}}, fault.status)
@@ -263,7 +266,13 @@ class ScriptedEngine:
         prompt_ids = tokenize(render_prompt(body))
         pieces = self._pieces(text, call)
         completion_ids = [t for _, ids in pieces for t in ids] + [EOS_ID]
-        if fault is not None:  # a stream cut after ``drop_after`` chunks
+        finish = "tool_calls" if call else "stop"
+        if fault is not None and fault.abort_after is not None:  # the engine aborted it after a few pieces
+            pieces = pieces[:fault.abort_after]
+            kind, completion_ids, finish = "aborted", [t for _, ids in pieces for t in ids], "abort"
+            text = "".join(d.get("content") or "" for d, _ in pieces)
+            call = None  # an unfinished call is not parsed into one
+        elif fault is not None:  # a stream cut after ``drop_after`` chunks
             pieces = pieces[:fault.drop_after]
             kind, completion_ids = "dropped", [t for _, ids in pieces for t in ids]
         logprobs = [logprob_of(t) for t in completion_ids]
@@ -271,7 +280,6 @@ class ScriptedEngine:
                         (call or {}).get("function", {}).get("name"),
                         orjson.loads(call["function"]["arguments"]) if call else None)
         self.seen.append(seen)
-        finish = "tool_calls" if call else "stop"
         usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
                  "total_tokens": len(prompt_ids) + len(completion_ids)}
         chat_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -289,7 +297,7 @@ class ScriptedEngine:
             })
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(self._stream(chat_id, prompt_ids, pieces, completion_ids, finish, usage,
-                                              include_usage, cut=fault is not None),
+                                              include_usage, cut=fault is not None and fault.drop_after is not None),
                                  media_type="text/event-stream")
 
     def _pieces(self, text: str, call: dict[str, Any] | None) -> list[tuple[dict[str, Any], list[int]]]:
@@ -332,8 +340,9 @@ class ScriptedEngine:
             await asyncio.sleep(0)
         if cut:
             return  # the engine "died": no finish reason, no usage, no [DONE]
-        last = {"index": 0, "delta": {}, "logprobs": {"content": [_logprob_item(EOS_ID)]},
-                "finish_reason": finish, "stop_reason": None, "token_ids": [EOS_ID],
+        closing = [] if finish == "abort" else [EOS_ID]  # an aborted answer ends where it was cut
+        last = {"index": 0, "delta": {}, "logprobs": {"content": [_logprob_item(t) for t in closing]},
+                "finish_reason": finish, "stop_reason": None, "token_ids": closing,
                 "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": len(completion_ids)}]}
         yield chunk([last])
         if include_usage:

@@ -232,7 +232,9 @@ HARNESSES = [
         # Its transport re-sends a cut stream as is, but after an HTTP 5xx it retries the whole agent
         # turn with the user message rewritten ("[Queued user message from a previous active turn ...]
         # ... Continue the current task ...").
-        "retried-503": "agent-level retry with a rewritten user message"}),
+        "retried-503": "agent-level retry with a rewritten user message",
+        # It takes finish_reason "abort" (passed on as the engine sent it) for a failed turn too.
+        "retried-aborted": "agent-level retry with a rewritten user message"}),
 ]
 # OpenClaw can speak the two translated protocols too: a second client for each translation.
 OTHER_CLIENTS = [
@@ -311,6 +313,13 @@ def check_capture(harness: Harness, rollout_id: str, seen: list[SeenCall], event
             assert event.upstream_status_code == call.status, where
             assert list(event.prompt_token_ids) == [] and event.choices == [], where
             continue
+        if call.kind == "aborted":  # the engine cut the answer short: what was sampled is kept, marked failed
+            assert event.status is CallStatus.UPSTREAM_ERROR, where
+            assert list(event.prompt_token_ids) == call.prompt_token_ids, where
+            assert [list(c.completion_token_ids) for c in event.choices] == [call.completion_token_ids], where
+            assert [list(c.logprobs) for c in event.choices] == [call.logprobs], where
+            assert event.choices[0].finish_reason == "abort", where
+            continue
         if call.kind == "dropped":  # the stream was cut: what was sampled is kept, marked failed
             assert event.status is CallStatus.UPSTREAM_ERROR, where
             assert list(event.prompt_token_ids) == call.prompt_token_ids, where
@@ -343,6 +352,9 @@ FAULTS: dict[str, list[Fault]] = {
     "retried-503": [Fault(match=first_turn, status=503)],
     # Its stream is cut after two chunks (no finish, no [DONE]) once: the harness must retry it.
     "retried-dropped-stream": [Fault(match=first_turn, drop_after=2)],
+    # Its answer ends after two pieces with finish_reason "abort" once (vLLM paused in its default
+    # mode): the harness must not take half a tool call for an answer, but send the call again.
+    "retried-aborted": [Fault(match=first_turn, abort_after=2)],
 }
 
 
@@ -414,7 +426,8 @@ async def test_harness_completes_tool_task_and_every_call_is_captured(
             f"the harness re-sent the failed call ({'same' if same_prompt else 'a different'} prompt; streamed "
             f"{failed[0].streamed} -> {after.streamed}, sampling {failed[0].request.sampling} -> "
             f"{after.request.sampling}) but the proxy did not link it as a retry: "
-            f"{[(e.status.value, e.attempt, e.retry_of) for e in events]}")
+            f"{[(e.status.value, e.attempt, e.retry_of) for e in events]}; last messages "
+            f"{failed[0].request.messages[-2:]} -> {after.request.messages[-2:]}")
     assert after.attempt == 1
     assert after.retry_of == failed[0].call_id
     assert after.request.messages == failed[0].request.messages

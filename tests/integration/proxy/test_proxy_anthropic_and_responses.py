@@ -4,7 +4,9 @@ captured token-exact with the translated prompt."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 
 import anthropic
 import httpx
@@ -13,7 +15,7 @@ import pytest
 from proxy_helpers import calls_of
 from test_proxy_openai_chat import tokenize
 
-from proxy.service import ABORTED
+from proxy.service import ENGINE_UNFINISHED, UNFINISHED
 from schemas.call.v1 import ApiProtocol, CallStatus
 
 pytestmark = pytest.mark.kafka
@@ -176,48 +178,55 @@ async def test_a_prompt_over_the_context_is_refused_in_each_harness_api_s_own_wo
     assert all("maximum context length" in e.error_message for e in events), [e.error_message for e in events]
 
 
-async def _abort_once_generating(vllm_url: str) -> None:
-    """Pause the engine in vLLM's default mode (``abort``) once it generates, then resume it."""
+@contextlib.asynccontextmanager
+async def _engine_held_then_aborted(vllm_url: str) -> AsyncIterator[None]:
+    """vLLM paused (``keep``): what is sent meanwhile waits in its queue. On exit, the pause is
+    switched to vLLM's default mode, ``abort``, which ends every answer in flight, then lifted."""
     async with httpx.AsyncClient(timeout=30) as http:
-        while True:
-            metrics = (await http.get(f"{vllm_url}/metrics")).text
-            running = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-                          if line.startswith("vllm:num_requests_running"))
-            if running >= 1:
-                break
-            await asyncio.sleep(0.01)
+        (await http.post(f"{vllm_url}/pause", params={"mode": "keep"})).raise_for_status()
         try:
-            (await http.post(f"{vllm_url}/pause", params={"mode": "abort"})).raise_for_status()
+            yield
         finally:
-            (await http.post(f"{vllm_url}/resume")).raise_for_status()
+            try:
+                (await http.post(f"{vllm_url}/pause", params={"mode": "abort"})).raise_for_status()
+            finally:
+                (await http.post(f"{vllm_url}/resume")).raise_for_status()
 
 
-async def test_an_answer_the_engine_aborts_reaches_translated_harnesses_as_a_retryable_error(
-        proxy, vllm_url) -> None:
-    """A pause in vLLM's default mode ends every answer in flight with finish_reason "abort".
-    Anthropic and Responses have no word for it: told end_turn or completed, a harness would act
-    on half an answer. It gets an error it retries instead (a 502, or the stream's error event),
-    and the call is recorded as an engine error with what was sampled."""
-    async with anthropic_client(proxy, "r-abort-stream") as client:
-        aborter = asyncio.create_task(_abort_once_generating(vllm_url))
-        with pytest.raises(anthropic.APIStatusError) as cut:
-            async with client.messages.stream(model="claude-opus-4-7", max_tokens=32_000,
-                                              messages=[{"role": "user", "content": "Write a long story."}]) as stream:
-                async for _ in stream:
-                    pass
-        await aborter
-    assert cut.value.body["error"]["message"] == ABORTED, cut.value.body
-    async with responses_client(proxy, "r-abort-whole") as responses:
-        aborter = asyncio.create_task(_abort_once_generating(vllm_url))
-        with pytest.raises(openai.InternalServerError) as cut_whole:
-            await responses.responses.create(model="gpt-5-codex", input="Write a long story.",
-                                             max_output_tokens=32_000)
-        await aborter
-    assert cut_whole.value.status_code == 502 and ABORTED in str(cut_whole.value)
-    events = await calls_of(proxy, 2)
+async def test_an_answer_the_engine_aborts_before_its_first_token_is_a_retryable_error(proxy, vllm_url) -> None:
+    """A pause in vLLM's default mode ends every answer in flight. One not yet started ends its
+    stream with [DONE] and no finish reason (mid-answer, it is finish_reason "abort": see the
+    scripted engine's tests). Told end_turn, a harness would take an empty answer for a whole one:
+    an Anthropic harness gets the stream's error event instead, which Claude Code retries. Chat
+    completions pass the stream on as the engine sent it. Both are recorded as engine errors."""
+    prompt = [{"role": "user", "content": "Write a long story."}]
+
+    async def anthropic_stream() -> None:
+        async with anthropic_client(proxy, "r-abort-stream") as client:
+            stream = await client.messages.create(model="claude-opus-4-7", max_tokens=32_000, stream=True,
+                                                  messages=prompt)
+            async for _ in stream:
+                pass
+
+    async def chat_stream() -> list[str | None]:
+        async with responses_client(proxy, "r-abort-chat") as chat:
+            chunks = await chat.chat.completions.create(model="m", max_tokens=900, stream=True, messages=prompt)
+            return [c.choices[0].finish_reason async for c in chunks if c.choices]
+
+    async with _engine_held_then_aborted(vllm_url):
+        cut = asyncio.create_task(anthropic_stream())
+        passed = asyncio.create_task(chat_stream())
+        await asyncio.sleep(1.0)  # both reach the engine's queue
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        await cut
+    assert refused.value.body["error"]["message"] == UNFINISHED, refused.value.body
+    assert await passed == [None]  # the role chunk, then [DONE]
+    events = sorted(await calls_of(proxy, 2), key=lambda e: e.protocol.value)
     assert [(e.protocol, e.streamed) for e in events] == [(ApiProtocol.ANTHROPIC_MESSAGES, True),
-                                                          (ApiProtocol.OPENAI_RESPONSES, False)]
+                                                          (ApiProtocol.OPENAI_CHAT, True)]
     for event in events:
-        assert event.status is CallStatus.UPSTREAM_ERROR and event.error_message == ABORTED
-        [choice] = event.choices
-        assert choice.finish_reason == "abort" and len(choice.completion_token_ids) == len(choice.logprobs)
+        assert event.status is CallStatus.UPSTREAM_ERROR, event.status
+        assert event.error_message == (ENGINE_UNFINISHED if event.protocol is ApiProtocol.OPENAI_CHAT
+                                       else UNFINISHED)
+        assert len(event.prompt_token_ids) > 0
+        assert all(list(c.completion_token_ids) == [] for c in event.choices)

@@ -525,13 +525,13 @@ def test_stream_event_sequence_for_text_and_tool_calls() -> None:
 
 def test_message_start_carries_the_prompt_length_known_before_the_engine_s_usage() -> None:
     translator = StreamTranslator(model="m")
-    translator.prompt_tokens = 1200
+    translator.prompt_tokens = 1000  # not the engine's count below, to tell the two apart
     events = [event for c in tool_call_chunks() for event in translator.feed(c)]
     start = events[0][1]["message"]["usage"]
-    assert start == {"input_tokens": 1200, "output_tokens": 0, "cache_creation_input_tokens": 0,
+    assert start == {"input_tokens": 1000, "output_tokens": 0, "cache_creation_input_tokens": 0,
                      "cache_read_input_tokens": 0}
     delta = next(data for name, data in events if name == "message_delta")
-    assert delta["usage"]["input_tokens"] == 1200 and delta["usage"]["output_tokens"] == 31
+    assert delta["usage"]["input_tokens"] == 1200 and delta["usage"]["output_tokens"] == 31  # the engine's
 
 
 def test_stream_message_delta_waits_for_the_usage_chunk() -> None:

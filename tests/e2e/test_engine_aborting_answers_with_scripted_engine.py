@@ -1,0 +1,85 @@
+"""An engine that aborts an answer part-way (vLLM's ``finish_reason: "abort"``, as when a replica
+is paused in its default mode): harnesses of the translated APIs get an error they retry, chat
+completions get the answer as the engine sent it, and every such call is recorded as an engine
+error with what was sampled.
+
+The engine is the scripted one (:mod:`scripted_engine`) because it can cut an answer at a chosen
+point; real vLLM does the same only when a pause lands mid-answer (the vLLM test of the proxy
+covers an answer aborted before its first token). Every other part is real.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from netutil import free_port
+from proxy_helpers import KEY, read_events, serve, shutdown
+from scripted_engine import Fault, ScriptedEngine
+
+from proxy.service import ABORTED, ENGINE_ABORTED
+from proxy.settings import ProxySettings
+from schemas.call.v1 import CallStatus
+from schemas.credentials import Role, mint_token
+from stream import CALLS, KafkaSettings, TopicRegistry
+
+pytestmark = pytest.mark.kafka
+
+REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"model": "m", "input": "hi"}),
+]
+
+
+def _events(body: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(line[5:]) for line in body.splitlines()
+            if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_an_answer_aborted_part_way_is_retried_by_translated_harnesses_and_recorded(
+        streamed: bool, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    engine = ScriptedEngine(command="true", chunk_pieces=1,
+                            faults=[Fault(match=lambda _b: True, abort_after=2, times=len(REQUESTS))])
+    async with engine.running(free_port()) as engine_url:
+        settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
+                                 spool_dir=tmp_path / "spool", kafka=kafka_settings, publish_timeout_s=5.0)
+        server, task = await serve(settings)
+        try:
+            token = mint_token(KEY, "r-aborted", Role.AGENT, 600)
+            async with httpx.AsyncClient(timeout=30) as client:
+                answers = [await client.post(f"http://127.0.0.1:{settings.port}/rollouts/r-aborted{path}",
+                                             json={**body, "stream": streamed},
+                                             headers={"authorization": f"Bearer {token}"})
+                           for path, body in REQUESTS]
+        finally:
+            await shutdown(server, task)
+    chat, anthropic, responses = answers
+    if streamed:
+        assert [a.status_code for a in answers] == [200] * 3  # the stream had started
+        finishes = [c["choices"][0]["finish_reason"] for c in _events(chat.content) if c["choices"]]
+        assert finishes[-1] == "abort" and chat.content.endswith(b"data: [DONE]\n\n")
+        anthropic_events = _events(anthropic.content)
+        assert anthropic_events[-1] == {"type": "error", "error": {"type": "api_error", "message": ABORTED}}
+        assert "message_delta" not in {e["type"] for e in anthropic_events}
+        last = _events(responses.content)[-1]
+        assert last["type"] == "response.failed" and last["response"]["error"]["message"] == ABORTED
+    else:
+        assert chat.status_code == 200 and chat.json()["choices"][0]["finish_reason"] == "abort"
+        assert [anthropic.status_code, responses.status_code] == [502, 502]
+        assert anthropic.json()["error"] == {"type": "api_error", "message": ABORTED}
+        assert ABORTED in responses.text
+    events = await read_events(kafka_settings, topics, CALLS, expect=len(REQUESTS))
+    assert [f.fired for f in engine.faults] == [len(REQUESTS)]
+    for event, seen in zip(sorted(events, key=lambda e: e.timings.started_at), engine.seen, strict=True):
+        assert seen.kind == "aborted" and len(seen.completion_token_ids) > 0
+        assert event.status is CallStatus.UPSTREAM_ERROR and event.streamed is streamed
+        assert event.error_message == (ENGINE_ABORTED if event.protocol.value == "openai_chat" else ABORTED)
+        [choice] = event.choices
+        assert choice.finish_reason == "abort"
+        assert list(choice.completion_token_ids) == seen.completion_token_ids  # what was sampled is kept
+        assert list(choice.logprobs) == seen.logprobs
