@@ -17,13 +17,11 @@ import httpx
 import orjson
 import pytest
 from netutil import free_port
-from proxy_helpers import KEY, read_events, serve, shutdown
+from proxy_helpers import proxy_in_front_of, read_events
 from scripted_engine import Fault, ScriptedEngine
 
 from proxy.service import ABORTED, ENGINE_ABORTED
-from proxy.settings import ProxySettings
 from schemas.call.v1 import CallStatus
-from schemas.credentials import Role, mint_token
 from stream import CALLS, KafkaSettings, TopicRegistry
 
 pytestmark = pytest.mark.kafka
@@ -45,19 +43,12 @@ async def test_an_answer_aborted_part_way_is_retried_by_translated_harnesses_and
         streamed: bool, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
     engine = ScriptedEngine(command="true", chunk_pieces=1,
                             faults=[Fault(match=lambda _b: True, abort_after=2, times=len(REQUESTS))])
-    async with engine.running(free_port()) as engine_url:
-        settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
-                                 spool_dir=tmp_path / "spool", kafka=kafka_settings, publish_timeout_s=5.0)
-        server, task = await serve(settings)
-        try:
-            token = mint_token(KEY, "r-aborted", Role.AGENT, 600)
-            async with httpx.AsyncClient(timeout=30) as client:
-                answers = [await client.post(f"http://127.0.0.1:{settings.port}/rollouts/r-aborted{path}",
-                                             json={**body, "stream": streamed},
-                                             headers={"authorization": f"Bearer {token}"})
-                           for path, body in REQUESTS]
-        finally:
-            await shutdown(server, task)
+    async with engine.running(free_port()) as engine_url, \
+            proxy_in_front_of(engine_url, kafka_settings, topics, tmp_path) as proxy, \
+            httpx.AsyncClient(timeout=30) as client:
+        headers = {"authorization": f"Bearer {proxy.token('r-aborted')}"}
+        answers = [await client.post(f"{proxy.base('r-aborted')}{path}", json={**body, "stream": streamed},
+                                     headers=headers) for path, body in REQUESTS]
     chat, anthropic, responses = answers
     if streamed:
         assert [a.status_code for a in answers] == [200] * 3  # the stream had started

@@ -25,17 +25,16 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from netutil import free_port
-from proxy_helpers import KEY, RunningProxy, read_events, serve, shutdown
+from proxy_helpers import RunningProxy, proxy_in_front_of, read_events
 from scripted_engine import MODEL, WEIGHT_VERSION, Fault, ScriptedEngine, SeenCall, first_turn
 
-from proxy.settings import ProxySettings
 from schemas import ModelCallV1
 from schemas.call.v1 import ApiProtocol, CallStatus
 from stream import CALLS, KafkaSettings, TopicRegistry
@@ -270,18 +269,6 @@ async def run_harness(harness: Harness, run: Run) -> None:
 
 
 # --------------------------------------------------------------------------- proxy in front of the engine
-
-
-@contextlib.asynccontextmanager
-async def proxy_in_front_of(engine_url: str, kafka: KafkaSettings, topics: TopicRegistry,
-                            tmp_path: Path) -> AsyncIterator[RunningProxy]:
-    settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
-                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=5.0)
-    server, task = await serve(settings)
-    try:
-        yield RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
-    finally:
-        await shutdown(server, task)
 
 
 async def captured_calls(proxy: RunningProxy, expect: int) -> list[ModelCallV1]:

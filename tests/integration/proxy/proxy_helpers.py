@@ -57,6 +57,19 @@ async def shutdown(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
     await asyncio.wait_for(task, 30)
 
 
+@contextlib.asynccontextmanager
+async def proxy_in_front_of(engine_url: str, kafka: KafkaSettings, topics: TopicRegistry,
+                            tmp_path: Path) -> AsyncIterator[RunningProxy]:
+    """A proxy in front of any engine (the scripted one, say), for one test."""
+    settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
+                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=5.0)
+    server, task = await serve(settings)
+    try:
+        yield RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+    finally:
+        await shutdown(server, task)
+
+
 @pytest.fixture
 def proxy_settings_factory(vllm_url: str, kafka_settings: KafkaSettings, tmp_path: Path
                            ) -> Callable[..., ProxySettings]:
