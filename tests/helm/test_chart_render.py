@@ -156,7 +156,10 @@ def test_proxy_spool_on_claims_outlives_its_pods(default_objects: list[dict[str,
     spec = proxy["spec"]
     assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
     assert spec["podManagementPolicy"] == "Parallel" and "replicas" not in spec
-    assert spec["serviceName"] == one(kept, "Service", "-proxy")["metadata"]["name"]
+    headless = one(kept, "Service", "-proxy-headless")
+    assert spec["serviceName"] == headless["metadata"]["name"] and headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert find(default_objects, "Service", "-proxy-headless") == []
     assert spec["volumeClaimTemplates"] == [{"metadata": {"name": "spool"}, "spec": {
         "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}},
         "storageClassName": "fast-ssd"}}]
@@ -164,6 +167,7 @@ def test_proxy_spool_on_claims_outlives_its_pods(default_objects: list[dict[str,
     assert "spool" not in {v["name"] for v in pod["volumes"]}
     assert {"name": "spool", "mountPath": "/var/spool/openforge"} in pod["containers"][0]["volumeMounts"]
     assert env_of(proxy)["OPENFORGE_PROXY_SPOOL_DIR"] == "/var/spool/openforge"
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     hpa = one(kept, "HorizontalPodAutoscaler", "-proxy")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
                                              "name": proxy["metadata"]["name"]}
@@ -171,6 +175,17 @@ def test_proxy_spool_on_claims_outlives_its_pods(default_objects: list[dict[str,
                                    "replicas": 3}}, helm_tmp)
     assert one(fixed, "StatefulSet", "-proxy")["spec"]["replicas"] == 3
     assert "storageClassName" not in one(fixed, "StatefulSet", "-proxy")["spec"]["volumeClaimTemplates"][0]["spec"]
+
+
+@pytest.mark.parametrize(("size", "bound"), [("2Gi", 2 * 2**30 - 2**29), ("1Gi", 2**29), ("3Ti", 3 * 2**40 - 2**29)])
+def test_the_proxy_refuses_work_before_its_spool_volume_fills(helm: Helm, helm_tmp: Path, size: str,
+                                                              bound: int) -> None:
+    """The proxy answers 503 at its spool bound; the volume must not fill first (a full emptyDir
+    gets the pod evicted with what it held): the bound is the volume less 512 MiB."""
+    for volume in ("emptyDir", "persistentVolumeClaim"):
+        objects = helm.render({"proxy": {"spoolSizeLimit": size, "spoolVolume": volume}}, helm_tmp)
+        proxy = one(objects, "StatefulSet" if volume == "persistentVolumeClaim" else "Deployment", "-proxy")
+        assert env_of(proxy)["OPENFORGE_PROXY_SPOOL_MAX_BYTES"] == str(bound)
 
 
 def test_vllm_replicas_have_the_rl_endpoints(default_objects: list[dict[str, Any]]) -> None:
@@ -315,6 +330,7 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"proxy": {"extraEnv": {"OPENFORGE_PROXY_DRAIN_S": "300"}}}, "set those instead"),
     ({"assembler": {"drainSeconds": 0}}, "drainSeconds"),
     ({"proxy": {"spoolVolume": "hostPath"}}, "at '/proxy/spoolVolume': value must be one of"),
+    ({"proxy": {"spoolSizeLimit": "1500Mi"}}, "at '/proxy/spoolSizeLimit': '1500Mi' does not match pattern"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)

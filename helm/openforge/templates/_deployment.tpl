@@ -30,9 +30,10 @@ spec:
   replicas: {{ .replicas }}
   {{- end }}
   {{- with .claims }}
-  serviceName: {{ include "openforge.component" $ctx }}
-  # Replicas start and stop together, as a Deployment's do; each keeps its claim (and what it
-  # holds for Kafka) when scaled in or deleted, and ships it when it runs again.
+  serviceName: {{ include "openforge.component" $ctx }}-headless
+  # Scaling starts and stops replicas together, as a Deployment does (an update still replaces
+  # them one at a time). Each keeps its claim, and what it holds for Kafka, when scaled in or
+  # deleted, and ships it when it runs again.
   podManagementPolicy: Parallel
   persistentVolumeClaimRetentionPolicy:
     whenDeleted: Retain
@@ -76,6 +77,9 @@ spec:
         runAsUser: 10001
         runAsGroup: 10001
         fsGroup: 10001
+        # Re-own a volume's files only when its root is not ours yet: a spool claim that held
+        # many records would otherwise slow every start.
+        fsGroupChangePolicy: OnRootMismatch
       containers:
         - name: {{ .name }}
           image: {{ include "openforge.image" $root | quote }}

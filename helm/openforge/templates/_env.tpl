@@ -50,6 +50,7 @@ OPENFORGE_PROXY_SERVED_MODEL: {{ .Values.vllm.servedModelName | quote }}
 OPENFORGE_PROXY_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
 OPENFORGE_PROXY_ALLOW_ANONYMOUS: {{ $v.allowAnonymous | quote }}
 OPENFORGE_PROXY_SPOOL_DIR: "/var/spool/openforge"
+OPENFORGE_PROXY_SPOOL_MAX_BYTES: {{ include "openforge.spoolMaxBytes" . | quote }}
 OPENFORGE_PROXY_DURABILITY: {{ $v.durability | quote }}
 OPENFORGE_PROXY_JOURNAL_SHIPPER: {{ $v.journalShipper | quote }}
 OPENFORGE_PROXY_DRAIN_S: {{ $v.drainSeconds | quote }}
@@ -143,4 +144,17 @@ first (OTEL_RESOURCE_ATTRIBUTES refers to them), then every variable sorted by n
 - name: {{ $key }}
   value: {{ index $vars $key | toString | quote }}
 {{- end }}
+{{- end }}
+
+{{/*
+What may wait for Kafka in the proxy's spool volume: its size (spoolSizeLimit, whole Gi or Ti, as
+the schema requires) less 512 MiB for the journal's open segments and the filesystem. The proxy
+answers 503 at this bound; a volume that filled first would fail writes, and an emptyDir over its
+limit gets the pod evicted with everything on it.
+*/}}
+{{- define "openforge.spoolMaxBytes" -}}
+{{- $size := .Values.proxy.spoolSizeLimit }}
+{{- $count := regexFind "^[0-9]+" $size | int64 }}
+{{- $unit := ternary 1099511627776 1073741824 (hasSuffix "Ti" $size) }}
+{{- sub (mul $count $unit) 536870912 }}
 {{- end }}
