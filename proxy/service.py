@@ -279,8 +279,9 @@ class CallService:
                 await self._record(capture, CallStatus.OK, upstream_status_code=engine_status,
                                    replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
             self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not aborted)
-            telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
-                                           {"protocol": adapter.protocol.value, "streamed": False})
+            if not aborted:  # as for streams and refusals: only answers that served the harness
+                telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
+                                               {"protocol": adapter.protocol.value, "streamed": False})
             span.end()
             return _json(answer, 200)
         return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
@@ -341,9 +342,11 @@ class CallService:
                 else:
                     if not finished:
                         raise EngineError("engine stream ended without [DONE]")
-                if error is None and not finished:
-                    # [DONE] before any finish reason: how vLLM ends an answer aborted before its
-                    # first token (the final chunk comes only with a token).
+                if error is None and not finished and capture.completion_tokens == 0:
+                    # [DONE] before any finish reason or token: how vLLM ends an answer aborted
+                    # before its first token (its final chunk comes only with a token). An answer
+                    # with tokens and no finish reason goes on as it came: an engine that drops
+                    # its last chunk would otherwise fail the same call on every retry.
                     if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
                         status, error = CallStatus.UPSTREAM_ERROR, UNFINISHED
                         held.append(session.fail(error))
@@ -368,7 +371,7 @@ class CallService:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
                 raise
-            upstream.close(finished=status is CallStatus.OK or cut is not None)  # read to its end
+            upstream.close(finished=status is CallStatus.OK or cut is not None or error == UNFINISHED)
             client_span.end()
             upstream_s = time.perf_counter() - upstream_t0
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))

@@ -92,7 +92,8 @@ class Fault:
 
     By default the engine answers with HTTP ``status`` (harnesses retry 5xx). With ``drop_after``
     set, a streamed request is answered 200 and its stream is cut after that many chunks, without
-    a finish reason or ``[DONE]``, as when an engine dies mid-answer. With ``abort_after`` set,
+    a finish reason or ``[DONE]``, as when an engine dies mid-answer; with ``done`` set too,
+    ``[DONE]`` follows the cut, as from an engine that drops its last chunk. With ``abort_after`` set,
     the answer (whole or streamed) holds only that many pieces and ends with ``finish_reason:
     "abort"``, usage and ``[DONE]``, as vLLM ends the answers in flight when it is paused in its
     default mode. With ``body`` set, a whole request is answered with ``status`` and exactly these
@@ -104,6 +105,7 @@ class Fault:
     times: int = 1
     message: str = "scripted engine: injected fault, retry later"
     drop_after: int | None = None
+    done: bool = False
     abort_after: int | None = None
     body: bytes | None = None
     fired: int = 0
@@ -297,7 +299,8 @@ class ScriptedEngine:
             })
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(self._stream(chat_id, prompt_ids, pieces, completion_ids, finish, usage,
-                                              include_usage, cut=fault is not None and fault.drop_after is not None),
+                                              include_usage, cut=fault is not None and fault.drop_after is not None,
+                                              done_after_cut=fault is not None and fault.done),
                                  media_type="text/event-stream")
 
     def _pieces(self, text: str, call: dict[str, Any] | None) -> list[tuple[dict[str, Any], list[int]]]:
@@ -324,7 +327,7 @@ class ScriptedEngine:
 
     async def _stream(self, chat_id: str, prompt_ids: list[int], pieces: list[tuple[dict[str, Any], list[int]]],
                       completion_ids: list[int], finish: str, usage: dict[str, Any],
-                      include_usage: bool, cut: bool = False) -> AsyncIterator[bytes]:
+                      include_usage: bool, cut: bool = False, done_after_cut: bool = False) -> AsyncIterator[bytes]:
         created = int(time.time())
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -338,8 +341,10 @@ class ScriptedEngine:
             extra = {"prompt_token_ids": prompt_ids} if i == 0 else {}
             yield chunk([choice], **extra)
             await asyncio.sleep(0)
-        if cut:
-            return  # the engine "died": no finish reason, no usage, no [DONE]
+        if cut:  # the engine "died": no finish reason, no usage, and [DONE] only if asked
+            if done_after_cut:
+                yield b"data: [DONE]\n\n"
+            return
         closing = [] if finish == "abort" else [EOS_ID]  # an aborted answer ends where it was cut
         last = {"index": 0, "delta": {}, "logprobs": {"content": [_logprob_item(t) for t in closing]},
                 "finish_reason": finish, "stop_reason": None, "token_ids": closing,

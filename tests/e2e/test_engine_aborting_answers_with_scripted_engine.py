@@ -20,7 +20,7 @@ from netutil import free_port
 from proxy_helpers import proxy_in_front_of, read_events
 from scripted_engine import Fault, ScriptedEngine
 
-from proxy.service import ABORTED, ENGINE_ABORTED
+from proxy.service import ABORTED, ENGINE_ABORTED, ENGINE_UNFINISHED, UNFINISHED
 from schemas.call.v1 import CallStatus
 from stream import CALLS, KafkaSettings, TopicRegistry
 
@@ -33,6 +33,17 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+async def _ask_all(engine: ScriptedEngine, kafka: KafkaSettings, topics: TopicRegistry, tmp_path: Path, *,
+                   streamed: bool) -> list[httpx.Response]:
+    """Each request of :data:`REQUESTS` once, in order, through a proxy in front of ``engine``."""
+    async with engine.running(free_port()) as engine_url, \
+            proxy_in_front_of(engine_url, kafka, topics, tmp_path) as proxy, \
+            httpx.AsyncClient(timeout=30) as client:
+        headers = {"authorization": f"Bearer {proxy.token('r-cut')}"}
+        return [await client.post(f"{proxy.base('r-cut')}{path}", json={**body, "stream": streamed},
+                                  headers=headers) for path, body in REQUESTS]
+
+
 def _events(body: bytes) -> list[dict[str, Any]]:
     return [orjson.loads(line[5:]) for line in body.splitlines()
             if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
@@ -43,12 +54,7 @@ async def test_an_answer_aborted_part_way_is_retried_by_translated_harnesses_and
         streamed: bool, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
     engine = ScriptedEngine(command="true", chunk_pieces=1,
                             faults=[Fault(match=lambda _b: True, abort_after=2, times=len(REQUESTS))])
-    async with engine.running(free_port()) as engine_url, \
-            proxy_in_front_of(engine_url, kafka_settings, topics, tmp_path) as proxy, \
-            httpx.AsyncClient(timeout=30) as client:
-        headers = {"authorization": f"Bearer {proxy.token('r-aborted')}"}
-        answers = [await client.post(f"{proxy.base('r-aborted')}{path}", json={**body, "stream": streamed},
-                                     headers=headers) for path, body in REQUESTS]
+    answers = await _ask_all(engine, kafka_settings, topics, tmp_path, streamed=streamed)
     chat, anthropic, responses = answers
     if streamed:
         assert [a.status_code for a in answers] == [200] * 3  # the stream had started
@@ -74,3 +80,24 @@ async def test_an_answer_aborted_part_way_is_retried_by_translated_harnesses_and
         assert choice.finish_reason == "abort"
         assert list(choice.completion_token_ids) == seen.completion_token_ids  # what was sampled is kept
         assert list(choice.logprobs) == seen.logprobs
+
+
+async def test_a_stream_with_tokens_that_ends_without_a_finish_reason_goes_on_as_it_came(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """Only a stream with no token and no finish reason is vLLM's aborted answer. One with tokens
+    comes from an engine that dropped its last chunk: refusing it would fail the same call on
+    every retry, so the harness gets what was sampled, closed normally, and the call is kept."""
+    engine = ScriptedEngine(command="true", chunk_pieces=1,
+                            faults=[Fault(match=lambda _b: True, drop_after=2, done=True, times=len(REQUESTS))])
+    answers = await _ask_all(engine, kafka_settings, topics, tmp_path, streamed=True)
+    chat, anthropic, responses = answers
+    assert [a.status_code for a in answers] == [200] * 3
+    assert chat.content.endswith(b"data: [DONE]\n\n")
+    assert [e["type"] for e in _events(anthropic.content)][-2:] == ["message_delta", "message_stop"]
+    assert "error" not in {e["type"] for e in _events(anthropic.content)}
+    assert _events(responses.content)[-1]["type"] in {"response.completed", "response.incomplete", "response.failed"}
+    events = await read_events(kafka_settings, topics, CALLS, expect=len(REQUESTS))
+    for event, seen in zip(sorted(events, key=lambda e: e.timings.started_at), engine.seen, strict=True):
+        assert seen.kind == "dropped" and len(seen.completion_token_ids) > 0
+        assert [list(c.completion_token_ids) for c in event.choices] == [seen.completion_token_ids]
+        assert event.error_message not in {ENGINE_UNFINISHED, UNFINISHED}

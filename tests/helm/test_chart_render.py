@@ -331,6 +331,7 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"assembler": {"drainSeconds": 0}}, "drainSeconds"),
     ({"proxy": {"spoolVolume": "hostPath"}}, "at '/proxy/spoolVolume': value must be one of"),
     ({"proxy": {"spoolSizeLimit": "1500Mi"}}, "at '/proxy/spoolSizeLimit': '1500Mi' does not match pattern"),
+    ({"proxy": {"spoolSizeLimit": "9999999Ti"}}, "at '/proxy/spoolSizeLimit': '9999999Ti' does not match pattern"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)

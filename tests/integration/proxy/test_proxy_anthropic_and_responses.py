@@ -216,7 +216,7 @@ async def test_an_answer_the_engine_aborts_before_its_first_token_is_a_retryable
     async with _engine_held_then_aborted(vllm_url):
         cut = asyncio.create_task(anthropic_stream())
         passed = asyncio.create_task(chat_stream())
-        await asyncio.sleep(1.0)  # both reach the engine's queue
+        await asyncio.sleep(3.0)  # both reach the engine's queue (a paused vLLM reports no queue to poll)
     with pytest.raises(anthropic.APIStatusError) as refused:
         await cut
     assert refused.value.body["error"]["message"] == UNFINISHED, refused.value.body
