@@ -126,6 +126,36 @@ async def test_responses_streamed_with_tools(proxy, vllm_url) -> None:
     assert len(event.choices[0].completion_token_ids) == final.usage.output_tokens
 
 
+@pytest.mark.parametrize("api", ["anthropic", "responses"])
+async def test_a_named_tool_choice_reaches_the_engine_in_chat_s_shape(proxy, vllm_url, api: str) -> None:
+    """Each SDK names the tool to call in its own shape; the engine gets chat's named choice, and
+    the harness gets what the engine answered. (A random tiny model rarely finishes the call
+    before its token limit, so this checks the transport, as the chat test does; whole tool
+    calls in every protocol are covered by the harness tests' scripted engine.)"""
+    prompt = "Weather in Paris?"
+    if api == "anthropic":
+        async with anthropic_client(proxy, "r-named-a") as client:
+            message = await client.messages.create(
+                model="claude-opus-4-7", max_tokens=48, tools=ANTHROPIC_TOOLS,
+                tool_choice={"type": "tool", "name": "get_weather"}, messages=[{"role": "user", "content": prompt}])
+        names = [b.name for b in message.content if b.type == "tool_use"]
+        text = "".join(b.text for b in message.content if b.type == "text")
+    else:
+        async with responses_client(proxy, "r-named-r") as client:
+            response = await client.responses.create(model="gpt-5-codex", input=prompt, tools=RESPONSES_TOOLS,
+                                                     tool_choice={"type": "function", "name": "get_weather"},
+                                                     max_output_tokens=48)
+        names = [o.name for o in response.output if o.type == "function_call"]
+        text = response.output_text
+    [event] = await calls_of(proxy, 1)
+    assert event.request.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
+    assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, event.request.messages,
+                                                          event.request.tools)
+    engine = event.response["choices"][0]["message"]
+    assert names == [c["function"]["name"] for c in engine.get("tool_calls") or []]
+    assert text == (engine["content"] or "")
+
+
 async def test_responses_previous_response_id_is_refused_by_name(proxy) -> None:
     async with responses_client(proxy, "r-prev") as client:
         with pytest.raises(openai.BadRequestError, match="previous_response_id"):
