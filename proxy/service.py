@@ -323,13 +323,14 @@ class CallService:
                     capture.on_chunk(chunk)
                     if opening and capture.prompt_token_count:
                         session.prompt_length(capture.prompt_token_count)
-                    if _aborted(chunk.get("choices")):
+                    ends = any(c.get("finish_reason") for c in chunk.get("choices") or ())
+                    if ends and _aborted(chunk["choices"]):  # looked for only in the chunk that ends a choice
                         if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
                             status, error = CallStatus.UPSTREAM_ERROR, ABORTED
                             held.append(session.fail(error))
                             break
                         cut = ENGINE_ABORTED
-                    finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or ())
+                    finished = finished or ends
                     out = session.feed(chunk)
                     if out:
                         if finished:
