@@ -120,3 +120,8 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* The proxy's workload kind: a StatefulSet when its spool lives on claims of its own (one place for it). */}}
+{{- define "openforge.proxyKind" -}}
+{{- ternary "StatefulSet" "Deployment" (eq .Values.proxy.spoolVolume "persistentVolumeClaim") -}}
+{{- end }}
