@@ -417,10 +417,12 @@ class CallService:
     async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,
                       upstream_status_code: int | None = None, replica: str | None = None,
                       exchange: EngineExchange | None = None) -> None:
-        if not self.settings.capture:
-            return
-        await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
-                                          error_message=error_message, upstream_replica=replica, exchange=exchange)
+        # With capture off the call is still counted: the metrics are the operator's view of the
+        # proxy, and the benchmark's capture-off baseline must differ from capture on by capture alone.
+        if self.settings.capture:
+            await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
+                                              error_message=error_message, upstream_replica=replica,
+                                              exchange=exchange)
         telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": capture.outcome(status).value})
         telemetry.tokens.add(capture.prompt_token_count, {"kind": "prompt"})
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})

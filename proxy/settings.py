@@ -94,7 +94,8 @@ class ProxySettings(BaseSettings):
     """How long a failed call is remembered, so an identical re-send is linked as its retry."""
 
     capture: bool = True
-    """Record every call on Kafka. Off only to measure what capture costs (benchmarks)."""
+    """Record every call on Kafka. Off only to measure what capture costs (benchmarks); the call
+    metrics are kept either way."""
 
     capture_linger_ms: int = Field(default=0, ge=0, le=1000)
     """How long the producer holds a call event to batch it with others (Kafka's

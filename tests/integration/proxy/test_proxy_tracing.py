@@ -7,9 +7,10 @@ import asyncio
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
-from meters import histogram_counts, memory_reader
+from meters import counter_values, histogram_counts, memory_reader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from proxy_helpers import RunningProxy, read_events, serve, shutdown
 from spans import memory_exporter
 
 from stream import CALLS
@@ -22,17 +23,21 @@ def spans() -> InMemorySpanExporter:
     return memory_exporter()
 
 
+async def _chat(http: httpx.AsyncClient, proxy: RunningProxy, rollout: str, *, stream: bool) -> None:
+    answer = await http.post(f"{proxy.base(rollout)}/v1/chat/completions",
+                             headers={"authorization": f"Bearer {proxy.token(rollout)}"},
+                             json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                   "max_tokens": 3, "stream": stream})
+    assert answer.status_code == 200
+
+
 async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, proxy) -> None:
     spans.clear()
     memory_reader()  # instruments record only once a provider is installed
     latency_before = histogram_counts("openforge.proxy.added_latency")
     async with httpx.AsyncClient(timeout=60) as http:
         for stream in (False, True):
-            answer = await http.post(f"{proxy.base('r-trace')}/v1/chat/completions",
-                                     headers={"authorization": f"Bearer {proxy.token('r-trace')}"},
-                                     json={"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                           "max_tokens": 3, "stream": stream})
-            assert answer.status_code == 200
+            await _chat(http, proxy, "r-trace", stream=stream)
     consumer = AIOKafkaConsumer(proxy.registry[CALLS].name, bootstrap_servers=proxy.settings.kafka.bootstrap_servers,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
@@ -86,3 +91,25 @@ async def test_a_call_continues_the_trace_the_harness_sent(spans: InMemorySpanEx
     assert len(calls) == 1
     assert f"{calls[0].context.trace_id:032x}" == trace_id
     assert calls[0].parent is not None and f"{calls[0].parent.span_id:016x}" == parent_id
+
+
+async def test_with_capture_off_calls_are_counted_but_not_published(proxy_settings_factory, topics) -> None:
+    """Capture off (the benchmark's baseline) still reports calls and tokens; only the events go."""
+    memory_reader()
+    settings = proxy_settings_factory(capture=False)
+    proxy = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+    rollout = "r-nocapture"
+    before = counter_values("openforge.proxy.calls")
+    ttft_before = histogram_counts("openforge.proxy.time_to_first_token")
+    server, task = await serve(settings)
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            for stream in (False, True):
+                await _chat(http, proxy, rollout, stream=stream)
+    finally:
+        await shutdown(server, task)
+    ok = (("protocol", "openai_chat"), ("status", "ok"))
+    assert counter_values("openforge.proxy.calls").get(ok, 0) - before.get(ok, 0) == 2
+    assert sum(histogram_counts("openforge.proxy.time_to_first_token").values()) - sum(ttft_before.values()) == 2
+    events = await read_events(settings.kafka, topics, CALLS, expect=1, timeout_s=3.0)
+    assert [e for e in events if e.rollout_id == rollout] == []
