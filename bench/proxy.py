@@ -47,7 +47,14 @@ Measured, in one run, alternating targets so that a noisy machine disturbs them 
    the machine was than requests/s do. After a capturing target's cell the benchmark waits until
    Kafka holds every event answered so far and reads the CPU figures only then, so a journalling
    proxy's shipping backlog is charged to its own cell rather than slowing the next target's
-   (the ``drained in`` figure of each cell; requests/s count the load's time alone).
+   (the ``drained in`` figure of each cell; requests/s count the load's time alone);
+4. equal load: every OpenForge target at one offered rate that all of them sustain (``--paced-rate``;
+   by default half the slowest one's median at the middle concurrency), the connections sending
+   on a fixed schedule. In the closed-loop cells a slower target also serves fewer calls per
+   pass of each event loop, which raises every process's CPU per call; at one rate the
+   difference between capture on and off is what capture itself costs. Besides each process,
+   the whole machine's busy CPU per call is read from /proc/stat (the kernel's own work
+   included).
 
 The load generator is this process: a minimal HTTP/1.1 client on raw asyncio streams (no HTTP
 library), which parses only what it needs. On a two-core machine it competes for CPU with the
@@ -71,7 +78,7 @@ at least one call per answered request. Goals (reported, not enforced): capture-
 least 80% of capture-off, added p50 latency below 1 ms (non-streaming, capture on), OpenForge at
 least 2x LiteLLM's throughput. Exit status 0 when the benchmark ran, non-zero on any error (a
 process that did not start, a failed request, a check); every process is stopped at the end, also
-on SIGTERM. The defaults take about 3 to 3.5 minutes on two cores, the broker's start included.
+on SIGTERM. The defaults take about 3.5 to 4 minutes on two cores, the broker's start included.
 """
 
 from __future__ import annotations
@@ -369,6 +376,13 @@ def tree_cpu_s(root: int | None) -> float:
     return sum(own_cpu_s(pid) for pid in (root, *descendants(root)))
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all CPUs, kernel work included), from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / CLK_TCK
+
+
 def descendants(root: int) -> list[int]:
     """The pids of ``root``'s children, their children, and so on."""
     table: dict[int, list[int]] = {}
@@ -433,6 +447,10 @@ class Cell:
     client_cpu_us: float
     drain_s: float = 0.0
     """Seconds from the load's end until Kafka held every event of the capturing targets."""
+    machine_cpu_us: float = math.nan
+    """The whole machine's busy CPU per request (every process and the kernel's own work)."""
+    late: float = 0.0
+    """Paced cells: the share of requests sent more than one interval after their slot."""
 
 
 async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stream: bool,
@@ -469,8 +487,13 @@ async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stre
 
 async def throughput_cell(target: Target, concurrency: int, duration_s: float, max_requests: int,
                           counter_base: int, upstream_pid: int | None, broker_pid: int | None,
-                          drain: Callable[[], Awaitable[float]] | None = None) -> Cell:
+                          drain: Callable[[], Awaitable[float]] | None = None, *, rate: float | None = None) -> Cell:
     """One timed load of ``target``; ``drain``, for a capturing target, waits until Kafka holds its events.
+
+    Without ``rate`` every connection sends its next request as soon as the last is answered (a
+    closed loop: the target runs flat out). With ``rate`` the connections send on a fixed
+    schedule that adds up to ``rate`` requests per second; a request whose slot has passed goes
+    at once and counts as late.
 
     A journalling proxy answers before its events reach Kafka, so when the load stops its shipper
     may still hold a batch or more. Its CPU and the broker's are read only after that drain: the
@@ -486,17 +509,31 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
                                enumerate(zip(conns, rollouts, strict=True))))
         per_worker = max(1, max_requests // concurrency)
         counts = [0] * concurrency
+        late = [0] * concurrency
+        interval = concurrency / rate if rate else 0.0  # between one connection's requests
         gc.collect()
         cpu0 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time(),
-                own_cpu_s(target.pid))
+                own_cpu_s(target.pid), machine_busy_s())
         started = time.perf_counter()
         deadline = started + duration_s
 
         async def worker(k: int) -> None:
             conn, rollout = conns[k], rollouts[k]
             base = counter_base + concurrency + k * per_worker
+            slot = started + k * interval / concurrency  # connections spread over one interval
             n = 0
-            while n < per_worker and time.perf_counter() < deadline:
+            while n < per_worker:
+                if interval:
+                    if slot >= deadline:
+                        break
+                    wait = slot - time.perf_counter()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    elif wait < -interval:
+                        late[k] += 1
+                    slot += interval
+                elif time.perf_counter() >= deadline:
+                    break
                 if await call(target, conn, rollout, base + n) is not None:
                     counts[k] += 1
                 n += 1
@@ -505,7 +542,7 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
         elapsed = time.perf_counter() - started
         drain_s = await drain() if drain is not None else 0.0
         cpu1 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time(),
-                own_cpu_s(target.pid))
+                own_cpu_s(target.pid), machine_busy_s())
     finally:
         await asyncio.gather(*(c.close() for c in conns))
     done = sum(counts)
@@ -514,7 +551,7 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
                 server_cpu_us=(cpu1[0] - cpu0[0]) * per, server_own_cpu_us=(cpu1[4] - cpu0[4]) * per,
                 upstream_cpu_us=(cpu1[1] - cpu0[1]) * per,
                 broker_cpu_us=(cpu1[2] - cpu0[2]) * per, client_cpu_us=(cpu1[3] - cpu0[3]) * per,
-                drain_s=drain_s)
+                drain_s=drain_s, machine_cpu_us=(cpu1[5] - cpu0[5]) * per, late=sum(late) / max(sum(counts), 1))
 
 
 @dataclass
@@ -522,6 +559,9 @@ class Results:
     latency: dict[str, list[float]]
     ttft: dict[str, list[float]]
     cells: dict[str, dict[int, list[Cell]]]
+    paced_rate: float | None = None
+    """The offered rate of the equal-load cells (None: not run)."""
+    paced: dict[str, list[Cell]] = field(default_factory=dict)
 
 
 class AckProbe:
@@ -634,7 +674,43 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_
                          f"client CPU {cell.client_cpu_us:5,.0f} us/req"
                          + (f"  drained in {cell.drain_s:.2f}s" if target.name in CAPTURING else "")
                          + (f"  {cell.errors} errors" if cell.errors else ""))
-    return Results(latency, ttft, cells)
+    rate, paced = await equal_load(targets, args, cells, counter, upstream_pid, broker_pid, drain)
+    return Results(latency, ttft, cells, rate, paced)
+
+
+async def equal_load(targets: Sequence[Target], args: argparse.Namespace, cells: dict[str, dict[int, list[Cell]]],
+                     counter: int, upstream_pid: int | None, broker_pid: int | None,
+                     drain: KafkaDrain | None) -> tuple[float | None, dict[str, list[Cell]]]:
+    """Every OpenForge target at one offered rate: what capture costs per call, without feedback.
+
+    In the closed-loop cells a slower target also serves fewer calls per pass of each event
+    loop, which raises every process's CPU per call, so their CPU columns mix what capture does
+    with what running slower costs. At one rate that both sustain, the difference between
+    capture on and off is capture's own. The rate is ``--paced-rate``, by default half the
+    slowest OpenForge target's median at the middle concurrency.
+    """
+    proxies = [t for t in targets if t.name.startswith("openforge")]
+    concurrency = args.concurrency[len(args.concurrency) // 2]
+    rate = args.paced_rate
+    if rate is None:
+        medians = [statistics.median(c.rps for c in cells[t.name][concurrency]) for t in proxies
+                   if cells[t.name][concurrency]]
+        rate = 0.5 * min(medians) if medians else 0.0
+    if rate <= 0 or len(proxies) < 2:
+        return None, {}
+    paced: dict[str, list[Cell]] = {t.name: [] for t in proxies}
+    for round_no in range(args.rounds):
+        shift = round_no % len(proxies)
+        for target in [*proxies[shift:], *proxies[:shift]]:
+            cell = await throughput_cell(target, concurrency, args.duration, args.max_requests, counter,
+                                         upstream_pid, broker_pid, drain if target.name in CAPTURING else None,
+                                         rate=rate)
+            counter += args.max_requests + 2 * concurrency
+            paced[target.name].append(cell)
+            progress(f"equal load {round_no + 1}/{args.rounds} {rate:,.0f} req/s offered, {target.label:<26} "
+                     f"{cell.rps:8,.0f} served ({cell.late:.1%} late)  machine CPU {cell.machine_cpu_us:5,.0f} "
+                     f"us/req, server {cell.server_cpu_us:5,.0f} (main process {cell.server_own_cpu_us:5,.0f})")
+    return rate, paced
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -864,9 +940,17 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
         "openforge_vs_litellm": {"goal": GOAL_VS_LITELLM, "ratios": vs_litellm,
                                  "met": (min(vs_litellm.values()) >= GOAL_VS_LITELLM) if vs_litellm else None},
     }
+    equal_load: dict[str, Any] | None = None
+    if results.paced_rate is not None:
+        keys = ("rps", "late", "machine_cpu_us", "server_cpu_us", "server_own_cpu_us", "upstream_cpu_us",
+                "broker_cpu_us", "client_cpu_us")
+        equal_load = {"offered_rps": results.paced_rate, "targets": {
+            name: {key: statistics.median(getattr(c, key) for c in cells) for key in keys}
+            for name, cells in results.paced.items() if cells}}
     return {
         "targets": {t.name: t.label for t in targets},
         "latency": latency,
+        "equal_load": equal_load,
         "ttft": percentiles(results.ttft),
         "throughput": throughput,
         "goals": goals,
@@ -932,6 +1016,31 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
         lines.append(f"All processes share {os.cpu_count()} cores with the load generator; req/s are lower bounds "
                      "and direct at high concurrency mostly measures the load generator.")
     lines.append("")
+
+    equal = summary.get("equal_load")
+    if equal:
+        header = (f"{'equal load, median of ' + str(args.rounds):<{width}} {'req/s':>8} {'late':>6}   CPU us/req: "
+                  f"{'machine':>7} {'server':>7} {'main':>6} {'upstream':>9} {'broker':>7} {'client':>7}")
+        lines.extend([header, "-" * len(header)])
+        for name, row in equal["targets"].items():
+            lines.append(f"{labels[name]:<{width}} {row['rps']:>8,.0f} {row['late']:>6.1%}   {'':>11}"
+                         f"{row['machine_cpu_us']:>7,.0f} {row['server_cpu_us']:>7,.0f} "
+                         f"{row['server_own_cpu_us']:>6,.0f} {row['upstream_cpu_us']:>9,.0f} "
+                         f"{row['broker_cpu_us']:>7,.0f} {row['client_cpu_us']:>7,.0f}")
+        on, off = equal["targets"].get("openforge"), equal["targets"].get("openforge-nocap")
+        lines.append(f"Every OpenForge target offered {equal['offered_rps']:,.0f} req/s on "
+                     f"{args.concurrency[len(args.concurrency) // 2]} connections; machine: all busy CPU of the "
+                     "machine (every process and the kernel) per request.")
+        if on and off:
+            lines.append(
+                f"At equal load capture costs the machine {on['machine_cpu_us'] - off['machine_cpu_us']:,.0f} us per "
+                f"call: the proxy's main process {on['server_own_cpu_us'] - off['server_own_cpu_us']:+,.0f}, its "
+                f"shipping worker {on['server_cpu_us'] - on['server_own_cpu_us']:+,.0f}, the broker "
+                f"{on['broker_cpu_us'] - off['broker_cpu_us']:+,.0f}, the load generator "
+                f"{on['client_cpu_us'] - off['client_cpu_us']:+,.0f}. On a machine they all share, keeping "
+                f"{GOAL_CAPTURE_RATIO:.0%} of capture-off throughput allows capture a quarter of a capture-off "
+                f"call: about {off['machine_cpu_us'] * (1 / GOAL_CAPTURE_RATIO - 1):,.0f} us at this load.")
+        lines.append("")
 
     goals = summary["goals"]
     capture = goals["capture_on_vs_off"]
@@ -1141,6 +1250,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "the default of OPENFORGE_KAFKA_COMPRESSION)")
     parser.add_argument("--linger-ms", type=int, default=0,
                         help="the capturing proxy's OPENFORGE_PROXY_CAPTURE_LINGER_MS (default 0)")
+    parser.add_argument("--paced-rate", type=float, default=None, metavar="REQ_PER_S",
+                        help="offered rate of the equal-load cells (default: half the slowest OpenForge target's "
+                             "median at the middle concurrency; 0 leaves them out)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
     parser.add_argument("--journal-linger-ms", type=int, default=None,
                         help="the journalling proxy's OPENFORGE_PROXY_JOURNAL_LINGER_MS (default: the setting's)")
