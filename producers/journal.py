@@ -61,9 +61,19 @@ class ShippedMark:
         self._at = 0.0
 
     def read(self) -> int:
-        """The mark on disk (-1: nothing shipped yet)."""
+        """The mark on disk (-1: nothing shipped yet, or a mark that cannot be read).
+
+        A damaged mark (a crash can leave zeros where the file's data was) is read as nothing
+        shipped: everything still in the journal goes to Kafka again, and consumers drop the
+        copies by event id. Refusing to start would stop the proxy for the sake of a hint.
+        """
         path = self.directory / _MARK
-        self._written = int(path.read_text().strip() or -1) if path.exists() else -1
+        try:
+            text = path.read_text().strip() if path.exists() else ""
+            self._written = int(text) if text else -1
+        except (ValueError, UnicodeDecodeError) as exc:
+            logger.warning("journal mark %s is unreadable (%s); shipping everything the journal holds", path, exc)
+            self._written = -1
         return self._written
 
     def write(self, shipped: int, *, force: bool = False) -> None:
@@ -149,6 +159,8 @@ class Journal:
         self._pending = 0
         self._pending_bytes = 0
         self._unsynced = False
+        self.damaged: str | None = None
+        """Why the journal takes no more records (a torn record it could not cut), else None."""
         # sync() runs on a worker thread (the shipper's periodic flush) while the event loop's
         # thread appends, rolls segments and closes: the lock keeps a descriptor from being
         # closed (and its number reused by the next segment) between reading it and flushing it.
@@ -184,8 +196,8 @@ class Journal:
 
     @property
     def full(self) -> bool:
-        """True when the unshipped records reach the bound: take no new work."""
-        return self._pending_bytes >= self.max_bytes
+        """True when the unshipped records reach the bound, or the journal is damaged: take no new work."""
+        return self._pending_bytes >= self.max_bytes or self.damaged is not None
 
     # -- open and close ---------------------------------------------------------------------
 
@@ -234,9 +246,13 @@ class Journal:
         """Flush to disk, write the mark, release the file. Idempotent."""
         if self._fd is None:
             return
-        self.sync()  # the records first, then the mark that may name them shipped
-        if not self.shipped_elsewhere:
-            self.write_mark(force=True)
+        try:
+            self.sync()  # the records first, then the mark that may name them shipped
+        except OSError as exc:
+            logger.error("flushing the journal at %s on close failed: %s", self.directory, exc)
+        else:
+            if not self.shipped_elsewhere:
+                self.write_mark(force=True)
         self._close_active()
         if self._read_fd is not None:
             os.close(self._read_fd)
@@ -250,7 +266,9 @@ class Journal:
         while offset + _FRAME.size <= len(data):
             length, crc, frame_seq = _FRAME.unpack_from(data, offset)
             body = data[offset + _FRAME.size: offset + _FRAME.size + length]
-            if len(body) != length or zlib.crc32(body) != crc or frame_seq != seq + 1:
+            # A record is never empty: a zero length is a zero-filled tail (a crash can leave
+            # one), whose checksum and sequence number would otherwise pass.
+            if length == 0 or len(body) != length or zlib.crc32(body) != crc or frame_seq != seq + 1:
                 break
             seq = frame_seq
             records += 1
@@ -263,17 +281,32 @@ class Journal:
 
     def _close_active(self) -> None:
         """Flush and close the active segment, under the lock a concurrent flush takes."""
-        self.sync()
+        try:
+            self.sync()
+        except OSError as exc:
+            logger.error("flushing journal segment %s failed: %s", self._segments[-1].path, exc)
         with self._fd_lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
 
     def _new_segment(self) -> None:
+        """Start the next segment; on a roll that fails, go on appending to the old one.
+
+        The new file is opened before the old one is closed: a roll that cannot create it (a
+        full disk, no descriptors left) must not leave the journal without a file to write.
+        """
+        path = self.directory / f"{self._next_seq:020d}.log"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError:
+            if self._fd is None:
+                raise
+            logger.warning("journal could not start segment %s; appending to the current one", path, exc_info=True)
+            return
         if self._fd is not None:
             self._close_active()
-        path = self.directory / f"{self._next_seq:020d}.log"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._fd = fd
         self._segments.append(_Segment(self._next_seq, path, 0))
 
     # -- append ------------------------------------------------------------------------------
@@ -286,30 +319,60 @@ class Journal:
         """
         if self._fd is None:
             raise RuntimeError("the journal is not open")
+        if self.damaged is not None:
+            raise OSError(f"the journal at {self.directory} is damaged and takes no records: {self.damaged}")
         body = pack_record(topic, key, value, headers)
         seq = self._next_seq
         frame = _FRAME.pack(len(body), zlib.crc32(body), seq) + body
+        active = self._segments[-1]
         view = memoryview(frame)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:
+            self._cut_failed_append(active, exc)
+            raise
         self._next_seq += 1
         self._pending += 1
         self._pending_bytes += len(frame)
         if self.shipped_elsewhere:
             self._unshipped.append((seq, len(frame)))
         self._unsynced = True
-        active = self._segments[-1]
         active.size += len(frame)
         if active.size >= self.segment_bytes:
             self._new_segment()
         return seq
 
+    def _cut_failed_append(self, active: _Segment, error: OSError) -> None:
+        """Take back the part of a frame a failed ``write`` left (a full disk, an I/O error).
+
+        Left in place, the records appended after it would follow a torn frame: the shipper
+        would stop there as at damage, and the next start would cut the segment there, losing
+        every answered call written since. When even the cut fails, the journal takes no more
+        records (:attr:`full`) until the proxy starts again and cuts the torn tail itself.
+        """
+        try:
+            os.ftruncate(self._fd, active.size)  # type: ignore[arg-type]
+        except OSError as cut_error:
+            self.damaged = f"{error}; cutting the torn record failed: {cut_error}"
+            logger.error("journal %s: %s", active.path, self.damaged)
+        else:
+            logger.error("journal %s: appending failed (%s); the record was not kept", active.path, error)
+
     def sync(self) -> None:
-        """Flush appended records to the disk itself (``fdatasync``); safe from another thread."""
+        """Flush appended records to the disk itself (``fdatasync``); safe from another thread.
+
+        Raises:
+            OSError: the flush failed; the records count as not flushed and the next call tries again.
+        """
         with self._fd_lock:
             if self._fd is not None and self._unsynced:
                 self._unsynced = False
-                os.fdatasync(self._fd)
+                try:
+                    os.fdatasync(self._fd)
+                except OSError:
+                    self._unsynced = True
+                    raise
 
     # -- read and mark -----------------------------------------------------------------------
 

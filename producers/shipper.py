@@ -260,6 +260,8 @@ class JournalPublisher:
         self._progress = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
+        self.sync_errors = 0
+        """Periodic flushes of the journal that failed (each is logged)."""
 
     @property
     def kafka_ok(self) -> bool:
@@ -384,7 +386,13 @@ class JournalPublisher:
     async def _sync_forever(self) -> None:
         while True:
             await asyncio.sleep(self.fsync_interval_s)
-            await asyncio.to_thread(self.journal.sync)
+            try:
+                await asyncio.to_thread(self.journal.sync)
+            except OSError as exc:
+                # Keep flushing: a flush that failed once (a disk briefly full) may succeed next
+                # time, and a task that ended here would stop every later flush unseen.
+                self.sync_errors += 1
+                logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
 
     async def stop(self) -> None:
         """Ship what is left (for at most twice the ack timeout), then close the journal. Idempotent.
@@ -407,8 +415,12 @@ class JournalPublisher:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                logger.exception("journal task %s had failed", task.get_name())
         if self._shipper is not None:
             await self._shipper.close()
         self.journal.close()
@@ -424,10 +436,13 @@ def import_spool(spool: DiskSpool, journal: Journal) -> int:
     while batch := spool.oldest(256):
         for record in batch:
             journal.append(record.topic, record.key, record.value, record.headers)
-            spool.remove(record)
-            moved += 1
-    if moved:
+        # On disk in the journal before they leave the spool: a crash in between re-sends
+        # them (consumers drop the copies by event id) rather than losing them.
         journal.sync()
+        for record in batch:
+            spool.remove(record)
+        moved += len(batch)
+    if moved:
         logger.info("moved %d records from the spool at %s into the journal", moved, spool.directory)
     return moved
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import resource
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -190,3 +195,87 @@ def test_flushing_from_another_thread_is_safe_while_segments_roll_and_the_journa
     again = Journal(tmp_path, 1 << 24)
     again.open()
     assert _values(again.read(1000, 1 << 24)) == list(range(600))
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Let this process grow no file past ``limit`` bytes: the kernel cuts a ``write`` short there."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_an_append_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    _fill(journal, 2, size=100)
+    [segment] = tmp_path.glob("*.log")
+    size = segment.stat().st_size
+    with _file_size_limit(size + 50), pytest.raises(OSError):  # half of the next frame fits
+        _fill(journal, 1, start=2, size=100)
+    assert segment.stat().st_size == size and not journal.full  # the half frame was taken back
+    _fill(journal, 2, start=3, size=100)  # calls after the failed one are kept, in order
+    assert _values(journal.read(10, 1 << 20)) == [0, 1, 3, 4]
+    journal.close()
+    again = Journal(tmp_path, 1 << 20)
+    again.open()
+    assert _values(again.read(10, 1 << 20)) == [0, 1, 3, 4] and again.next_seq == 4
+
+
+def test_a_segment_roll_that_cannot_open_a_file_keeps_appending_to_the_old_one(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 30, segment_bytes=1000)
+    journal.open()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # no new descriptor can be opened
+    try:
+        _fill(journal, 6, size=400)  # rolls are due and fail
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(list(tmp_path.glob("*.log"))) == 1
+    _fill(journal, 2, start=6, size=400)  # the next roll succeeds
+    assert len(list(tmp_path.glob("*.log"))) > 1
+    journal.close()
+    again = Journal(tmp_path, 1 << 30)
+    again.open()
+    assert _values(again.read(20, 1 << 20)) == list(range(8))
+
+
+def test_a_zero_filled_segment_and_an_unreadable_mark_lose_nothing(tmp_path: Path) -> None:
+    # A crash can leave a new file's length on disk without its data: zeros, whose first
+    # "frame" (length 0, checksum 0, sequence 0) would pass every check of the first segment.
+    (tmp_path / f"{0:020d}.log").write_bytes(bytes(64))
+    journal = Journal(tmp_path, 1 << 20, mark_interval_s=0)
+    journal.open()
+    assert journal.next_seq == 0 and journal.read(10, 1 << 20) == []
+    _fill(journal, 3)
+    journal.mark_shipped(journal.read(1, 1 << 20))
+    journal.close()
+    (tmp_path / "shipped").write_bytes(b"\x00\x00\x00")
+    again = Journal(tmp_path, 1 << 20)
+    again.open()  # read as nothing shipped: record 0 goes again, consumers drop the copy
+    assert _values(again.read(10, 1 << 20)) == [0, 1, 2] and again.next_seq == 3
+
+
+def test_a_failed_flush_is_reported_and_tried_again(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    _fill(journal, 1)
+    fd = journal._fd
+    assert fd is not None
+    saved = os.dup(fd)
+    os.close(fd)  # the descriptor fails under the flush: EBADF, as a failing disk gives EIO
+    try:
+        with pytest.raises(OSError):
+            journal.sync()
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+    assert journal._unsynced  # still owed: the next flush does it
+    journal.sync()
+    assert not journal._unsynced
+    journal.close()
