@@ -282,7 +282,8 @@ def _error_response(path: str, exc: ProxyError) -> Response:
     body: dict[str, Any] = {"error": {"message": exc.message, "type": exc.error_type}}
     if "/v1/messages" in path:
         body = {"type": "error", "error": {"type": exc.error_type, "message": exc.message}}
-    return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json")
+    return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json",
+                    headers=exc.headers or None)
 
 
 _REWARD_FIELDS = frozenset({"value", "info"})

@@ -18,10 +18,22 @@ class ProxyError(Exception):
 
     status_code: int = 500
     error_type: str = "api_error"
+    headers: dict[str, str] = {}  # read only; subclasses replace it
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class CallLogUnavailableError(ProxyError):
+    """The call's record could not be written (a full or failing disk): 503, retry later.
+
+    The harness is told to send the call again rather than be answered without a record.
+    """
+
+    status_code = 503
+    error_type = "overloaded_error"
+    headers = {"retry-after": "5"}
 
 
 class InvalidRequestError(ProxyError):

@@ -31,7 +31,7 @@ from producers.raw_calls import EngineExchange
 from proxy import telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
-from proxy.errors import InvalidRequestError, ProxyError
+from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
@@ -154,7 +154,13 @@ class CallService:
             body = orjson.loads(raw)
             if not isinstance(body, dict):
                 raise InvalidRequestError("the request body must be a JSON object")
-            chat = adapter.to_chat(body)
+            try:
+                chat = adapter.to_chat(body)
+            except (TypeError, ValueError, AttributeError, KeyError) as exc:
+                # A shape the translator's checks did not foresee (a list where a name belongs):
+                # still the request's fault, and still answered in the API's own error shape.
+                logger.warning("request translation failed on unexpected input", exc_info=True)
+                raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
         except (orjson.JSONDecodeError, ProxyError) as exc:
             error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
             capture = CallCapture(rollout_id=caller.rollout_id, call_id=self.retries.begin(
@@ -420,9 +426,14 @@ class CallService:
         # With capture off the call is still counted: the metrics are the operator's view of the
         # proxy, and the benchmark's capture-off baseline must differ from capture on by capture alone.
         if self.settings.capture:
-            await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
-                                              error_message=error_message, upstream_replica=replica,
-                                              exchange=exchange)
+            try:
+                await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
+                                                  error_message=error_message, upstream_replica=replica,
+                                                  exchange=exchange)
+            except OSError as exc:  # the journal's disk; nothing half-written is left behind
+                logger.error("call %s of rollout %s could not be recorded: %s", capture.call_id,
+                             capture.rollout_id, exc)
+                raise CallLogUnavailableError(f"the call could not be recorded ({exc}); retry later") from exc
         telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": capture.outcome(status).value})
         telemetry.tokens.add(capture.prompt_token_count, {"kind": "prompt"})
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})

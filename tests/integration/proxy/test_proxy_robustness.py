@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -234,6 +235,26 @@ async def _private_broker(broker: LocalBroker) -> tuple[LocalBroker, KafkaSettin
     return broker, kafka, registry
 
 
+async def _proxy_process(vllm_url: str, spool: Path, bootstrap: str, port: int,
+                         **env: str) -> asyncio.subprocess.Process:
+    """``openforge proxy`` as a process of its own (a test may kill it, or limit it), once healthy."""
+    environment = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
+                   "OPENFORGE_PROXY_CREDENTIAL_KEY": KEY.decode(), "OPENFORGE_PROXY_SPOOL_DIR": str(spool),
+                   "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": bootstrap, **env}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "openforge", "proxy", "--host", "127.0.0.1", "--port", str(port),
+        "--upstream", vllm_url, env=environment, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL)
+    for _ in range(300):
+        with contextlib.suppress(httpx.HTTPError):
+            if (await get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                return process
+        assert process.returncode is None, "the proxy exited while starting"
+        await asyncio.sleep(0.1)
+    process.kill()
+    raise AssertionError("the proxy did not become healthy in 30 s")
+
+
 @pytest.mark.parametrize("durability", ["journal", "journal-inline", "ack"])
 async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_refuses(
     vllm_url: str, tmp_path: Path, durability: str, own_broker: LocalBroker
@@ -296,20 +317,10 @@ async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, 
     broker, kafka, registry = await _private_broker(own_broker)
     broker.stop()  # nothing can be shipped: every answered call exists only in the journal
     proxy_port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
-           "OPENFORGE_PROXY_CREDENTIAL_KEY": KEY.decode(), "OPENFORGE_PROXY_SPOOL_DIR": str(tmp_path / "spool"),
-           "OPENFORGE_PROXY_PUBLISH_TIMEOUT_S": "1", "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "openforge", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
-        "--upstream", vllm_url, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    process = await _proxy_process(vllm_url, tmp_path / "spool", broker.bootstrap, proxy_port,
+                                   OPENFORGE_PROXY_PUBLISH_TIMEOUT_S="1")
     token = mint_token(KEY, "r-crash", Role.AGENT, 600)
     try:
-        for _ in range(300):
-            with contextlib.suppress(httpx.HTTPError):
-                if (await get(f"http://127.0.0.1:{proxy_port}/health")).status_code == 200:
-                    break
-            assert process.returncode is None, "the proxy exited while starting"
-            await asyncio.sleep(0.1)
         url = f"http://127.0.0.1:{proxy_port}/rollouts/r-crash/v1/chat/completions"
         answered = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(4)]
         assert [r.status_code for r in answered] == [200] * 4
@@ -461,3 +472,37 @@ async def test_ack_mode_keeps_the_event_of_a_harness_that_left_while_its_answer_
     # a harness that left mid-generation would be recorded as disconnected, by another path.
     assert isinstance(event, ModelCallV1) and event.status is CallStatus.OK, event
     assert event.request.sampling["seed"] == 7
+
+
+async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_call(
+        vllm_url: str, tmp_path: Path, own_broker: LocalBroker) -> None:
+    """The journal's disk refuses a record part-way (here a file size limit put on the running
+    proxy, which the kernel enforces as it would a full disk): that call is answered 503 with
+    Retry-After, so the harness sends it again, the half-written record is taken back, and the
+    calls before and after it all reach Kafka."""
+    broker, kafka, registry = await _private_broker(own_broker)
+    proxy_port = free_port()
+    process = await _proxy_process(vllm_url, tmp_path / "spool", broker.bootstrap, proxy_port)
+    token = mint_token(KEY, "r-disk", Role.AGENT, 600)
+    url = f"http://127.0.0.1:{proxy_port}/rollouts/r-disk/v1/chat/completions"
+    try:
+        before = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(2)]
+        assert [r.status_code for r in before] == [200, 200]
+        segment = max((tmp_path / "spool" / "journal").glob("*.log"))
+        size = segment.stat().st_size
+        limits = resource.prlimit(process.pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (size + 64, limits[1]))
+        try:
+            refused = await post(url, json={**CHAT, "seed": 2}, token=token)
+        finally:
+            resource.prlimit(process.pid, resource.RLIMIT_FSIZE, limits)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+        assert "could not be recorded" in refused.json()["error"]["message"]
+        assert segment.stat().st_size == size  # no half record for the shipper to stop at
+        after = await post(url, json={**CHAT, "seed": 3}, token=token)
+        assert after.status_code == 200
+        events = await read_events(kafka, registry, expect=3)
+        assert sorted(e.request.sampling["seed"] for e in events) == [0, 1, 3]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
