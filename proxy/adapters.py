@@ -22,6 +22,15 @@ _CAPTURE_CHOICE_KEYS = ("token_ids", "weight_versions")
 class StreamSession(Protocol):
     """Translates one streamed answer, chunk by chunk."""
 
+    @property
+    def failure(self) -> str | None:
+        """Why the session itself ended the stream with its error event, else None.
+
+        A translator may refuse what the engine sent (a chunk it cannot translate, an answer
+        that never ends): the harness then gets an error it retries, and the call must be
+        recorded as failed, so that the retry is linked to it.
+        """
+
     def feed(self, chunk: dict[str, Any]) -> bytes:
         """Bytes to send the harness for this engine chunk (may be empty)."""
 
@@ -100,6 +109,8 @@ class ChatAdapter:
 
 
 class _ChatStream:
+    failure = None  # chunks pass through as the engine sent them
+
     def __init__(self, model: str | None, asked: dict[str, Any]) -> None:
         self.model = model
         self.asked = asked

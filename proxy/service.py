@@ -338,6 +338,10 @@ class CallService:
                         cut = ENGINE_ABORTED
                     finished = finished or ends
                     out = session.feed(chunk)
+                    if session.failure is not None:  # the translator refused the chunk and ended the stream
+                        status, error = CallStatus.UPSTREAM_ERROR, session.failure
+                        held.append(out)
+                        break
                     if out:
                         if finished:
                             held.append(out)
@@ -362,6 +366,8 @@ class CallService:
                 if error is None:
                     status, error = (CallStatus.OK, None) if cut is None else (CallStatus.UPSTREAM_ERROR, cut)
                     held.append(session.finish())
+                    if session.failure is not None:  # e.g. a Responses answer without an end
+                        status, error = CallStatus.UPSTREAM_ERROR, session.failure
             except (EngineError, orjson.JSONDecodeError) as exc:
                 status, error = CallStatus.UPSTREAM_ERROR, f"engine stream broke: {exc!r}"
                 held.append(session.fail(error))

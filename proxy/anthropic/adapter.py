@@ -50,6 +50,8 @@ class AnthropicAdapter:
 
 
 class _AnthropicStream:
+    failure = None  # an answer without an end closes with a null stop reason (see finish)
+
     def __init__(self, translator: StreamTranslator) -> None:
         self.translator = translator
 

@@ -60,11 +60,12 @@ class _ResponsesStream:
     def __init__(self, translator: StreamTranslator) -> None:
         self.translator = translator
 
+    @property
+    def failure(self) -> str | None:
+        return self.translator.failure
+
     def feed(self, chunk: dict[str, Any]) -> bytes:
-        try:
-            return b"".join(sse_encode(name, data) for name, data in self.translator.feed(chunk))
-        except UpstreamFormatError as exc:
-            return self.fail(str(exc))
+        return b"".join(sse_encode(name, data) for name, data in self.translator.feed(chunk))
 
     def finish(self) -> bytes:
         return b"".join(sse_encode(name, data) for name, data in self.translator.finish())

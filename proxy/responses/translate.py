@@ -312,6 +312,8 @@ def _part_text(part: Any, path: str) -> str:
     if not isinstance(part, dict):
         raise InvalidRequestError(f"{path} must be an object")
     kind = part.get("type")
+    if not isinstance(kind, str):
+        raise InvalidRequestError(f"{path}.type is required and must be a string")
     if kind in _TEXT_PARTS:
         text = part.get("text")
         if not isinstance(text, str):
@@ -327,8 +329,6 @@ def _part_text(part: Any, path: str) -> str:
         raise UnsupportedFeatureError(
             f"{path}.type", f"{kind} parts are not supported: the engine is served for text only"
         )
-    if not isinstance(kind, str):
-        raise InvalidRequestError(f"{path}.type is required and must be a string")
     raise UnsupportedFeatureError(f"{path}.type", f"content parts of type {kind!r} cannot be translated")
 
 
@@ -433,6 +433,8 @@ def _translate_tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
         if not isinstance(tool, dict):
             raise InvalidRequestError(f"{path} must be an object")
         kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise InvalidRequestError(f"{path}.type is required and must be a string")
         if kind in _DROPPED_HOSTED_TOOLS:
             continue
         if kind == "namespace":
@@ -628,6 +630,8 @@ def from_chat_response(
             raise UpstreamFormatError(f"tool call {k} is not an object")
         function = call.get("function") or {}
         name = function.get("name") or ""
+        if not isinstance(name, str) or not name:
+            raise UpstreamFormatError(f"tool call {k} has no name")
         arguments = function.get("arguments") or ""
         call_id = call.get("id") or ids.call(k)
         item_id = ids.custom_tool_call(k) if name in custom_tools.custom else ids.function_call(k)
@@ -939,6 +943,8 @@ class StreamTranslator:
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._terminated = False
+        self.failure: str | None = None
+        """Why the stream ended in ``response.failed`` (None while it has not)."""
 
     @property
     def response_id(self) -> str | None:
@@ -953,21 +959,30 @@ class StreamTranslator:
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         """Translate one parsed chat-completions chunk.
 
+        A chunk that breaks the chat-completions stream shape (arguments for a tool call that
+        already ended, a delta that is not an object) ends the stream: the events it produced
+        before the break, then ``response.failed``, and :attr:`failure` says why. Dropping
+        the events already numbered would leave a gap in the sequence numbers, or a failed
+        response whose opening events were never sent, which the SDKs refuse.
+
         Args:
             chunk: One ``data:`` payload of the engine's stream, parsed (not ``[DONE]``).
 
         Returns:
             The events to send now, possibly none. After the terminal event, always none.
-
-        Raises:
-            UpstreamFormatError: The chunk breaks the chat-completions stream shape, such
-                as arguments for a tool call that already ended.
         """
         if self._terminated:
             return []
+        events: list[Event] = []
+        try:
+            self._feed(chunk, events)
+        except UpstreamFormatError as exc:
+            events.extend(self.failed_event(str(exc)))
+        return events
+
+    def _feed(self, chunk: dict[str, Any], events: list[Event]) -> None:
         if not isinstance(chunk, dict):
             raise UpstreamFormatError("a stream chunk is not a JSON object")
-        events: list[Event] = []
         self._start(chunk, events)
 
         error = chunk.get("error")
@@ -975,7 +990,7 @@ class StreamTranslator:
             source = error if isinstance(error, dict) else chunk
             message = source.get("message")
             events.extend(self.failed_event(message if isinstance(message, str) else "the engine failed"))
-            return events
+            return
 
         usage = chunk.get("usage")
         if isinstance(usage, dict):
@@ -1005,7 +1020,6 @@ class StreamTranslator:
         if not choices and isinstance(usage, dict) and self._finish_reason is not None:
             # The usage-only chunk is the engine's last word when usage is included.
             self._terminal(events)
-        return events
 
     def finish(self) -> list[Event]:
         """Close open items and produce the terminal event, unless that already happened.
@@ -1021,12 +1035,15 @@ class StreamTranslator:
             return []
         events: list[Event] = []
         self._start({}, events)
-        if self._finish_reason is None:
-            self._close_all(events, "incomplete")
-            events.extend(self.failed_event("the engine's stream ended before the answer was finished"))
-        else:
-            self._close_all(events, self._item_status())
-            self._terminal(events)
+        try:
+            if self._finish_reason is None:
+                self._close_all(events, "incomplete")
+                events.extend(self.failed_event("the engine's stream ended before the answer was finished"))
+            else:
+                self._close_all(events, self._item_status())
+                self._terminal(events)
+        except UpstreamFormatError as exc:
+            events.extend(self.failed_event(str(exc)))
         return events
 
     def failed_event(self, message: str) -> list[Event]:
@@ -1052,6 +1069,7 @@ class StreamTranslator:
         response = self._response("failed", error=error)
         self._emit(events, "response.failed", response=response)
         self._terminated = True
+        self.failure = message
         return events
 
     # -- internals
@@ -1186,9 +1204,15 @@ class StreamTranslator:
         )
 
     def _close(self, item: _Item, events: list[Event], status: str) -> None:
-        """End an item: send its ``done`` events with the full text or arguments."""
+        """End an item: send its ``done`` events with the full text or arguments.
+
+        Raises:
+            UpstreamFormatError: a tool call the engine never named, which no harness could run.
+        """
         if item.closed:
             return
+        if item.kind != "message" and not item.name:
+            raise UpstreamFormatError(f"the engine's tool call {item.index} has no name")
         if not item.announced:
             self._announce(item, events)
         item.status = status

@@ -86,7 +86,10 @@ async def test_a_stream_with_tokens_that_ends_without_a_finish_reason_goes_on_as
         kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
     """Only a stream with no token and no finish reason is vLLM's aborted answer. One with tokens
     comes from an engine that dropped its last chunk: refusing it would fail the same call on
-    every retry, so the harness gets what was sampled, closed normally, and the call is kept."""
+    every retry, so chat and Anthropic harnesses get what was sampled, closed normally, and the
+    call is kept. A Responses harness gets ``response.failed`` rather than a tool call that may be
+    cut short (see the Responses translator's ``finish``): that call is recorded as failed, so its
+    retry is linked to it."""
     engine = ScriptedEngine(command="true", chunk_pieces=1,
                             faults=[Fault(match=lambda _b: True, drop_after=2, done=True, times=len(REQUESTS))])
     answers = await _ask_all(engine, kafka_settings, topics, tmp_path, streamed=True)
@@ -95,9 +98,11 @@ async def test_a_stream_with_tokens_that_ends_without_a_finish_reason_goes_on_as
     assert chat.content.endswith(b"data: [DONE]\n\n")
     assert [e["type"] for e in _events(anthropic.content)][-2:] == ["message_delta", "message_stop"]
     assert "error" not in {e["type"] for e in _events(anthropic.content)}
-    assert _events(responses.content)[-1]["type"] in {"response.completed", "response.incomplete", "response.failed"}
+    assert _events(responses.content)[-1]["type"] == "response.failed"
     events = await read_events(kafka_settings, topics, CALLS, expect=len(REQUESTS))
-    for event, seen in zip(sorted(events, key=lambda e: e.timings.started_at), engine.seen, strict=True):
+    ordered = sorted(events, key=lambda e: e.timings.started_at)
+    for event, seen in zip(ordered, engine.seen, strict=True):
         assert seen.kind == "dropped" and len(seen.completion_token_ids) > 0
         assert [list(c.completion_token_ids) for c in event.choices] == [seen.completion_token_ids]
         assert event.error_message not in {ENGINE_UNFINISHED, UNFINISHED}
+    assert [e.status for e in ordered] == [CallStatus.OK, CallStatus.OK, CallStatus.UPSTREAM_ERROR]

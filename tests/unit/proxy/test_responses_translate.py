@@ -554,10 +554,60 @@ def test_parallel_tool_calls_close_one_after_another() -> None:
 
 def test_tool_call_continuing_after_the_next_started_is_an_upstream_error() -> None:
     translator = StreamTranslator(request={})
-    translator.feed(chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "x"}}]}))
-    translator.feed(chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "y"}}]}))
-    with pytest.raises(UpstreamFormatError, match="tool call 0"):
-        translator.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}))
+    opened = translator.feed(chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "x"}}]}))
+    opened += translator.feed(chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "y"}}]}))
+    events = translator.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}))
+    assert events[-1][0] == "response.failed" and "tool call 0" in (translator.failure or "")
+    every = opened + events
+    assert [data["sequence_number"] for _, data in every] == list(range(len(every)))
+    assert translator.feed(chunk({"content": "more"})) == [] and translator.finish() == []
+
+
+@pytest.mark.parametrize("bad", [
+    {"id": "chatcmpl-abc", "choices": "oops"},  # the very first chunk
+    {"choices": [{"index": 0, "delta": "not an object"}]},
+])
+def test_a_chunk_that_cannot_be_translated_ends_the_stream_well_formed_against_sdk_parser(
+        bad: dict[str, Any]) -> None:
+    """What came before the bad chunk is kept, numbered without gaps, and the SDK sees a failed response."""
+    before = tool_call_chunks()[:5] if "id" not in bad else []
+    client = sdk_client([*before, bad], [])
+    events = list(client.responses.create(model="qwen-tiny", input="List files", tools=[SHELL_TOOL],  # type: ignore[list-item]
+                                          stream=True))
+    client.close()
+    assert events[0].type == "response.created" and events[-1].type == "response.failed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added = {e.item.id for e in events if e.type == "response.output_item.added"}  # type: ignore[union-attr]
+    failed = events[-1].response  # type: ignore[union-attr]
+    assert {item.id for item in failed.output} == added  # nothing listed that was never announced
+    assert all(item.status == "incomplete" for item in failed.output if item.type == "function_call")
+
+
+def test_a_tool_call_the_engine_never_named_is_an_upstream_error() -> None:
+    nameless = {"tool_calls": [{"index": 0, "id": "c0", "function": {"arguments": "{}"}}]}
+    translator = StreamTranslator(request={})
+    events = translator.feed(chunk(nameless)) + translator.feed(chunk({}, "tool_calls")) + translator.finish()
+    assert events[-1][0] == "response.failed" and "no name" in (translator.failure or "")
+    assert not [e for e in events if e[0] == "response.output_item.done"]
+    message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c0", "type": "function",
+                                                                      "function": {"arguments": "{}"}}]}
+    with pytest.raises(UpstreamFormatError, match="no name"):
+        from_chat_response(chat_completion(message, "tool_calls"), request={})
+
+
+def test_an_answer_without_an_end_fails_and_says_so() -> None:
+    translator = StreamTranslator(request={})
+    events = translator.feed(chunk({"content": "Hel"})) + translator.finish()
+    assert events[-1][0] == "response.failed" and translator.failure is not None
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "m", "input": "hi", "tools": [{"type": ["function"], "name": "x"}]},
+    {"model": "m", "input": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]},
+])
+def test_a_type_that_is_not_a_string_is_refused_by_name(body: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequestError, match=r"\.type is required and must be a string"):
+        to_chat_request(body)
 
 
 def test_length_finish_streams_response_incomplete() -> None:
