@@ -303,9 +303,29 @@ def _assistant_message(content: Any, path: str) -> dict[str, Any]:
     return message
 
 
+BILLING_LINE = "x-anthropic-billing-header:"
+"""How the attribution block Claude Code puts first in ``system`` begins."""
+
+
+def _without_billing_line(system: Any) -> Any:
+    """``system`` without Claude Code's attribution block, which Anthropic's API takes out of the prompt.
+
+    Claude Code (seen in 2.1.332) sends ``x-anthropic-billing-header: cc_version=...;
+    cc_entrypoint=...;`` as the first text block of ``system``. The real API consumes it: no
+    model sees it. Passed on, it would put a line into the engine's prompt that the model
+    never sees behind Anthropic's API, and since it names the harness's version, every Claude
+    Code upgrade would change the prompt's first tokens and miss the engine's prefix cache.
+    """
+    if not isinstance(system, list):
+        return system
+    return [block for block in system
+            if not (isinstance(block, dict) and block.get("type") == "text"
+                    and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_LINE))]
+
+
 def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    system = body.get("system")
+    system = _without_billing_line(body.get("system"))
     if system is not None:
         text = _text_only(system, "system")
         if text:

@@ -35,6 +35,7 @@ from netutil import free_port
 from proxy_helpers import RunningProxy, proxy_in_front_of, read_events
 from scripted_engine import MODEL, WEIGHT_VERSION, Fault, ScriptedEngine, SeenCall, first_turn
 
+from proxy.anthropic.translate import BILLING_LINE
 from schemas import ModelCallV1
 from schemas.call.v1 import ApiProtocol, CallStatus
 from stream import CALLS, KafkaSettings, TopicRegistry
@@ -294,6 +295,8 @@ def check_capture(harness: Harness, rollout_id: str, seen: list[SeenCall], event
         assert event.model == MODEL, where
         # Recorded as the engine received it: the translated chat request, tools included.
         assert event.request.messages == call.body["messages"], where
+        # Claude Code's attribution line is for Anthropic's API, which takes it out: the engine never sees it.
+        assert BILLING_LINE not in json.dumps(call.body["messages"]), where
         assert event.request.tools == call.body.get("tools"), where
         if call.kind == "fault":  # the engine answered with an HTTP error
             assert event.status is CallStatus.UPSTREAM_ERROR, where

@@ -715,3 +715,14 @@ def test_error_body_is_raised_by_the_sdk_against_sdk_parser() -> None:
     assert info.value.body == {"type": "error", "error": {
         "type": "invalid_request_error",
         "message": "unsupported field messages[0].content[1].type: the engine takes text only"}}
+
+
+def test_claude_codes_attribution_block_never_reaches_the_engine() -> None:
+    """Anthropic's API takes the block out of the prompt; the engine must not see it either."""
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332.18b; cc_entrypoint=cli;"},
+                       {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}}]}
+    chat = to_chat_request(body)
+    assert chat["messages"][0] == {"role": "system", "content": "You are a Claude agent."}
+    only = {**body, "system": body["system"][:1]}
+    assert [m["role"] for m in to_chat_request(only)["messages"]] == ["user"]
