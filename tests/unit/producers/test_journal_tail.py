@@ -185,3 +185,20 @@ def test_a_mark_older_than_every_segment_moves_up_to_the_first_one(tmp_path: Pat
     reopened = _writer(tmp_path)
     assert reopened.shipped == 3 and len(reopened) == 2
     reopened.close()
+
+
+def test_shipping_one_record_at_a_time_deletes_each_segment_once_the_cursor_leaves_it(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, segment_bytes=200)
+    tail = JournalTail(tmp_path)
+    tail.open()
+    _fill(writer, 0, 12, size=40)  # a new segment every few records
+    segments = sorted(int(p.stem) for p in tmp_path.glob("*.log"))
+    assert len(segments) >= 4
+    for n in range(12):
+        [record] = tail.read(1, 1 << 20)
+        tail.mark_shipped([record])
+        left = sorted(int(p.stem) for p in tmp_path.glob("*.log"))
+        # Every segment that ends at or before the shipped record is gone, except the cursor's.
+        assert [s for s in left if s <= n] == [max(s for s in segments if s <= n)], (n, left)
+    tail.close()
+    writer.close()
