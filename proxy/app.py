@@ -24,6 +24,7 @@ from producers.spool import DiskSpool
 from proxy import telemetry
 from proxy.adapters import Adapter, ChatAdapter
 from proxy.anthropic.adapter import AnthropicAdapter
+from proxy.anthropic.translate import error_body as anthropic_error_body
 from proxy.auth import Authenticator, UnauthorizedError
 from proxy.engine_client import EngineError
 from proxy.errors import InvalidRequestError, ProxyError
@@ -281,7 +282,7 @@ def _freeze_startup_heap() -> None:
 def _error_response(path: str, exc: ProxyError) -> Response:
     body: dict[str, Any] = {"error": {"message": exc.message, "type": exc.error_type}}
     if "/v1/messages" in path:
-        body = {"type": "error", "error": {"type": exc.error_type, "message": exc.message}}
+        body = anthropic_error_body(exc.status_code, exc.message, exc.error_type)
     return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json",
                     headers=exc.headers or None)
 

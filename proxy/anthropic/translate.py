@@ -82,6 +82,8 @@ _UNSUPPORTED_BLOCKS: Final = {
 
 _THINKING_BLOCKS: Final = frozenset({"thinking", "redacted_thinking"})
 
+_GENERIC_ERROR_TYPES: Final = frozenset({"invalid_request_error", "api_error"})
+
 _STATUS_ERROR_TYPES: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -701,13 +703,16 @@ def error_body(status: int, message: str, error_type: str | None = None) -> dict
     Args:
         status: The HTTP status the error goes out with; picks the error type when none is given.
         message: Human-readable explanation.
-        error_type: Anthropic's error type (``invalid_request_error``, ``api_error``, …).
+        error_type: Anthropic's error type (``overloaded_error``, …). The two generic ones,
+            ``invalid_request_error`` and ``api_error``, give way to the status's own type.
 
     Returns:
         The error body.
     """
-    if not error_type:
-        fallback = "invalid_request_error" if 400 <= status < 500 else "api_error"
+    if not error_type or error_type in _GENERIC_ERROR_TYPES:
+        # The proxy's own errors say only "the request" or "the server"; Anthropic names the
+        # status's own type (504 timeout_error, 413 request_too_large, 429 rate_limit_error).
+        fallback = error_type or ("invalid_request_error" if 400 <= status < 500 else "api_error")
         error_type = _STATUS_ERROR_TYPES.get(status, fallback)
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
@@ -715,14 +720,15 @@ def error_body(status: int, message: str, error_type: str | None = None) -> dict
 class _PendingTool:
     """A streamed tool call whose ``content_block_start`` may still wait for its name."""
 
-    __slots__ = ("arguments", "block_index", "call_id", "key", "name")
+    __slots__ = ("arguments", "block_index", "call_id", "key", "name", "stopped")
 
     def __init__(self, key: int) -> None:
         self.key = key  # the chat tool-call index
         self.call_id: str | None = None
         self.name: str | None = None
-        self.arguments: list[str] = []  # fragments received before the block could start
+        self.arguments: list[str] = []  # the argument fragments, until the block stops
         self.block_index: int | None = None  # set once content_block_start is out
+        self.stopped = False  # content_block_stop is out
 
 
 class StreamTranslator:
@@ -738,7 +744,11 @@ class StreamTranslator:
     so ``message_delta`` waits for that usage chunk (or for :meth:`finish`) to carry both.
 
     A tool call's ``content_block_start`` needs its name; vLLM sends it in the call's first delta,
-    but should a delta come without one, argument fragments are held back until the name arrives.
+    but should a delta come without one, the block waits until the name arrives. A tool call's
+    arguments go out whole, as one ``input_json_delta`` just before its ``content_block_stop``:
+    the SDKs parse the partial JSON as it streams and give up on the whole message at the first
+    fragment that cannot be JSON, so arguments that are not a JSON object go out as
+    ``{"_raw": "<arguments>"}``, as in a whole answer (:func:`_parse_arguments`).
     ``reasoning_content`` deltas are not forwarded (see :func:`from_chat_response`).
     """
 
@@ -750,6 +760,7 @@ class StreamTranslator:
         self._next_index = 0
         self._open: int | None = None  # index of the content block now open
         self._text_open = False
+        self._open_tool: _PendingTool | None = None  # the tool call whose block is open
         self._tools: dict[int, _PendingTool] = {}
         self._has_tool_use = False
         self._finish_reason: str | None = None
@@ -800,7 +811,19 @@ class StreamTranslator:
         if self._open is None:
             return []
         index, self._open, self._text_open = self._open, None, False
-        return [("content_block_stop", {"type": "content_block_stop", "index": index})]
+        events: list[SSEEvent] = []
+        tool, self._open_tool = self._open_tool, None
+        if tool is not None:
+            tool.stopped = True
+            text = "".join(tool.arguments)
+            tool.arguments = []
+            if text:
+                parsed = _parse_arguments(text)
+                # The engine's own text when it is an object, so the harness gets it byte for byte.
+                events.append(self._json_delta(index, text if parsed.get(RAW_ARGUMENTS_KEY) != text
+                                               else _dumps(parsed)))
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        return events
 
     def _open_block(self, block: dict[str, Any]) -> list[SSEEvent]:
         events = self._close()
@@ -833,11 +856,8 @@ class StreamTranslator:
         block = {"type": "tool_use", "id": call_id, "name": tool.name or "", "input": {}}
         events = self._open_block(block)
         tool.block_index = self._open
+        self._open_tool = tool
         self._has_tool_use = True
-        assert tool.block_index is not None
-        if tool.arguments:
-            events.append(self._json_delta(tool.block_index, "".join(tool.arguments)))
-            tool.arguments = []
         return events
 
     def _tool_delta(self, call: dict[str, Any], position: int) -> list[SSEEvent]:
@@ -859,13 +879,13 @@ class StreamTranslator:
             tool.name = name
         arguments = function.get("arguments")
         fragment = arguments if isinstance(arguments, str) else (_dumps(arguments) if arguments else "")
-        if tool.block_index is None:
+        if not tool.stopped:
             if fragment:
                 tool.arguments.append(fragment)
-            if tool.name is not None:
+            if tool.block_index is None and tool.name is not None:
                 events += self._start_tool(tool)
-        elif fragment:
-            # Fragments for a call whose block is no longer open (engines do not interleave calls,
+        elif fragment and tool.block_index is not None:
+            # Fragments for a call whose block already stopped (engines do not interleave calls,
             # but should one) still go to that call's block, which SDKs address by index.
             events.append(self._json_delta(tool.block_index, fragment))
         return events

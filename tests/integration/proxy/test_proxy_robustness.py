@@ -121,6 +121,9 @@ async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegi
         answer = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-big/v1/chat/completions", json=big,
                             token=mint_token(KEY, "r-big", Role.AGENT, 60))
         assert answer.status_code == 413 and "10,000" in answer.text
+        anthropic = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-big/v1/messages",
+                               json={**big, "max_tokens": 4}, token=mint_token(KEY, "r-big", Role.AGENT, 60))
+        assert anthropic.status_code == 413 and anthropic.json()["error"]["type"] == "request_too_large"
     finally:
         await shutdown(server, task)
 

@@ -499,9 +499,7 @@ def test_stream_event_sequence_for_text_and_tool_calls() -> None:
         ("content_block_delta", 0, "text_delta"),
         ("content_block_stop", 0, None),
         ("content_block_start", 1, "tool_use"),
-        ("content_block_delta", 1, "input_json_delta"),
-        ("content_block_delta", 1, "input_json_delta"),
-        ("content_block_delta", 1, "input_json_delta"),
+        ("content_block_delta", 1, "input_json_delta"),  # the arguments, whole, once they are
         ("content_block_stop", 1, None),
         ("content_block_start", 2, "tool_use"),
         ("content_block_delta", 2, "input_json_delta"),
@@ -518,7 +516,7 @@ def test_stream_event_sequence_for_text_and_tool_calls() -> None:
     partial = "".join(data["delta"]["partial_json"] for _, data in events if data.get("index") == 1
                       and data["type"] == "content_block_delta")
     assert json.loads(partial) == {"command": "ls -la", "timeout": 5000}
-    assert events[13][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+    assert events[11][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
                              "usage": {"output_tokens": 31, "input_tokens": 1200, "cache_creation_input_tokens": 0,
                                        "cache_read_input_tokens": 0}}
 
@@ -539,7 +537,7 @@ def test_stream_message_delta_waits_for_the_usage_chunk() -> None:
     chunks = tool_call_chunks()
     for c in chunks[:-1]:
         events = translator.feed(c)
-    assert [name for name, _ in events] == ["content_block_stop"]
+    assert [name for name, _ in events] == ["content_block_delta", "content_block_stop"]  # the arguments, then the stop
     closing = translator.feed(chunks[-1])
     assert [name for name, _ in closing] == ["message_delta", "message_stop"]
     assert translator.finish() == [] and translator.feed(usage_chunk()) == []
@@ -561,9 +559,12 @@ def test_stream_ending_without_finish_reason_still_closes() -> None:
                                                      "function": {"name": "Bash", "arguments": '{"comm'}}]}))
     assert not translator.upstream_finished and not translator.done
     closing = translator.finish()
-    assert [name for name, _ in closing] == ["content_block_stop", "message_delta", "message_stop"]
-    assert closing[1][1]["delta"] == {"stop_reason": None, "stop_sequence": None}
-    assert closing[1][1]["usage"] == {"output_tokens": 0}
+    assert [name for name, _ in closing] == ["content_block_delta", "content_block_stop", "message_delta",
+                                             "message_stop"]
+    # The cut arguments are no JSON object: they go as text the harness can show, not as broken JSON.
+    assert json.loads(closing[0][1]["delta"]["partial_json"]) == {"_raw": '{"comm'}
+    assert closing[2][1]["delta"] == {"stop_reason": None, "stop_sequence": None}
+    assert closing[2][1]["usage"] == {"output_tokens": 0}
     assert translator.finish() == []
     assert translator.done
     names = [name for name, _ in events + closing]
@@ -610,6 +611,18 @@ def test_sse_encode_and_error_helpers() -> None:
     assert error_body(503, "down")["error"]["type"] == "api_error"
 
 
+@pytest.mark.parametrize(("status", "given", "sent"), [
+    (504, "api_error", "timeout_error"),  # the proxy's engine timeout
+    (413, "api_error", "request_too_large"),  # a body over the proxy's limit
+    (429, "invalid_request_error", "rate_limit_error"),  # an engine that says too many requests
+    (502, "api_error", "api_error"),
+    (400, "invalid_request_error", "invalid_request_error"),
+    (503, "overloaded_error", "overloaded_error"),  # a specific type is kept
+])
+def test_the_proxys_generic_error_types_give_way_to_the_statuss_own(status: int, given: str, sent: str) -> None:
+    assert error_body(status, "m", given)["error"]["type"] == sent
+
+
 # ---------------------------------------------------------------------- the official SDK as the client
 
 
@@ -653,6 +666,32 @@ def test_stream_accumulates_into_final_message_against_sdk_parser() -> None:
     assert (bash.id, bash.name, bash.input) == ("chatcmpl-tool-a1", "Bash", {"command": "ls -la", "timeout": 5000})
     assert (read.id, read.name, read.input) == ("chatcmpl-tool-b2", "Read", {"file_path": "/repo/README.md"})
     assert (final.usage.input_tokens, final.usage.output_tokens) == (1200, 31)
+
+
+@pytest.mark.parametrize(("fragments", "given"), [
+    (["{'path': ", "'a'}"], {"_raw": "{'path': 'a'}"}),  # a model that wrote Python, not JSON
+    (["[1, ", "2]"], {"_raw": "[1, 2]"}),  # JSON, but not an object
+    (['{"path": ', '"a"}'], {"path": "a"}),
+])
+def test_streamed_tool_arguments_that_are_not_a_json_object_reach_the_sdk_as_raw_text_against_sdk_parser(
+        fragments: list[str], given: dict[str, Any]) -> None:
+    """The SDK parses input_json_delta as it streams and drops the whole message at the first
+    fragment that cannot be JSON; a whole answer gives such arguments as {"_raw": ...}, and so
+    does a stream now."""
+    chunks = [chunk({"role": "assistant", "content": ""}),
+              chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "Read"}}]}),
+              *[chunk({"tool_calls": [{"index": 0, "function": {"arguments": f}}]}) for f in fragments],
+              chunk({}, finish_reason="tool_calls"), usage_chunk(10, 4)]
+    client = sdk_client(lambda request: sse_response(chunks, model="m"))
+    with client.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}],
+                                tools=[{"name": "Read", "input_schema": READ_SCHEMA}]) as stream:
+        final = stream.get_final_message()
+    [block] = final.content
+    assert isinstance(block, anthropic.types.ToolUseBlock) and block.input == given
+    whole = from_chat_response(vllm_completion({"content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "Read", "arguments": "".join(fragments)}}]},
+        "tool_calls"), model="m")
+    assert whole["content"][0]["input"] == given  # the same as a whole answer
 
 
 def test_truncated_stream_still_parses_against_sdk_parser() -> None:
