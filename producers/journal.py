@@ -30,6 +30,7 @@ Not thread-safe: one event loop appends, reads and marks (``sync`` may run in a 
 from __future__ import annotations
 
 import collections
+import fcntl
 import logging
 import os
 import struct
@@ -94,6 +95,14 @@ class JournalCorruptError(Exception):
     """A frame failed its checks somewhere other than the end of the newest segment."""
 
 
+class JournalLockedError(RuntimeError):
+    """Another process writes the journal in this folder."""
+
+
+WRITER_LOCK = "writer.lock"
+"""File in the journal's folder its one writer holds a lock on while it runs."""
+
+
 @dataclass(frozen=True)
 class JournalRecord:
     """One record read back from the journal."""
@@ -154,6 +163,7 @@ class Journal:
         self.mark_interval_s = mark_interval_s
         self._segments: list[_Segment] = []
         self._fd: int | None = None  # the active (last) segment, opened for appending
+        self._lock_fd: int | None = None  # WRITER_LOCK, held from open to close
         self._next_seq = 0
         self._shipped = -1
         self._pending = 0
@@ -209,6 +219,7 @@ class Journal:
                 tail); the folder is left as it is for an operator to look at.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_writer()
         self._shipped = self._mark.read()
         paths = sorted(self.directory.glob("*.log"))
         last_seq = self._shipped
@@ -242,8 +253,32 @@ class Journal:
             logger.info("journal holds %d records (%d bytes) not yet in Kafka", self._pending,
                         self._pending_bytes)
 
+    def _lock_writer(self) -> None:
+        """Hold :data:`WRITER_LOCK` until :meth:`close`: one writer per journal folder.
+
+        Two proxies given the same folder (the default spool folder is relative to where each
+        starts) would both number records from the same sequence number, and the shipper would
+        stop at the first clash as at damage. The second one is refused at start instead, while
+        the first still runs; a writer that died released its lock with its process.
+
+        Raises:
+            JournalLockedError: another writer holds the folder.
+        """
+        fd = os.open(self.directory / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalLockedError(
+                f"another process is writing the journal at {self.directory}: give each proxy a spool "
+                "folder of its own (OPENFORGE_PROXY_SPOOL_DIR)") from None
+        self._lock_fd = fd
+
     def close(self) -> None:
-        """Flush to disk, write the mark, release the file. Idempotent."""
+        """Flush to disk, write the mark, release the file and the folder. Idempotent."""
+        if self._lock_fd is not None and self._fd is None:  # opened no segment (open failed)
+            os.close(self._lock_fd)
+            self._lock_fd = None
         if self._fd is None:
             return
         try:
@@ -257,6 +292,9 @@ class Journal:
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd, self._read_path = None, None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _scan(self, path: Path, first_seq: int) -> tuple[int, int, int, int]:
         """Valid length, record count, unshipped bytes and last sequence number of a segment."""

@@ -192,8 +192,16 @@ class JournalTail:
             self._swept_behind = self._path
 
     def write_mark(self, *, force: bool = False) -> None:
-        """Persist the ``shipped`` mark (:class:`producers.journal.ShippedMark`)."""
-        self._mark.write(self._shipped, force=force)
+        """Persist the ``shipped`` mark (:class:`producers.journal.ShippedMark`), if the disk lets it.
+
+        A mark that cannot be written (a full disk) must not stop shipping, nor the deletion of
+        shipped segments, which is what frees the disk: a restart reads an older mark, moves it
+        up to the first segment left, and sends again at most what that segment held.
+        """
+        try:
+            self._mark.write(self._shipped, force=force)
+        except OSError as exc:
+            logger.warning("could not write the journal's shipped mark in %s: %s", self.directory, exc)
 
 
 __all__ = ["LOCK_NAME", "JournalTail"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.journal import Journal, JournalCorruptError
+from producers.journal import Journal, JournalCorruptError, JournalLockedError
 from producers.shipper import import_spool
 from producers.spool import DiskSpool
 
@@ -279,3 +279,17 @@ def test_a_failed_flush_is_reported_and_tried_again(tmp_path: Path) -> None:
     journal.sync()
     assert not journal._unsynced
     journal.close()
+
+
+def test_a_second_writer_on_the_same_folder_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    first = Journal(tmp_path, 1 << 20)
+    first.open()
+    _fill(first, 2)
+    second = Journal(tmp_path, 1 << 20)
+    with pytest.raises(JournalLockedError, match="spool folder of its own"):
+        second.open()
+    _fill(first, 1, start=2)  # the first goes on undisturbed
+    first.close()
+    second.open()  # once it is gone, the folder is free (a writer that died frees it too)
+    assert _values(second.read(10, 1 << 20)) == [0, 1, 2] and second.next_seq == 3
+    second.close()

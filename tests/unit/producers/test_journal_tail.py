@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 
 import pytest
@@ -201,4 +202,24 @@ def test_shipping_one_record_at_a_time_deletes_each_segment_once_the_cursor_leav
         # Every segment that ends at or before the shipped record is gone, except the cursor's.
         assert [s for s in left if s <= n] == [max(s for s in segments if s <= n)], (n, left)
     tail.close()
+    writer.close()
+
+
+def test_a_full_disk_that_refuses_the_mark_still_frees_the_shipped_segments(tmp_path: Path) -> None:
+    writer = _writer(tmp_path, segment_bytes=100)
+    tail = JournalTail(tmp_path, mark_interval_s=0)
+    tail.open()
+    _fill(writer, 0, 8, size=40)
+    records = tail.read(100, 1 << 20)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # no file may grow: the mark cannot be written
+    try:
+        tail.mark_shipped(records[:6])  # before, the OSError ended the shipper (and so the worker)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not (tmp_path / "shipped").exists()
+    assert min(int(p.stem) for p in tmp_path.glob("*.log")) == 6  # the disk is freed all the same
+    again = JournalTail(tmp_path)  # a restart: the mark moves up to the first segment left
+    again.open()
+    assert _numbers(again.read(100, 1 << 20)) == [6, 7]
     writer.close()
