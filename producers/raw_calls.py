@@ -138,6 +138,27 @@ def pack_raw_exchange(capture: CallCapture, exchange: EngineExchange, *, upstrea
     return RAW_EXCHANGES, capture.rollout_id.encode(), value, ()
 
 
+def dead_letter(registry: TopicRegistry, record: Record, seq: int, error_type: DeadLetterErrorType, reason: str,
+                exc: BaseException) -> Record:
+    """The dead letter that stands for journal record ``seq`` (``record`` as it was, or as it was sent).
+
+    The same record always makes a letter with the same id, so a batch sent again repeats the
+    id and consumers drop the copy. ``seq``, the journal's sequence number, stands in for the
+    offset the record never had.
+    """
+    topic, key, value, headers = record
+    truncated = len(value) > _MAX_LETTER_VALUE
+    letter = DeadLetterV1(
+        event_id=hashlib.sha256(value).hexdigest()[:32],
+        topic=topic, partition=0, offset=seq, key=key, value=value[:_MAX_LETTER_VALUE],
+        value_truncated=truncated, headers=[(name, data) for name, data in headers],
+        error_type=error_type, reason=reason[:4000],
+        exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}", consumer_group=SHIPPER_GROUP)
+    letters = registry[DEAD_LETTERS]
+    record_key, encoded, event_headers = encode_record(letters, letter)
+    return letters.name, record_key, encoded, tuple(event_headers)
+
+
 _Fields = tuple[dict[str, Any], str, datetime, list[tuple[str, bytes]]]
 """A record's event fields (as :meth:`CallCapture.fields` gives them), event id, creation time and trace."""
 
@@ -238,23 +259,13 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
             event = event_from_fields(data, event_id=event_id, created_at=created_at)
             record_key, encoded, event_headers = encode_record(calls, event)
     except Exception as exc:  # noqa: BLE001 - whatever the record holds, the journal must move on
-        truncated = len(value) > _MAX_LETTER_VALUE
-        letter = DeadLetterV1(
-            # The same record always makes a letter with the same id, so a batch sent again
-            # repeats the id and consumers drop the copy.
-            event_id=hashlib.sha256(value).hexdigest()[:32],
-            topic=topic, partition=0, offset=seq, key=key, value=value[:_MAX_LETTER_VALUE],
-            value_truncated=truncated, headers=[],
-            error_type=DeadLetterErrorType.INVALID_EVENT, reason=f"call capture made no valid event: {exc}"[:4000],
-            exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}", consumer_group=SHIPPER_GROUP)
-        letters = registry[DEAD_LETTERS]
-        record_key, encoded, event_headers = encode_record(letters, letter)
-        return letters.name, record_key, encoded, tuple(event_headers)
+        return dead_letter(registry, (topic, key, value, ()), seq, DeadLetterErrorType.INVALID_EVENT,
+                           f"call capture made no valid event: {exc}", exc)
     # The event's own trace context replaces any the shipper's encoding added.
     names = {name for name, _ in trace}
     kept = [(name, raw) for name, raw in event_headers if name not in names]
     return calls.name, record_key, encoded, tuple(kept + trace)
 
 
-__all__ = ["RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "pack_raw_call", "pack_raw_exchange",
-           "ship_record", "unpack_raw_call", "unpack_raw_exchange"]
+__all__ = ["RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "dead_letter", "pack_raw_call",
+           "pack_raw_exchange", "ship_record", "unpack_raw_call", "unpack_raw_exchange"]

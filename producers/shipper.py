@@ -25,18 +25,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+import aiokafka.errors as kafka_errors
+
 from producers.capture import CallCapture
 from producers.durable import Outcome, connect_producer
 from producers.journal import Journal, JournalCorruptError, JournalRecord
-from producers.raw_calls import EngineExchange, pack_raw_call, pack_raw_exchange, ship_record
+from producers.raw_calls import EngineExchange, Record, dead_letter, pack_raw_call, pack_raw_exchange, ship_record
 from producers.ship_worker import ShipperProcess, WorkerSpec
 from producers.spool import DiskSpool
 from schemas import EventBase
+from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
 from stream import EventProducer, TopicRegistry, TopicSpec
 from stream.producer import encode_record
 
 logger = logging.getLogger(__name__)
+
+# Kafka's ways of refusing a record itself rather than the connection: sending it again cannot
+# help, and every record behind it would wait for ever.
+_REFUSED: tuple[type[Exception], ...] = (
+    kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
+    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError, kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError,
+)
 
 
 class JournalSource(Protocol):
@@ -97,6 +108,10 @@ class Shipper:
         """Batches that failed or timed out and were sent again."""
         self.shipped = -1
         """The last sequence number Kafka acknowledged (in this run)."""
+        self.refused = 0
+        """Records Kafka refused (too large for the broker's topic, not authorised) and that went
+        to the dead-letter topic instead."""
+        self._one_by_one_to = -1  # records up to this one go one at a time, to find one Kafka refuses
 
     def wake(self) -> None:
         """Something was appended: look now instead of at the next poll."""
@@ -142,7 +157,8 @@ class Shipper:
         backoff = 0.5
         while True:
             try:
-                records = self.source.read(self.batch_records, self.batch_bytes)
+                one_by_one = self.shipped < self._one_by_one_to
+                records = self.source.read(1 if one_by_one else self.batch_records, self.batch_bytes)
             except JournalCorruptError:
                 # Nothing after the damage can be shipped in order: stop taking calls (not
                 # ready, 503) and leave the folder for an operator.
@@ -158,15 +174,16 @@ class Shipper:
                     await asyncio.wait_for(self._wake.wait(), self.idle_wait_s)
                 await self._linger()
                 continue
+            outgoing: list[Record] = []
             try:
                 if not await self.connect():
                     raise ConnectionError("Kafka unreachable")
-                assert self._producer is not None
                 outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq) for r in records]
-                async with asyncio.timeout(self.ack_timeout_s):
-                    futures = await self._producer.send_many_raw(outgoing)
-                    await asyncio.gather(*futures)
+                await self._send(outgoing)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
+                refused = isinstance(exc, _REFUSED)
+                if refused and len(records) == 1 and outgoing and await self._dead_letter(records[0], outgoing[0], exc):
+                    continue
                 try:
                     self.source.rewind()
                 except JournalCorruptError:
@@ -174,6 +191,13 @@ class Shipper:
                     self.failed = True
                     self._progress()
                     return
+                if refused and len(records) > 1:
+                    # Some record of this batch is refused: send them one at a time to find it.
+                    logger.warning("Kafka refused a record of a batch of %d (%r); sending them one at a time",
+                                   len(records), exc)
+                    self._one_by_one_to = records[-1].seq
+                    self.publish_errors += 1
+                    continue
                 self.publish_errors += 1
                 if self._producer is not None:
                     logger.warning("shipping %d journalled events failed (%s); will retry", len(records), exc)
@@ -196,6 +220,35 @@ class Shipper:
             # busy proxy journals, and the journal would grow until calls were refused.
             if len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes:
                 await self._linger()
+
+    async def _send(self, outgoing: list[Record]) -> None:
+        """Send ``outgoing`` and wait until Kafka has acknowledged all of it."""
+        assert self._producer is not None
+        async with asyncio.timeout(self.ack_timeout_s):
+            futures = await self._producer.send_many_raw(outgoing)
+            await asyncio.gather(*futures)
+
+    async def _dead_letter(self, record: JournalRecord, sent: Record, exc: Exception) -> bool:
+        """Put a record Kafka refused on the dead-letter topic instead, and move on; False if that failed too.
+
+        The letter holds the record as it was sent (a call's event, not its raw capture), its
+        topic and the broker's reason, so an operator can see what was refused and send it again
+        once the topic takes it.
+        """
+        letter = dead_letter(self.registry, sent, record.seq, DeadLetterErrorType.REFUSED_BY_BROKER,
+                             f"Kafka refused the record: {exc!r}", exc)
+        try:
+            await self._send([letter])
+        except Exception:
+            logger.warning("sending the dead letter for journal record %d failed too", record.seq, exc_info=True)
+            return False
+        logger.error("Kafka refused journal record %d for %s (%r); it is on %s instead", record.seq, sent[0], exc,
+                     letter[0])
+        self.refused += 1
+        self.source.mark_shipped([record])
+        self.shipped = record.seq
+        self._progress()
+        return True
 
     async def _linger(self) -> None:
         """Let a few more events join the next batch, unless someone waits for Kafka.

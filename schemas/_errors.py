@@ -36,6 +36,9 @@ class DeadLetterErrorType(StrEnum):
     """The value is JSON but does not validate against the registered model."""
     HANDLER_ERROR = "handler_error"
     """The event decoded fine but the consumer's handler failed on it."""
+    REFUSED_BY_BROKER = "refused_by_broker"
+    """Kafka would not store the record (larger than its topic takes, not authorised, a policy),
+    so the proxy's shipper sent it here rather than stop every record behind it."""
 
 
 class DecodeError(Exception):

@@ -1,0 +1,80 @@
+"""A record the broker refuses for good must not hold back every record behind it.
+
+Kafka refuses some records whatever the retry: larger than the topic's ``max.message.bytes`` as
+the broker has it (an operator may have lowered it below what the registry assumes), a topic the
+producer may not write, a policy. The shipper used to send the same batch again for ever, so the
+journal filled and the proxy refused every call. It now finds the record, puts it on the
+dead-letter topic with the broker's reason, and ships on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from producers.journal import Journal
+from producers.shipper import Shipper
+from schemas import DeadLetterV1
+from schemas._errors import DeadLetterErrorType
+from schemas.registry import decode
+from stream import EventProducer, KafkaSettings, TopicRegistry
+from stream.admin import KafkaAdmin
+from stream.topics import DEAD_LETTERS, Topic, TopicSpec
+
+pytestmark = pytest.mark.kafka
+
+
+async def _records(kafka: KafkaSettings, topic: str, expect: int, timeout_s: float = 20.0) -> list:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest",
+                                enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+    await consumer.start()
+    found: list = []
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while len(found) < expect and asyncio.get_running_loop().time() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=300)).values():
+                found.extend(batch)
+        for batch in (await consumer.getmany(timeout_ms=300)).values():  # anything more is a copy
+            found.extend(batch)
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def test_a_record_the_broker_refuses_goes_to_the_dead_letter_topic_and_the_rest_ship(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    small = Topic(f"{topics.prefix}refusals.{uuid.uuid4().hex[:8]}", 1,
+                  TopicSpec(base_name="refusals", partitions=1, schemas=(), key="", max_message_bytes=20_000))
+    async with KafkaAdmin(kafka_settings, topics) as admin:
+        await admin.create_topics([small])
+    values = [os.urandom(size) for size in (100, 100, 60_000, 100, 100)]  # random: compression cannot shrink it
+    journal = Journal(tmp_path, 64 << 20)
+    journal.open()
+    for value in values:
+        journal.append(small.name, b"r-1", value, (("h", b"1"),))
+    shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=10.0,
+                      linger_s=0.0, idle_wait_s=0.05)
+    runner = asyncio.create_task(shipper.run())
+    try:
+        for _ in range(300):
+            if shipper.shipped >= 4:
+                break
+            await asyncio.sleep(0.1)
+        assert shipper.shipped == 4 and shipper.refused == 1 and not shipper.failed
+    finally:
+        shipper.stop_when_done()
+        await asyncio.wait_for(runner, 20)
+        await shipper.close()
+        journal.close()
+    stored = await _records(kafka_settings, small.name, expect=4)
+    assert [r.value for r in stored] == [values[0], values[1], values[3], values[4]]  # in order, once each
+    letters = [decode(r.headers, r.value) for r in await _records(kafka_settings, topics[DEAD_LETTERS].name, 1)]
+    [letter] = [x for x in letters if isinstance(x, DeadLetterV1) and x.topic == small.name]
+    assert letter.error_type is DeadLetterErrorType.REFUSED_BY_BROKER and letter.offset == 2
+    assert letter.value == values[2] and letter.key == b"r-1" and letter.headers == [("h", b"1")]
+    assert "MessageSizeTooLarge" in letter.reason or "TooLarge" in (letter.exception_type or "")
