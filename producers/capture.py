@@ -49,12 +49,19 @@ _UNRECORDED_HEADERS = frozenset({
 })
 
 
+#: Words that mark a header as a credential whatever its exact name (``x-goog-api-key``,
+#: ``x-auth-token``, ``ocp-apim-subscription-key``, ``cf-access-client-secret``, ...): session
+#: headers go to Kafka in the clear, so a name the list above misses must not leak a secret.
+_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "cookie", "passw", "credential", "signature")
+
+
 def session_headers(headers: Any) -> dict[str, str]:
     """The harness's headers worth keeping (session ids, user agent, SDK retry counts)."""
     out: dict[str, str] = {}
     for name, value in headers.items():
-        lowered = name.lower()
-        if lowered not in _UNRECORDED_HEADERS and lowered not in out:
+        lowered = name.strip().lower()
+        if (lowered not in _UNRECORDED_HEADERS and lowered not in out
+                and not any(word in lowered for word in _CREDENTIAL_WORDS)):
             out[lowered] = value
     return out
 

@@ -53,6 +53,11 @@ class Authenticator:
             raise ValueError(
                 "set OPENFORGE_PROXY_CREDENTIAL_KEY (or _FILE), or allow anonymous calls explicitly"
             )
+        if self.key is not None and self.allow_anonymous:
+            # With a key, tokens are what keeps one rollout's agent out of another's training
+            # data; a call that could simply leave its token out would get around that.
+            raise ValueError("allow_anonymous is for a proxy without a credential key (one machine, no "
+                             "rewards); unset OPENFORGE_PROXY_ALLOW_ANONYMOUS or the key")
         if self.key is not None and len(self.key) < MIN_KEY_BYTES:
             # Refused here, at start-up: later, every call would fail with a 500 while /health said ok.
             raise ValueError(f"the credential key (OPENFORGE_PROXY_CREDENTIAL_KEY or _FILE) has {len(self.key)} "
@@ -67,12 +72,19 @@ class Authenticator:
             UnauthorizedError: no valid token, or one for another rollout.
             ForbiddenError: the token's role may not do this (an agent posting a reward).
         """
-        named = path_rollout or request.headers.get(ROLLOUT_HEADER)
+        header_rollout = request.headers.get(ROLLOUT_HEADER)
+        if path_rollout is not None and header_rollout is not None and header_rollout != path_rollout:
+            # Both are recorded with the call; one of them would be a lie.
+            raise UnauthorizedError(f"the {ROLLOUT_HEADER} header names another rollout than the path")
+        named = path_rollout or header_rollout
         token = bearer(request)
-        if self.key is None or (token is None and self.allow_anonymous):
+        if self.key is None:
             if not self.allow_anonymous or need is Role.VERIFIER:
                 raise UnauthorizedError("a rollout token is required")
-            return Credential.model_validate({"r": named or "anonymous", "role": Role.AGENT, "exp": 2**62})
+            try:
+                return Credential.model_validate({"r": named or "anonymous", "role": Role.AGENT, "exp": 2**62})
+            except ValueError as exc:  # pydantic's ValidationError: an id too long, empty
+                raise UnauthorizedError(f"not a rollout id: {str(named)[:80]!r}") from exc
         if not token:
             raise UnauthorizedError(
                 "missing credential: send the rollout token as a bearer token or x-api-key"

@@ -38,8 +38,10 @@ class ProxySettings(BaseSettings):
     """Read the key from this file instead (a mounted Kubernetes Secret)."""
 
     allow_anonymous: bool = False
-    """Accept calls without a token, attributed to the rollout in the path or header
-    (one-machine experiments only; rewards still need a verifier token)."""
+    """Accept calls without a token, attributed to the rollout in the path or header. Only
+    without a credential key (one-machine experiments): with a key, tokens are what keeps one
+    rollout's agent out of another's data, so the proxy refuses to start with both. Without a key
+    no verifier can prove itself, so rewards cannot be posted."""
 
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     """Longest an engine call may take, end to end."""

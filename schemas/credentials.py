@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import math
 import time
 from enum import StrEnum
 
@@ -73,9 +74,16 @@ def _check_key(key: bytes) -> None:
 
 def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id: str | None = None,
                now: float | None = None) -> str:
-    """Sign a token for ``rollout_id`` and ``role`` valid for ``ttl_s`` seconds."""
+    """Sign a token for ``rollout_id`` and ``role`` valid for ``ttl_s`` seconds.
+
+    Raises:
+        ValueError: a weak key, a lifetime that is not a positive finite number of seconds, or
+            claims too long for a token.
+    """
     _check_key(key)
-    claims = {"r": rollout_id, "role": role.value, "exp": int((now or time.time()) + ttl_s)}
+    if not (math.isfinite(ttl_s) and ttl_s > 0):
+        raise ValueError(f"a token's lifetime must be a positive number of seconds, not {ttl_s!r}")
+    claims = {"r": rollout_id, "role": role.value, "exp": int((time.time() if now is None else now) + ttl_s)}
     if task_id is not None:
         claims["t"] = task_id
     body = _PREFIX + _b64(orjson.dumps(claims))

@@ -8,6 +8,7 @@ import os
 import resource
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ async def test_credentials_are_checked(proxy: RunningProxy) -> None:
     assert (await post(url, json=CHAT, token="sk-not-ours")).status_code == 401
     other = await post(url, json=CHAT, token=proxy.token("r-b"))
     assert other.status_code == 401 and "another rollout" in other.text
-    expired = await post(url, json=CHAT, token=proxy.token("r-a", ttl_s=-5))
+    expired = await post(url, json=CHAT, token=mint_token(KEY, "r-a", Role.AGENT, 5, now=time.time() - 10))
     assert expired.status_code == 401 and "expired" in expired.text
     forged = mint_token(b"some-other-signing-key!!", "r-a", Role.AGENT, 600)
     assert (await post(url, json=CHAT, token=forged)).status_code == 401

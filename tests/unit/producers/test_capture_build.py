@@ -213,3 +213,19 @@ def test_request_that_is_not_json_shaped_is_validated() -> None:
     capture.on_response(_whole([_choice()]))
     with pytest.raises(PydanticSerializationError):
         encode(capture.build(CallStatus.OK))
+
+
+def test_no_credential_header_is_recorded_whatever_its_name() -> None:
+    from producers.capture import session_headers
+
+    sent = {
+        "User-Agent": "claude-cli/2.1.332", "X-Claude-Code-Session-Id": "s-1", "x-stainless-retry-count": "0",
+        "anthropic-version": "2023-06-01", "session_id": "c-9", "traceparent": "00-ab-cd-01",
+        "Authorization": "Bearer t", "x-api-key": "k", "x-goog-api-key": "k", "x-auth-token": "t",
+        "api_key": "k", "Authentication": "t", "x-amz-security-token": "t", "ocp-apim-subscription-key": "k",
+        "x-forwarded-authorization": "t", "cf-access-client-secret": "s", "anthropic-api-key": "k",
+        "Cookie": "c", "x-db-password": "p", "x-request-signature": "s",
+    }
+    assert session_headers(sent) == {
+        "user-agent": "claude-cli/2.1.332", "x-claude-code-session-id": "s-1", "x-stainless-retry-count": "0",
+        "anthropic-version": "2023-06-01", "session_id": "c-9", "traceparent": "00-ab-cd-01"}

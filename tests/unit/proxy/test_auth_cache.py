@@ -80,3 +80,37 @@ def test_an_overlong_token_is_refused_unread() -> None:
 def test_a_short_key_is_refused_at_start_up() -> None:
     with pytest.raises(ValueError, match="at least 16"):
         Authenticator(ProxySettings(credential_key="short-key"))
+
+
+def test_anonymous_calls_are_refused_with_a_key_and_bounded_without_one() -> None:
+    # With a key, an agent could leave its token out and write into any rollout.
+    with pytest.raises(ValueError, match="allow_anonymous"):
+        Authenticator(ProxySettings(credential_key=KEY, allow_anonymous=True))
+    anonymous = Authenticator(ProxySettings(allow_anonymous=True))
+    bare = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []})
+    assert anonymous.authenticate(bare, "r-1").rollout_id == "r-1"
+    with pytest.raises(UnauthorizedError, match="not a rollout id"):  # before, a 500
+        anonymous.authenticate(bare, "r" * 300)
+    with pytest.raises(UnauthorizedError, match="token is required"):
+        anonymous.authenticate(bare, "r-1", need=Role.VERIFIER)
+
+
+def test_a_rollout_header_that_disagrees_with_the_path_is_refused() -> None:
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    token = mint_token(KEY.encode(), "r-1", Role.AGENT, 60)
+    both = Request({"type": "http", "method": "POST", "path": "/rollouts/r-1/v1/chat/completions",
+                    "headers": [(b"authorization", f"Bearer {token}".encode()),
+                                (b"x-openforge-rollout-id", b"victim")]})
+    with pytest.raises(UnauthorizedError, match="another rollout than the path"):
+        auth.authenticate(both, "r-1")
+    header_only = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                           "headers": [(b"authorization", f"Bearer {token}".encode()),
+                                       (b"x-openforge-rollout-id", b"victim")]})
+    with pytest.raises(UnauthorizedError, match="another rollout"):
+        auth.authenticate(header_only, None)
+
+
+@pytest.mark.parametrize("ttl_s", [0.0, -60.0, float("inf"), float("nan")])
+def test_a_token_lifetime_must_be_a_positive_number_of_seconds(ttl_s: float) -> None:
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        mint_token(KEY.encode(), "r-1", Role.AGENT, ttl_s)
