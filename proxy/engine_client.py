@@ -49,6 +49,14 @@ class EngineTimeoutError(EngineError):
     """The engine did not answer in time."""
 
 
+class EngineConnectTimeoutError(EngineUnreachableError):
+    """No connection within the connect deadline (a replica gone, its packets dropped).
+
+    Unreachable, not slow: nothing was sent, so the call may go to another replica at once,
+    and this one is taken out of rotation until it answers its health check again.
+    """
+
+
 class _StaleConnectionError(EngineUnreachableError):
     """A kept-alive connection closed before the engine sent a byte of its answer.
 
@@ -379,7 +387,8 @@ class EngineClient:
                 await loop.create_connection(lambda: conn, target.host, target.port, ssl=tls,
                                              server_hostname=target.server_hostname)
         except TimeoutError as exc:
-            raise EngineTimeoutError(f"{target.host}:{target.port}: no connection within {timeout_s:g} s") from exc
+            raise EngineConnectTimeoutError(
+                f"{target.host}:{target.port}: no connection within {timeout_s:g} s") from exc
         except OSError as exc:  # refused, unreachable, DNS, TLS
             raise EngineUnreachableError(f"{target.host}:{target.port}: {exc!r}") from exc
         assert conn.transport is not None
@@ -460,7 +469,8 @@ class EngineClient:
         answer included.
 
         Raises:
-            EngineUnreachableError: no connection, or it closed before the engine answered.
+            EngineUnreachableError: no connection (refused, or none within the connect deadline),
+                or it closed before the engine answered.
             EngineTimeoutError: no answer in time.
         """
         target = self._target(url)

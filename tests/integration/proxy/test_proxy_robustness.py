@@ -7,6 +7,7 @@ import contextlib
 import os
 import resource
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -510,3 +511,38 @@ async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_cal
     finally:
         process.send_signal(signal.SIGTERM)
         await process.wait()
+
+
+async def test_a_replica_that_takes_no_connection_is_skipped_and_its_calls_answered_by_another(
+        proxy_settings_factory, topics: TopicRegistry, vllm_url: str) -> None:
+    """One of two replicas drops every new connection (its accept queue full, as a replica gone
+    from the network): the rollouts that hash to it get their answers from the other one, and
+    it is taken out of rotation. Before, each of their calls waited out the connect deadline and
+    got a 504."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    gone = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    fillers = []
+    for _ in range(4):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(listener.getsockname())
+        fillers.append(filler)
+    settings = proxy_settings_factory(upstreams=[gone, vllm_url])
+    server, task = await serve(settings)
+    try:
+        pool = server.config.app.state.openforge.upstream
+        rollouts = [f"r-gone-{i}" for i in range(8)]
+        assert any(pool.order(r)[0] == gone for r in rollouts)  # some of them prefer the gone one
+        for rollout in rollouts:
+            answer = await post(f"http://127.0.0.1:{settings.port}/rollouts/{rollout}/v1/chat/completions",
+                                json=CHAT, token=mint_token(KEY, rollout, Role.AGENT, 60))
+            assert answer.status_code == 200, (rollout, answer.text)
+        assert all(pool.order(r)[0] == vllm_url for r in rollouts)  # out of rotation
+    finally:
+        await shutdown(server, task)
+        for filler in fillers:
+            filler.close()
+        listener.close()

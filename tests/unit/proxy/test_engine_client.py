@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -463,3 +464,32 @@ async def test_scripted_server_a_reset_cuts_a_body_that_ends_with_the_connection
         with pytest.raises(EngineError, match="mid-answer"):
             await response.read()
         response.close(finished=False)
+
+
+async def test_a_replica_that_takes_no_connection_is_unreachable_not_slow() -> None:
+    """A listener whose backlog is full drops new SYNs, as a replica gone from the network does:
+    the connect deadline passes, and that is unreachability (the proxy may try another replica)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []
+    try:
+        for _ in range(4):  # fill the accept queue; nobody accepts
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            queued.append(filler)
+        client = EngineClient(timeout_s=30, connect_timeout_s=0.5)
+        try:
+            started = time.monotonic()
+            with pytest.raises(EngineUnreachableError, match="no connection within"):
+                await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", b"{}")
+            assert time.monotonic() - started < 5
+        finally:
+            await client.aclose()
+    finally:
+        for filler in queued:
+            filler.close()
+        listener.close()
