@@ -260,12 +260,13 @@ class _Connection(asyncio.Protocol):
 class EngineResponse:
     """One engine answer, read whole or line by line."""
 
-    __slots__ = ("_client", "_conn", "_done", "status")
+    __slots__ = ("_client", "_conn", "_done", "_slotted", "status")
 
-    def __init__(self, client: EngineClient, conn: _Connection) -> None:
+    def __init__(self, client: EngineClient, conn: _Connection, slotted: bool = True) -> None:
         self._client = client
         self._conn = conn
         self._done = False
+        self._slotted = slotted  # holds one of the client's in-flight slots until closed
         self.status = conn.status
 
     def __del__(self) -> None:
@@ -274,7 +275,8 @@ class EngineResponse:
         if not self._done:
             self._done = True
             self._conn.abort()
-            self._client._slots_release()
+            if self._slotted:
+                self._client._slots_release()
 
     async def read(self) -> bytes:
         """The whole body.
@@ -330,7 +332,8 @@ class EngineResponse:
             self._client._release(conn)
         else:
             conn.abort()
-        self._client._slots_release()
+        if self._slotted:
+            self._client._slots_release()
 
 
 class EngineClient:
@@ -432,13 +435,29 @@ class EngineClient:
         conn.idle_since = time.monotonic()
         idle.append(conn)
 
-    async def _exchange(self, target: _Target, request: bytes, timeout_s: float | None) -> EngineResponse:
+    async def _exchange(self, target: _Target, request: bytes, timeout_s: float | None, *,
+                        slotted: bool = True) -> EngineResponse:
+        """Send ``request`` and wait for the answer's head.
+
+        ``slotted`` exchanges (model calls) take one of the ``max_in_flight`` slots, waiting for
+        one within the deadline. Health and metadata reads take none: a proxy full of long
+        streams must still answer its readiness probe and follow the engines' weight versions.
+        """
         if self._closed:
             raise EngineUnreachableError("the engine client is closed")
         loop = asyncio.get_running_loop()
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = loop.time() + timeout_s
-        await self._slots.acquire()
+        if slotted:
+            if self._slots.locked():
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._slots.acquire()
+                except TimeoutError as exc:
+                    raise EngineTimeoutError(f"no free engine connection within {timeout_s:g} s: "
+                                             "every slot is taken by calls in flight") from exc
+            else:
+                await self._slots.acquire()
         try:
             conn = self._idle_connection(target)
             fresh = conn is None
@@ -457,9 +476,10 @@ class EngineClient:
                 except BaseException:
                     conn.abort()
                     raise
-                return EngineResponse(self, conn)  # gives the slot back when closed
+                return EngineResponse(self, conn, slotted)  # gives the slot back when closed
         except BaseException:
-            self._slots.release()
+            if slotted:
+                self._slots.release()
             raise
 
     async def post(self, url: str, body: bytes, *, timeout_s: float | None = None) -> EngineResponse:
@@ -481,14 +501,14 @@ class EngineClient:
         return await self._exchange(target, request, timeout_s)
 
     async def get_json(self, url: str, *, timeout_s: float) -> tuple[int, Any]:
-        """GET and parse JSON (None when the body is not JSON).
+        """GET and parse JSON (None when the body is not JSON); takes no in-flight slot (health, metadata).
 
         Raises:
             EngineError: no connection or no answer in time.
         """
         target = self._target(url)
         response = await self._exchange(target, b"".join((b"GET ", target.path, b" HTTP/1.1\r\n", target.head,
-                                                       b"\r\n")), timeout_s)
+                                                       b"\r\n")), timeout_s, slotted=False)
         finished = False
         try:
             body = await response.read()

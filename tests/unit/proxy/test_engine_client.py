@@ -395,6 +395,29 @@ async def test_calls_beyond_the_in_flight_bound_wait_for_a_free_slot(engine: tup
         await bounded.aclose()
 
 
+async def test_with_every_slot_taken_health_reads_still_answer_and_calls_wait_only_their_deadline(
+        engine: tuple[Engine, str]) -> None:
+    """A proxy full of long streams must still answer its readiness probe (which reads the
+    engine's health) and follow weight versions; a model call waits for a slot within its
+    deadline, not for ever."""
+    app, url = engine
+    bounded = EngineClient(timeout_s=10, max_in_flight=2)
+    try:
+        streams = [await bounded.post(f"{url}/stream", b"{}") for _ in range(2)]
+        status, _ = await asyncio.wait_for(bounded.get_json(f"{url}/health", timeout_s=2), 1)
+        assert status == 200
+        started = time.monotonic()
+        with pytest.raises(EngineTimeoutError, match="every slot is taken"):
+            await bounded.post_json(f"{url}/x", b"{}", timeout_s=0.5)
+        assert time.monotonic() - started < 2
+        for stream in streams:
+            stream.close(finished=False)
+        assert (await bounded.post_json(f"{url}/x", b"{}", timeout_s=5))[0] == 200  # the slots came back
+    finally:
+        app.release_stream.set()
+        await bounded.aclose()
+
+
 async def test_a_short_deadline_does_not_outlive_its_exchange(engine: tuple[Engine, str],
                                                               client: EngineClient) -> None:
     _app, url = engine
