@@ -36,6 +36,10 @@ _HIGH_WATER = 1 << 20
 # on it (a crash, a reset mid-generation): that is reported, not silently sent again.
 _STALE_WINDOW_S = 1.0
 
+# Longest stream line taken: a first chunk carries the prompt's token ids, some 7 bytes per
+# token, so this is far above any context; beyond it the engine is not sending SSE.
+_MAX_LINE_BYTES = 64 * 1024 * 1024
+
 
 class EngineError(Exception):
     """The exchange with an engine failed at the transport level."""
@@ -300,23 +304,34 @@ class EngineResponse:
         """
         conn = self._conn
         conn.streaming = True
-        pending = b""
+        parts: list[bytes] = []  # of a line still waiting for its end: joined once, not copied per read
+        size = 0
         while True:
             data = conn.take()
             if data:
-                pending += data
-                if b"\n" in data:
-                    *complete, pending = pending.split(b"\n")
-                    for line in complete:
-                        yield line.rstrip(b"\r")
+                if b"\n" not in data:
+                    parts.append(data)
+                    size += len(data)
+                    if size > _MAX_LINE_BYTES:
+                        raise EngineError(f"the engine sent a stream line over {_MAX_LINE_BYTES:,} bytes")
+                    continue
+                if parts:
+                    parts.append(data)
+                    data = b"".join(parts)
+                    parts, size = [], 0
+                *complete, rest = data.split(b"\n")
+                for line in complete:
+                    yield line.rstrip(b"\r")
+                if rest:
+                    parts, size = [rest], len(rest)
                 continue
             if conn.error is not None:
                 raise conn.error
             if conn.complete:
                 break
             await conn.wait()
-        if pending:
-            yield pending.rstrip(b"\r")
+        if parts:
+            yield b"".join(parts).rstrip(b"\r")
 
     def close(self, *, finished: bool) -> None:
         """Give the connection back when the body was read; otherwise cut it.

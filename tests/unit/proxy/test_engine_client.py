@@ -516,3 +516,31 @@ async def test_a_replica_that_takes_no_connection_is_unreachable_not_slow() -> N
         for filler in queued:
             filler.close()
         listener.close()
+
+
+async def test_a_long_stream_line_in_many_reads_is_whole_and_an_endless_one_is_refused(
+        client: EngineClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first chunk carries the prompt's token ids: one line of megabytes, arriving in many reads."""
+    monkeypatch.setattr("proxy.engine_client._MAX_LINE_BYTES", 1 << 20)
+    long_line = b"data: " + b"7," * 200_000  # 400 KB, under the limit
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        request = await _read_request(reader)
+        body = long_line if b"/fits" in request else b"data: " + b"9" * (2 << 20)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        for start in range(0, len(body), 4096):  # many small writes: many reads on the other side
+            writer.write(body[start:start + 4096])
+            await writer.drain()
+        writer.write(b"\n\ndata: [DONE]\n\n")
+        await writer.drain()
+        writer.close()
+
+    async with scripted_server(script) as (url, _connections):
+        response = await client.post(f"{url}/fits", b"{}")
+        lines = [line async for line in response.lines()]
+        response.close(finished=True)
+        assert lines[0] == long_line and lines[-2:] == [b"data: [DONE]", b""]
+        endless = await client.post(f"{url}/endless", b"{}")
+        with pytest.raises(EngineError, match="stream line over"):
+            _ = [line async for line in endless.lines()]
+        endless.close(finished=False)
