@@ -219,7 +219,7 @@ class Journal:
                 tail); the folder is left as it is for an operator to look at.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_writer()
+        self.lock()
         self._shipped = self._mark.read()
         paths = sorted(self.directory.glob("*.log"))
         last_seq = self._shipped
@@ -253,8 +253,8 @@ class Journal:
             logger.info("journal holds %d records (%d bytes) not yet in Kafka", self._pending,
                         self._pending_bytes)
 
-    def _lock_writer(self) -> None:
-        """Hold :data:`WRITER_LOCK` until :meth:`close`: one writer per journal folder.
+    def lock(self) -> None:
+        """Hold :data:`WRITER_LOCK` until :meth:`close`: one writer per journal folder. Idempotent.
 
         Two proxies given the same folder (the default spool folder is relative to where each
         starts) would both number records from the same sequence number, and the shipper would
@@ -264,6 +264,9 @@ class Journal:
         Raises:
             JournalLockedError: another writer holds the folder.
         """
+        if self._lock_fd is not None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.directory / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -507,17 +510,24 @@ class Journal:
             del self._segments[:-1]
 
     def write_mark(self, *, force: bool = False) -> None:
-        """Persist the ``shipped`` mark (:class:`ShippedMark`)."""
-        self._mark.write(self._shipped, force=force)
+        """Persist the ``shipped`` mark (:class:`ShippedMark`), if the disk lets it.
+
+        As in :meth:`producers.journal_tail.JournalTail.write_mark`: a mark the disk refuses
+        must not stop shipping, nor the deletion of shipped segments that frees the disk.
+        """
+        try:
+            self._mark.write(self._shipped, force=force)
+        except OSError as exc:
+            logger.warning("could not write the journal's shipped mark in %s: %s", self.directory, exc)
 
     def _drop_shipped_segments(self) -> None:
         """Delete segments whose every record is shipped (never the active one).
 
-        The mark is written first: a mark older than the segments left would send a restarted
-        shipper looking for records that are gone.
+        The mark is written first, when the disk lets it: a restart then need not move an older
+        mark up to the first segment left (which :meth:`open` does when it must).
         """
         if len(self._segments) > 1 and self._segments[1].first_seq - 1 <= self._shipped:
-            self._mark.write(self._shipped, force=True)
+            self.write_mark(force=True)
         while len(self._segments) > 1 and self._segments[1].first_seq - 1 <= self._shipped:
             done = self._segments.pop(0)
             if self._read_path == done.path and self._read_fd is not None:

@@ -218,7 +218,8 @@ class Shipper:
             # A batch cut short by a limit leaves records waiting: send them now. Lingering
             # after every full batch would cap shipping at one batch per linger, below what a
             # busy proxy journals, and the journal would grow until calls were refused.
-            if len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes:
+            if (len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes
+                    and not one_by_one):
                 await self._linger()
 
     async def _send(self, outgoing: list[Record]) -> None:
@@ -357,6 +358,9 @@ class JournalPublisher:
         """Recover the journal, connect to Kafka if it is there, start shipping."""
         if self._worker_spec is not None:
             self._worker = ShipperProcess(self.journal.directory, self._worker_spec, on_progress=self._on_progress)
+            # Another proxy on the folder is refused at once (its worker would otherwise hold
+            # the shipper's lock below for as long as it runs).
+            await asyncio.to_thread(self.journal.lock)
             # No shipper of an earlier proxy may read while the journal is recovered.
             async with self._worker.exclusive():
                 await self._open()
@@ -433,7 +437,11 @@ class JournalPublisher:
             record = pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
                                    error_message=error_message, upstream_replica=upstream_replica)
         self.journal.append(*record)
-        await self._appended()
+        try:
+            await self._appended()
+        except OSError as exc:  # the record is in the journal; only its flush failed
+            self.sync_errors += 1
+            logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
         return "journal"
 
     async def _sync_forever(self) -> None:

@@ -57,7 +57,7 @@ class EngineConnectTimeoutError(EngineUnreachableError):
     """No connection within the connect deadline (a replica gone, its packets dropped).
 
     Unreachable, not slow: nothing was sent, so the call may go to another replica at once,
-    and this one is taken out of rotation until it answers its health check again.
+    and this one is skipped for a while (``UpstreamPool.down_for_s``) before it is tried again.
     """
 
 
@@ -405,6 +405,9 @@ class EngineClient:
                 await loop.create_connection(lambda: conn, target.host, target.port, ssl=tls,
                                              server_hostname=target.server_hostname)
         except TimeoutError as exc:
+            if timeout_s < self.connect_timeout_s:  # the call's own deadline ran out, not the replica
+                raise EngineTimeoutError(f"{target.host}:{target.port}: the call's deadline passed while "
+                                         "connecting") from exc
             raise EngineConnectTimeoutError(
                 f"{target.host}:{target.port}: no connection within {timeout_s:g} s") from exc
         except OSError as exc:  # refused, unreachable, DNS, TLS

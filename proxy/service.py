@@ -72,7 +72,7 @@ class CallService:
         self._served_model: str | None = settings.served_model
         self._context: dict[str, int | None] = {}
         """Each replica's context length (``max_model_len`` in its model list; None: not reported)."""
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
 
     async def drain(self, timeout_s: float) -> None:
         """Wait for events still being recorded (of disconnected streams) at shutdown."""
@@ -101,8 +101,12 @@ class CallService:
         An engine that cannot be asked now is asked again on a later call.
         """
         if replica not in self._context:
-            with contextlib.suppress(EngineError):
-                await self._models(replica)  # a failure or a gateway's passing error: asked again later
+            try:
+                await self._models(replica)
+            except EngineUnreachableError:
+                raise  # the caller tries another replica, as for the call itself
+            except EngineError:
+                pass  # a slow answer or a gateway's passing error: asked again on a later call
         return self._context.get(replica)
 
     async def _fit_output(self, chat: dict[str, Any], capture: CallCapture, replica: str) -> None:
@@ -388,8 +392,12 @@ class CallService:
             client_span.end()
             upstream_s = time.perf_counter() - upstream_t0
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-            await self._finish_stream(capture, status, error, replica, span, fingerprint)
-            if status is CallStatus.OK:
+            unrecorded = await self._finish_stream(capture, status, error, replica, span, fingerprint)
+            if unrecorded is not None:
+                # The harness must not keep an answer whose record is lost: it gets the stream's
+                # error instead of its end, and sends the call again.
+                held = [session.fail(unrecorded)]
+            elif status is CallStatus.OK:
                 # As for whole answers: the proxy's own time before the engine's stream and after
                 # it (recording the call); relaying chunks overlaps the engine's generation.
                 telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
@@ -401,12 +409,20 @@ class CallService:
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
     async def _finish_stream(self, capture: CallCapture, status: CallStatus, error: str | None,
-                             replica: str, span: trace.Span, fingerprint: bytes) -> None:
+                             replica: str, span: trace.Span, fingerprint: bytes) -> str | None:
+        """Record a stream's call; the message to end the stream with when its record could not be kept."""
+        unrecorded: str | None = None
         with trace.use_span(span, end_on_exit=True):
-            await self._record(capture, status, error_message=error, upstream_status_code=200, replica=replica)
-            self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=status is CallStatus.OK)
-            if status is not CallStatus.OK:
-                span.set_status(Status(StatusCode.ERROR, status.value))
+            try:
+                await self._record(capture, status, error_message=error, upstream_status_code=200,
+                                   replica=replica)
+            except CallLogUnavailableError as exc:  # the answer's headers are long gone: no 503 now
+                unrecorded = exc.message
+            ok = status is CallStatus.OK and unrecorded is None
+            self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=ok)
+            if not ok:
+                span.set_status(Status(StatusCode.ERROR, unrecorded or status.value))
+        return unrecorded
 
     async def _fail(self, adapter: Adapter, capture: CallCapture, span: trace.Span, retries: RetryTracker,
                     fingerprint: bytes, http_status: int, status: CallStatus, message: str,

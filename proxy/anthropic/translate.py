@@ -25,12 +25,15 @@ Decisions worth knowing (each is explained where it is made):
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any, Final
 
 import orjson
 
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SSEEvent",
@@ -884,10 +887,11 @@ class StreamTranslator:
                 tool.arguments.append(fragment)
             if tool.block_index is None and tool.name is not None:
                 events += self._start_tool(tool)
-        elif fragment and tool.block_index is not None:
+        elif fragment:
             # Fragments for a call whose block already stopped (engines do not interleave calls,
-            # but should one) still go to that call's block, which SDKs address by index.
-            events.append(self._json_delta(tool.block_index, fragment))
+            # but should one): its arguments went out whole when it stopped, and text appended
+            # to them would not be JSON. The engine's tokens are captured all the same.
+            logger.warning("dropped arguments for tool call %d after its block ended", key)
         return events
 
     def _flush_pending_tools(self) -> list[SSEEvent]:

@@ -58,7 +58,7 @@ async def test_a_record_the_broker_refuses_goes_to_the_dead_letter_topic_and_the
     for value in values:
         journal.append(small.name, b"r-1", value, (("h", b"1"),))
     shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=10.0,
-                      linger_s=0.0, idle_wait_s=0.05)
+                      linger_s=60.0, idle_wait_s=0.05)  # a linger after each single record would run out the wait below
     runner = asyncio.create_task(shipper.run())
     try:
         for _ in range(300):

@@ -499,10 +499,14 @@ async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_cal
         resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (size + 64, limits[1]))
         try:
             refused = await post(url, json={**CHAT, "seed": 2}, token=token)
+            streamed = await post(url, json={**CHAT, "seed": 4, "stream": True}, token=token)
         finally:
             resource.prlimit(process.pid, resource.RLIMIT_FSIZE, limits)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
         assert "could not be recorded" in refused.json()["error"]["message"]
+        # A stream's headers went out long before its record: it ends in an error, not [DONE].
+        assert streamed.status_code == 200 and b"could not be recorded" in streamed.content
+        assert b"[DONE]" not in streamed.content
         assert segment.stat().st_size == size  # no half record for the shipper to stop at
         after = await post(url, json={**CHAT, "seed": 3}, token=token)
         assert after.status_code == 200

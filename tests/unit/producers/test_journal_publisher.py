@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.journal import Journal, JournalCorruptError
+from producers.journal import Journal, JournalCorruptError, JournalLockedError
 from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher
 from stream import EventProducer, KafkaSettings, TopicRegistry
@@ -94,3 +94,16 @@ async def test_a_damaged_older_segment_stops_the_start_naming_the_file(tmp_path:
     publisher = _publisher(Journal(tmp_path, 1 << 20))
     with pytest.raises(JournalCorruptError, match=segment.name):
         await publisher.start()
+
+
+async def test_a_second_proxy_on_the_same_folder_is_refused_at_once(tmp_path: Path, shipper: str) -> None:
+    """With a shipping worker, the first proxy's worker holds the shipper's lock for as long as it
+    runs: a second proxy waited a minute for it, then failed with a message about the worker."""
+    first = _publisher(_journal(tmp_path, shipper))
+    await first.start()
+    try:
+        second = _publisher(_journal(tmp_path, shipper))
+        with pytest.raises(JournalLockedError, match="spool folder of its own"):
+            await asyncio.wait_for(second.start(), 10)
+    finally:
+        await first.stop()

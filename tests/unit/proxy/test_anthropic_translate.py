@@ -765,3 +765,23 @@ def test_claude_codes_attribution_block_never_reaches_the_engine() -> None:
     assert chat["messages"][0] == {"role": "system", "content": "You are a Claude agent."}
     only = {**body, "system": body["system"][:1]}
     assert [m["role"] for m in to_chat_request(only)["messages"]] == ["user"]
+
+
+def test_arguments_that_arrive_after_their_block_ended_are_dropped_not_appended_against_sdk_parser() -> None:
+    """An engine that interleaves (text between a call's argument fragments) ends the tool block
+    early; its arguments went out whole then, and a late fragment after them would not be JSON."""
+    chunks = [chunk({"role": "assistant", "content": ""}),
+              chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                     "function": {"name": "Read", "arguments": '{"x": '}}]}),
+              chunk({"content": "interleaved text"}),
+              chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+              chunk({}, finish_reason="tool_calls"), usage_chunk(10, 4)]
+    events = run_stream(chunks)
+    stopped = next(i for i, (name, data) in enumerate(events) if name == "content_block_stop" and data["index"] == 0)
+    assert not [e for e in events[stopped:] if e[0] == "content_block_delta" and e[1]["index"] == 0]
+    client = sdk_client(lambda request: sse_response(chunks, model="m"))
+    with client.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}],
+                                tools=[{"name": "Read", "input_schema": READ_SCHEMA}]) as stream:
+        final = stream.get_final_message()
+    tool = final.content[0]
+    assert isinstance(tool, anthropic.types.ToolUseBlock) and tool.input == {"_raw": '{"x": '}

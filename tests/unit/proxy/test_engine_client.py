@@ -510,6 +510,10 @@ async def test_a_replica_that_takes_no_connection_is_unreachable_not_slow() -> N
             with pytest.raises(EngineUnreachableError, match="no connection within"):
                 await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", b"{}")
             assert time.monotonic() - started < 5
+            # A call whose own deadline ends first timed out; that says nothing about the replica.
+            with pytest.raises(EngineTimeoutError, match="deadline passed while connecting") as caught:
+                await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", b"{}", timeout_s=0.2)
+            assert not isinstance(caught.value, EngineUnreachableError)
         finally:
             await client.aclose()
     finally:
