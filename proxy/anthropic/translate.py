@@ -338,6 +338,7 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     raw = _expect_list(body.get("messages"), "messages")
     if not raw:
         raise InvalidRequestError("messages must contain at least one message")
+    called: set[str] = set()  # tool_use ids so far
     for i, message in enumerate(raw):
         path = f"messages[{i}]"
         message = _expect_dict(message, path)
@@ -346,9 +347,17 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{path}.content is required")
         content = message["content"]
         if role == "user":
-            out.extend(_user_messages(content, path))
+            for turn in _user_messages(content, path):
+                if turn["role"] == "tool" and turn["tool_call_id"] not in called:
+                    # Anthropic refuses a tool_result with no tool_use before it; a chat template
+                    # would render it as an answer to a call the model never made.
+                    raise InvalidRequestError(f"{path}: a tool_result's tool_use_id {turn['tool_call_id']!r} "
+                                              "matches no tool_use in an earlier assistant message")
+                out.append(turn)
         elif role == "assistant":
-            out.append(_assistant_message(content, path))
+            turn = _assistant_message(content, path)
+            called.update(call["id"] for call in turn.get("tool_calls") or ())
+            out.append(turn)
         elif role == "system":
             # Not part of the public API, but Claude Code sends it; it means what it says.
             out.append({"role": "system", "content": _text_only(content, f"{path}.content")})

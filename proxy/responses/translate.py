@@ -257,6 +257,7 @@ def _translate_input(value: Any) -> list[dict[str, Any]]:
         raise InvalidRequestError("input must be a string or a list of input items")
 
     messages: list[dict[str, Any]] = []
+    called: set[str] = set()  # call ids so far
     for i, item in enumerate(value):
         path = f"input[{i}]"
         if not isinstance(item, dict):
@@ -269,12 +270,18 @@ def _translate_input(value: Any) -> list[dict[str, Any]]:
 
         if kind == "message":
             messages.append(_translate_message(item, path))
-        elif kind == "function_call":
-            _append_tool_call(messages, _translate_function_call(item, path))
-        elif kind == "custom_tool_call":
-            _append_tool_call(messages, _translate_custom_tool_call(item, path))
+        elif kind in ("function_call", "custom_tool_call"):
+            call = (_translate_function_call if kind == "function_call" else _translate_custom_tool_call)(item, path)
+            called.add(call["id"])
+            _append_tool_call(messages, call)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            messages.append(_translate_tool_output(item, path))
+            output = _translate_tool_output(item, path)
+            if output["tool_call_id"] not in called:
+                # OpenAI refuses an output with no call before it; a chat template would render
+                # it as the result of a call the model never made.
+                raise InvalidRequestError(f"{path}.call_id: no function call with call_id "
+                                          f"{output['tool_call_id']!r} comes before this output")
+            messages.append(output)
         elif kind == "reasoning":
             continue  # See the module docstring: reasoning is never sent back to the engine.
         else:

@@ -785,3 +785,16 @@ def test_arguments_that_arrive_after_their_block_ended_are_dropped_not_appended_
         final = stream.get_final_message()
     tool = final.content[0]
     assert isinstance(tool, anthropic.types.ToolUseBlock) and tool.input == {"_raw": '{"x": '}
+
+
+def test_a_tool_result_with_no_tool_use_before_it_is_refused_by_name() -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "list"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "b"}]},
+    ]}
+    with pytest.raises(InvalidRequestError, match=r"messages\[3\].*'toolu_9'.*no tool_use"):
+        to_chat_request(body)
+    body["messages"] = body["messages"][:3]
+    assert [m["role"] for m in to_chat_request(body)["messages"]] == ["user", "assistant", "tool"]

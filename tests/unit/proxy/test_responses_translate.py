@@ -858,3 +858,16 @@ def test_namespaced_tool_call_answer_restores_name_and_namespace() -> None:
     assert [(i["name"], i.get("namespace")) for i in added + done] == [("spawn_agent", "multi_agent_v1")] * 2
     final = next(d for t, d in events if t == "response.completed")["response"]["output"][0]
     assert (final["name"], final["namespace"]) == ("spawn_agent", "multi_agent_v1")
+
+
+def test_an_output_with_no_call_before_it_is_refused_by_name() -> None:
+    body = {"model": "m", "input": [
+        {"role": "user", "content": "list"},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "a"},
+        {"type": "function_call_output", "call_id": "zzz", "output": "b"},
+    ]}
+    with pytest.raises(InvalidRequestError, match=r"input\[3\]\.call_id.*'zzz'"):
+        to_chat_request(body)
+    body["input"] = body["input"][:3]
+    assert [m["role"] for m in to_chat_request(body)["messages"]] == ["user", "assistant", "tool"]
