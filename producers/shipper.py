@@ -391,7 +391,11 @@ class JournalPublisher:
 
     async def _appended(self) -> None:
         if self.fsync_interval_s == 0:
-            await asyncio.to_thread(self.journal.sync)
+            try:
+                await asyncio.to_thread(self.journal.sync)
+            except OSError as exc:  # the record is in the journal; only its flush failed, as in _sync_forever
+                self.sync_errors += 1
+                logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
         if self._shipper is not None:
             self._shipper.wake()
 
@@ -437,11 +441,7 @@ class JournalPublisher:
             record = pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
                                    error_message=error_message, upstream_replica=upstream_replica)
         self.journal.append(*record)
-        try:
-            await self._appended()
-        except OSError as exc:  # the record is in the journal; only its flush failed
-            self.sync_errors += 1
-            logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
+        await self._appended()
         return "journal"
 
     async def _sync_forever(self) -> None:
