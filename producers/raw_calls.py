@@ -36,7 +36,14 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from producers.capture import CallCapture, event_from_fields, event_json, normalize_request
+from producers.capture import (
+    CallCapture,
+    _clip_versions,
+    _logprob_values,
+    event_from_fields,
+    event_json,
+    normalize_request,
+)
 from schemas import DeadLetterV1, ModelCallV1
 from schemas._base import new_event_id
 from schemas._errors import DeadLetterErrorType
@@ -167,20 +174,13 @@ def _exchange_fields(value: bytes) -> _Fields:
     try:
         head_length, request_length = _LENGTHS.unpack_from(value)
         start = _LENGTHS.size + head_length
-        meta = orjson.loads(value[_LENGTHS.size:start])
-        chat = orjson.loads(value[start:start + request_length])
-        answer = orjson.loads(value[start + request_length:])
-        capture = CallCapture(
-            rollout_id=meta["rollout_id"], call_id=meta["call_id"], protocol=ApiProtocol(meta["protocol"]),
-            model=meta["model"], request=normalize_request(chat, meta["asked"]), streamed=meta["streamed"],
-            task_id=meta["task_id"], attempt=meta["attempt"], retry_of=meta["retry_of"],
-            headers=meta["session_headers"])
-        capture.on_response(answer)
-        capture.weight_version = meta["weight_version"]
-        data = capture.fields(CallStatus.OK, upstream_status_code=meta["upstream_status_code"],
-                              upstream_replica=meta["upstream_replica"])
-        data["timings"] = {"started_at": datetime.fromisoformat(meta["started_at"]),
-                           "time_to_first_token_s": meta["first_token_s"], "total_s": meta["total_s"]}
+        view = memoryview(value)
+        meta = orjson.loads(view[_LENGTHS.size:start])
+        chat = orjson.loads(view[start:start + request_length])
+        answer = orjson.loads(view[start + request_length:])
+        data = _one_choice_fields(meta, chat, answer)
+        if data is None:
+            data = _answer_fields(meta, chat, answer)
         event_id, created_at = meta["_event_id"], datetime.fromisoformat(meta["_created_at"])
         trace = [(str(name), str(text).encode()) for name, text in meta["_trace"]]
     except (struct.error, orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -188,6 +188,84 @@ def _exchange_fields(value: bytes) -> _Fields:
     if type(event_id) is not str or created_at.tzinfo is None:
         raise ValueError("a raw exchange record needs a string event id and an aware creation time")
     return data, event_id, created_at.astimezone(UTC), trace
+
+
+def _answer_fields(meta: dict[str, Any], chat: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """The event's fields of a whole answer, as :meth:`CallCapture.fields` made them in the proxy."""
+    capture = CallCapture(
+        rollout_id=meta["rollout_id"], call_id=meta["call_id"], protocol=ApiProtocol(meta["protocol"]),
+        model=meta["model"], request=normalize_request(chat, meta["asked"]), streamed=meta["streamed"],
+        task_id=meta["task_id"], attempt=meta["attempt"], retry_of=meta["retry_of"],
+        headers=meta["session_headers"])
+    capture.on_response(answer)
+    capture.weight_version = meta["weight_version"]
+    data = capture.fields(CallStatus.OK, upstream_status_code=meta["upstream_status_code"],
+                          upstream_replica=meta["upstream_replica"])
+    data["timings"] = _timings(meta)
+    return data
+
+
+def _timings(meta: dict[str, Any]) -> dict[str, Any]:
+    return {"started_at": datetime.fromisoformat(meta["started_at"]),
+            "time_to_first_token_s": meta["first_token_s"], "total_s": meta["total_s"]}
+
+
+def _one_choice_fields(meta: dict[str, Any], chat: Any, answer: Any) -> dict[str, Any] | None:
+    """:func:`_answer_fields` for the usual answer, one choice of plain shape, without a ``CallCapture``.
+
+    Most of what the shipper spends on a whole answer beyond parsing it went to feeding the
+    capture object and reading its fields back; this maps the answer straight to the fields.
+    Anything less usual (several choices, a value of an unexpected type) gives None, and
+    :func:`_answer_fields` decides, so both always agree (the unit tests compare them).
+    """
+    if type(answer) is not dict or type(chat) is not dict:
+        return None
+    choices = answer.get("choices")
+    if type(choices) is not list or len(choices) != 1 or type(raw := choices[0]) is not dict:
+        return None
+    index = raw.get("index", 0)
+    ids = raw.get("token_ids") or []
+    versions = raw.get("weight_versions") or []
+    message = raw.get("message") or {}
+    prompt = answer.get("prompt_token_ids") or []
+    usage = answer.get("usage") or None
+    if (type(index) is not int or index < 0 or type(ids) is not list or type(versions) is not list
+            or type(message) is not dict or type(prompt) is not list or not (usage is None or type(usage) is dict)):
+        return None
+    content = message.get("content") or None
+    tool_calls = message.get("tool_calls") or None
+    if not ((content is None or type(content) is str) and (tool_calls is None or type(tool_calls) is list)):
+        return None
+    logprobs = _logprob_values(raw.get("logprobs"))
+    n = min(len(ids), len(logprobs)) if logprobs else len(ids)
+    version = meta["weight_version"]
+    finish_reason = raw.get("finish_reason")
+    summary: dict[str, Any] = {"role": message.get("role") or "assistant", "content": content}
+    if tool_calls:
+        summary["tool_calls"] = list(tool_calls)
+    return {
+        "rollout_id": meta["rollout_id"], "task_id": meta["task_id"], "call_id": meta["call_id"],
+        "attempt": meta["attempt"], "retry_of": meta["retry_of"], "protocol": ApiProtocol(meta["protocol"]),
+        "model": meta["model"], "request": normalize_request(chat, meta["asked"]),
+        "response": {"id": answer.get("id"), "model": answer.get("model"),
+                     "choices": [{"index": index, "message": summary, "finish_reason": finish_reason}],
+                     "usage": usage},
+        "prompt_token_ids": prompt,
+        "choices": [{
+            "index": index, "completion_token_ids": ids[:n], "logprobs": logprobs[:n],
+            "weight_versions": _clip_versions(versions, n) if versions else (
+                [{"version": version, "start": 0, "end": n}] if version and n else []),
+            "finish_reason": finish_reason, "stop_reason": raw.get("stop_reason"),
+        }],
+        "usage": None if usage is None else {
+            "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+            "completion_tokens": int(usage.get("completion_tokens") or 0),
+            "cached_prompt_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")},
+        "timings": _timings(meta),
+        "status": CallStatus.OK, "upstream_status_code": meta["upstream_status_code"], "error_message": None,
+        "upstream_replica": meta["upstream_replica"], "streamed": meta["streamed"],
+        "session_headers": meta["session_headers"],
+    }
 
 
 def _call_fields(value: bytes) -> _Fields:

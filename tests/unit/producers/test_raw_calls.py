@@ -185,3 +185,52 @@ def test_a_raw_call_of_another_version_is_a_dead_letter_not_an_event_missing_a_f
     assert out_topic == REGISTRY[DEAD_LETTERS].name and isinstance(letter, DeadLetterV1)
     assert "new_field" in letter.reason
 
+
+
+_TOOL_CALL = {"id": "call-1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+_ONE_CHOICE = _finite(_choice())
+
+
+@pytest.mark.parametrize(("answer", "weight_version"), [
+    (_whole([_ONE_CHOICE]), None),
+    (_whole([_ONE_CHOICE]), "v7"),
+    (_whole([{**_ONE_CHOICE, "weight_versions": [{"version": "3", "start": 0, "end": 2}]}]), "v7"),
+    (_whole([{**_ONE_CHOICE, "message": {"role": "assistant", "content": None, "tool_calls": [_TOOL_CALL]},
+              "finish_reason": "tool_calls"}]), None),
+    (_whole([{**_ONE_CHOICE, "message": {"content": ""}}]), None),
+    (_whole([{**_ONE_CHOICE, "message": None, "logprobs": None}]), "v"),
+    (_whole([{**_ONE_CHOICE, "token_ids": [7, 8, 9]}]), "v"),  # a logprob short: ids cut to match
+    (_whole([{**_ONE_CHOICE, "index": 2, "stop_reason": 13}]), None),
+    (_whole([{**_ONE_CHOICE, "stop_reason": "</s>", "finish_reason": None}]), None),
+    (_whole([_ONE_CHOICE], usage=None, id=None, prompt_token_ids=None), None),
+    (_whole([_ONE_CHOICE], usage={"prompt_tokens": 3.0, "completion_tokens": 2}), None),
+    (_whole([{k: v for k, v in _ONE_CHOICE.items() if k not in ("index", "token_ids")}]), "v"),
+])
+def test_the_usual_whole_answer_maps_straight_to_the_fields_the_capture_gives(
+        answer: dict[str, Any], weight_version: str | None) -> None:
+    from producers.raw_calls import _answer_fields, _one_choice_fields
+
+    capture, exchange = _exchange(answer, weight_version=weight_version)
+    _, _, value, _ = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
+    meta, chat = orjson.loads(value[8:8 + int.from_bytes(value[:4], "little")]), orjson.loads(exchange.request)
+    straight = _one_choice_fields(meta, chat, orjson.loads(exchange.answer))
+    assert straight is not None
+    assert straight == _answer_fields(meta, chat, orjson.loads(exchange.answer))
+
+
+@pytest.mark.parametrize("answer", [
+    _whole([_ONE_CHOICE, _finite(_choice(1))]),  # several choices
+    _whole([{**_ONE_CHOICE, "index": "0"}]),
+    _whole([{**_ONE_CHOICE, "token_ids": {"7": 8}}]),
+    _whole([{**_ONE_CHOICE, "message": {"role": "assistant", "content": [{"type": "text", "text": "ab"}]}}]),
+    _whole([{**_ONE_CHOICE, "message": {"role": "assistant", "content": "ab", "tool_calls": {"0": _TOOL_CALL}}}]),
+    _whole([_ONE_CHOICE], usage=[3, 2]),
+    _whole([_ONE_CHOICE], prompt_token_ids="1,2,3"),
+])
+def test_an_unusual_whole_answer_is_left_to_the_capture(answer: dict[str, Any]) -> None:
+    from producers.raw_calls import _one_choice_fields
+
+    capture, exchange = _exchange(_whole([_ONE_CHOICE]))
+    _, _, value, _ = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
+    meta = orjson.loads(value[8:8 + int.from_bytes(value[:4], "little")])
+    assert _one_choice_fields(meta, orjson.loads(exchange.request), answer) is None
