@@ -57,32 +57,40 @@ def pack_record(topic: str, key: bytes | None, value: bytes, headers: tuple[tupl
 def unpack_record(path: Path, blob: bytes) -> SpooledRecord:
     """The record :func:`pack_record` encoded; ``path`` names its file in errors.
 
+    Straight-line rather than a helper per field: the journal's shipper reads every call's
+    record through here.
+
     Raises:
         ValueError: not a record, or truncated.
     """
     if not blob.startswith(_MAGIC):
         raise ValueError(f"{path} is not a spool record")
-    pos = len(_MAGIC)
-
-    def field() -> bytes:
-        nonlocal pos
+    try:
+        pos = len(_MAGIC)
         (size,) = _U32.unpack_from(blob, pos)
+        topic = blob[pos + 4:pos + 4 + size].decode()
+        pos += 4 + size
+        has_key = blob[pos:pos + 1] == b"\x01"
+        (size,) = _U32.unpack_from(blob, pos + 1)
+        key = blob[pos + 5:pos + 5 + size]
+        pos += 5 + size
+        (count,) = _U32.unpack_from(blob, pos)
         pos += 4
-        data = blob[pos:pos + size]
-        if len(data) != size:
-            raise ValueError(f"{path} is truncated")
-        pos += size
-        return data
-
-    topic = field().decode()
-    has_key = blob[pos:pos + 1] == b"\x01"
-    pos += 1
-    key = field()
-    (count,) = _U32.unpack_from(blob, pos)
-    pos += 4
-    headers = tuple((field().decode(), field()) for _ in range(count))
-    value = field()
-    return SpooledRecord(path, topic, key if has_key else None, value, headers)
+        headers = []
+        for _ in range(count):
+            (size,) = _U32.unpack_from(blob, pos)
+            name = blob[pos + 4:pos + 4 + size].decode()
+            pos += 4 + size
+            (size,) = _U32.unpack_from(blob, pos)
+            headers.append((name, blob[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        (size,) = _U32.unpack_from(blob, pos)
+        value = blob[pos + 4:pos + 4 + size]
+    except struct.error:
+        raise ValueError(f"{path} is truncated") from None
+    if len(value) != size:
+        raise ValueError(f"{path} is truncated")
+    return SpooledRecord(path, topic, key if has_key else None, value, tuple(headers))
 
 
 class DiskSpool:

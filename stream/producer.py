@@ -237,8 +237,11 @@ class EventProducer(Managed):
         """
         futures: list[asyncio.Future[Any]] = []
         open_batches: dict[tuple[str, int], Any] = {}
+        known: set[str] = set()
         for topic, key, value, headers in records:
-            await self._producer.partitions_for(topic)  # waits for metadata, as send() does
+            if topic not in known:
+                await self._producer.partitions_for(topic)  # waits for metadata, as send() does
+                known.add(topic)
             partition = self._partition(topic, key, value)
             batch = open_batches.get((topic, partition))
             if batch is None:
