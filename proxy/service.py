@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,8 @@ ENGINE_UNFINISHED = "the engine ended its stream without finishing the answer (n
 """How a stream that ended so is recorded when the harness got it as it was."""
 UNFINISHED = f"{ENGINE_UNFINISHED}, as vLLM does for an answer aborted before its first token; send the request again"
 """What a harness of a translated API is told instead."""
+HARNESS_GONE = "the harness hung up before the whole answer was ready"
+"""The span status of a whole answer nobody was there to take (recorded ``client_disconnected``)."""
 
 
 @dataclass(frozen=True)
@@ -281,15 +284,22 @@ class CallService:
                                         f"engine answer not translated: {exc!r}", replica,
                                         upstream_status=engine_status)
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
+            gone = _harness_gone(request.receive)
             if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
                 await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
                                    upstream_status_code=engine_status, replica=replica)
                 span.set_status(Status(StatusCode.ERROR, ENGINE_ABORTED))
+            elif gone:
+                # Nobody takes this answer: a harness that timed out sends the call again, and
+                # that must be linked to this one as its retry, not counted as the next turn.
+                await self._record(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=engine_status,
+                                   replica=replica)
+                span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
             else:
                 await self._record(capture, CallStatus.OK, upstream_status_code=engine_status,
                                    replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
-            self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not aborted)
-            if not aborted:  # as for streams and refusals: only answers that served the harness
+            self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not (aborted or gone))
+            if not (aborted or gone):  # as for streams and refusals: only answers that served the harness
                 telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
                                                {"protocol": adapter.protocol.value, "streamed": False})
             span.end()
@@ -474,6 +484,27 @@ def _aborted(choices: Any) -> bool:
     what was sampled, and a call sent again is linked to it as a retry.
     """
     return type(choices) is list and any(type(c) is dict and c.get("finish_reason") == "abort" for c in choices)
+
+
+def _harness_gone(receive: Callable[[], Awaitable[Any]]) -> bool:
+    """Whether the harness has hung up, asked without waiting.
+
+    Once the body is read, an ASGI server's ``receive`` waits until the connection closes and
+    then returns ``http.disconnect``. Its coroutine is stepped once here: finished at once, a
+    disconnect was already there; suspended, the harness is still connected, and the coroutine
+    is closed. A task per call that awaited ``receive`` would see the hang-up sooner, for the
+    price of a task on every call; this costs about a microsecond.
+    """
+    probe = receive()
+    if not inspect.iscoroutine(probe):
+        return False
+    try:
+        probe.send(None)
+    except StopIteration as done:
+        message = done.value
+        return isinstance(message, dict) and message.get("type") == "http.disconnect"
+    probe.close()
+    return False
 
 
 def _without_prompt_ids(body: bytes, asked: dict[str, Any]) -> tuple[bytes, bytes | None]:

@@ -194,6 +194,28 @@ async def test_a_stream_whose_harness_left_before_its_first_byte_is_still_record
     assert (second.status, second.retry_of, second.attempt) == (CallStatus.OK, event.call_id, 1)
 
 
+async def test_a_whole_answer_whose_harness_left_is_recorded_so_and_its_retry_linked(proxy: RunningProxy) -> None:
+    # A harness that times out on a whole answer hangs up and sends the call again. The engine's
+    # answer, which nobody took, must not be recorded as the turn (the retry is the turn).
+    body = {**CHAT, "max_tokens": 32, "messages": [{"role": "user", "content": "Count to twenty."}]}
+    raw = orjson.dumps(body)
+    port = int(proxy.url.rsplit(":", 1)[1])
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /rollouts/r-left/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
+                 b"authorization: Bearer " + proxy.token("r-left").encode() + b"\r\n"
+                 b"content-type: application/json\r\ncontent-length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    [event] = await calls_of(proxy, 1)
+    assert (event.rollout_id, event.streamed, event.status) == ("r-left", False, CallStatus.CLIENT_DISCONNECTED)
+    assert event.choices and event.choices[0].completion_token_ids  # what the engine sampled is kept
+    again = await post(f"{proxy.base('r-left')}/v1/chat/completions", json=body, token=proxy.token("r-left"))
+    assert again.status_code == 200
+    [_, second] = await calls_of(proxy, 2)
+    assert (second.status, second.retry_of, second.attempt) == (CallStatus.OK, event.call_id, 1)
+
+
 def _waiting_on_disk(spool: Path, durability: str) -> int:
     """Events a stopped proxy left for Kafka: spool files, or unshipped journal records."""
     if durability == "ack":
