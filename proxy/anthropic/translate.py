@@ -230,22 +230,22 @@ def _tool_result_message(block: dict[str, Any], path: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
 
 
-def _user_messages(content: Any, path: str) -> list[dict[str, Any]]:
-    """A user turn as chat messages, keeping block order.
+def _user_messages(blocks: list[tuple[Any, str]], called: set[str]) -> list[dict[str, Any]]:
+    """A user turn (its blocks, each with its path for errors) as chat messages, keeping block order.
 
     Chat completions carry tool results as separate ``role: tool`` messages, so a user turn is cut
     into runs: each ``tool_result`` becomes a tool message and each run of text blocks between them a
     user message. The usual Anthropic shape (results first, then text) thus becomes the tool
     messages followed by one user message, which is what chat templates expect after an assistant
     turn with tool calls.
+
+    Anthropic refuses a ``tool_result`` whose ``tool_use_id`` is not in ``called`` (the ids of
+    the earlier assistant turns' tool calls), and so does this: a chat template would render it as
+    the answer to a call the model never made.
     """
-    if isinstance(content, str):
-        return [{"role": "user", "content": content}]
-    blocks = _expect_list(content, f"{path}.content")
     out: list[dict[str, Any]] = []
     pending: list[str] = []
-    for j, block in enumerate(blocks):
-        block_path = f"{path}.content[{j}]"
+    for block, block_path in blocks:
         kind = _block_type(block, block_path)
         if kind == "text":
             pending.append(_expect_str(block.get("text"), f"{block_path}.text"))
@@ -253,7 +253,11 @@ def _user_messages(content: Any, path: str) -> list[dict[str, Any]]:
             if pending:
                 out.append({"role": "user", "content": _join_text(pending)})
                 pending = []
-            out.append(_tool_result_message(block, block_path))
+            result = _tool_result_message(block, block_path)
+            if result["tool_call_id"] not in called:
+                raise InvalidRequestError(f"{block_path}: a tool_result's tool_use_id {result['tool_call_id']!r} "
+                                          "matches no tool_use in an earlier assistant message")
+            out.append(result)
         elif kind == "tool_use" or kind in _THINKING_BLOCKS:
             raise InvalidRequestError(f"{block_path}.type {kind!r} is only allowed in assistant messages")
         else:
@@ -270,7 +274,7 @@ def _tool_call(block: dict[str, Any], path: str) -> dict[str, Any]:
     return {"id": tool_id, "type": "function", "function": {"name": name, "arguments": _dumps(tool_input)}}
 
 
-def _assistant_message(content: Any, path: str) -> dict[str, Any]:
+def _assistant_message(blocks: list[tuple[Any, str]]) -> dict[str, Any]:
     """An assistant turn as one chat message with text and ``tool_calls``.
 
     ``thinking`` and ``redacted_thinking`` blocks are dropped. The engine has no extended thinking,
@@ -281,13 +285,9 @@ def _assistant_message(content: Any, path: str) -> dict[str, Any]:
     Text and tool calls go into separate fields of the chat message, so text written after a tool
     call is moved before it. The engine's tool-call parsers produce that order in the first place.
     """
-    if isinstance(content, str):
-        return {"role": "assistant", "content": content}
-    blocks = _expect_list(content, f"{path}.content")
     texts: list[str] = []
     tool_calls: list[dict[str, Any]] = []
-    for j, block in enumerate(blocks):
-        block_path = f"{path}.content[{j}]"
+    for block, block_path in blocks:
         kind = _block_type(block, block_path)
         if kind == "text":
             texts.append(_expect_str(block.get("text"), f"{block_path}.text"))
@@ -339,6 +339,33 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not raw:
         raise InvalidRequestError("messages must contain at least one message")
     called: set[str] = set()  # tool_use ids so far
+    for role, blocks in _turns(raw):
+        if role == "user":
+            out += _user_messages(blocks, called)
+        elif role == "assistant":
+            turn = _assistant_message(blocks)
+            called.update(call["id"] for call in turn.get("tool_calls") or ())
+            out.append(turn)
+        else:
+            out.append({"role": "system", "content": blocks[0][0]["text"]})
+    return out
+
+
+_Turn = tuple[str, list[tuple[Any, str]]]
+"""A turn's role and its content blocks, each with its path for errors (a system turn: its text)."""
+
+
+def _turns(raw: list[Any]) -> list[_Turn]:
+    """The request's messages as turns: consecutive user or assistant messages make one turn.
+
+    Anthropic's API combines such messages into a single turn, so harnesses may send them (a
+    user message after a tool result, a prefill after an assistant message). Passed on apart,
+    they would reach the chat template as two turns of one role, which strict templates refuse
+    ("roles must alternate") and others render differently from the turn the harness meant.
+    A system-role message (Claude Code sends them) stays on its own, as a ``system`` turn whose
+    only block is its text.
+    """
+    turns: list[_Turn] = []
     for i, message in enumerate(raw):
         path = f"messages[{i}]"
         message = _expect_dict(message, path)
@@ -346,24 +373,23 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if "content" not in message:
             raise InvalidRequestError(f"{path}.content is required")
         content = message["content"]
-        if role == "user":
-            for turn in _user_messages(content, path):
-                if turn["role"] == "tool" and turn["tool_call_id"] not in called:
-                    # Anthropic refuses a tool_result with no tool_use before it; a chat template
-                    # would render it as an answer to a call the model never made.
-                    raise InvalidRequestError(f"{path}: a tool_result's tool_use_id {turn['tool_call_id']!r} "
-                                              "matches no tool_use in an earlier assistant message")
-                out.append(turn)
-        elif role == "assistant":
-            turn = _assistant_message(content, path)
-            called.update(call["id"] for call in turn.get("tool_calls") or ())
-            out.append(turn)
-        elif role == "system":
+        if role == "system":
             # Not part of the public API, but Claude Code sends it; it means what it says.
-            out.append({"role": "system", "content": _text_only(content, f"{path}.content")})
-        else:
+            text = _text_only(content, f"{path}.content")
+            turns.append(("system", [({"type": "text", "text": text}, f"{path}.content")]))
+            continue
+        if role not in ("user", "assistant"):
             raise InvalidRequestError(f"{path}.role must be 'user', 'assistant' or 'system', got {role!r}")
-    return out
+        if isinstance(content, str):
+            blocks = [({"type": "text", "text": content}, f"{path}.content")]
+        else:
+            blocks = [(block, f"{path}.content[{j}]")
+                      for j, block in enumerate(_expect_list(content, f"{path}.content"))]
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((role, blocks))
+    return turns
 
 
 def _chat_tools(tools: Any) -> list[dict[str, Any]]:

@@ -798,3 +798,41 @@ def test_a_tool_result_with_no_tool_use_before_it_is_refused_by_name() -> None:
         to_chat_request(body)
     body["messages"] = body["messages"][:3]
     assert [m["role"] for m in to_chat_request(body)["messages"]] == ["user", "assistant", "tool"]
+
+
+def test_consecutive_messages_of_one_role_make_one_turn_as_anthropic_combines_them() -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "list the files"},
+        {"role": "user", "content": [{"type": "text", "text": "then count them"}]},
+        {"role": "assistant", "content": "I will look."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"c": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a b"}]},
+        {"role": "user", "content": "and now?"},
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "two"},
+    ]}
+    messages = to_chat_request(body)["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "user", "system", "user"]
+    assert messages[0]["content"] == "list the files\nthen count them"
+    assert messages[1]["content"] == "I will look." and messages[1]["tool_calls"][0]["id"] == "toolu_1"
+    assert (messages[2]["content"], messages[3]["content"]) == ("a b", "and now?")
+
+
+def test_a_prefill_after_an_assistant_turn_continues_the_combined_turn() -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "assistant", "content": [{"type": "text", "text": "there"}]},
+    ]}
+    chat = to_chat_request(body)
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant"]
+    assert chat["messages"][1]["content"] == "Hello\nthere" and chat["continue_final_message"] is True
+
+
+def test_an_error_in_a_combined_turn_names_the_message_it_is_in() -> None:
+    body = {"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": 5}]},
+    ]}
+    with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.content\[1\]\.text"):
+        to_chat_request(body)
