@@ -43,6 +43,9 @@ class StreamSession(Protocol):
     def prompt_length(self, tokens: int) -> None:
         """The prompt's length in tokens, from the engine's first chunk (its usage comes last)."""
 
+    def keepalive(self) -> bytes:
+        """An event that only says the answer is still coming (may be empty: none needed or possible yet)."""
+
 
 class Adapter(Protocol):
     """One harness protocol."""
@@ -133,3 +136,7 @@ class _ChatStream:
 
     def prompt_length(self, tokens: int) -> None:
         """Chunks pass through as the engine sent them."""
+
+    def keepalive(self) -> bytes:
+        """Never needed: every engine chunk, reasoning included, goes to the harness."""
+        return b""

@@ -320,6 +320,8 @@ class CallService:
             first = True
             status = CallStatus.CLIENT_DISCONNECTED
             error: str | None = None
+            keepalive_s = self.settings.stream_keepalive_s
+            sent_at = time.monotonic()
             try:
                 async for line in upstream.lines():
                     if not line.startswith(b"data:"):
@@ -356,11 +358,14 @@ class CallService:
                         status, error = CallStatus.UPSTREAM_ERROR, session.failure
                         held.append(out)
                         break
+                    if not out and not finished and time.monotonic() - sent_at >= keepalive_s:
+                        out = session.keepalive()  # a long think the translation carries nothing of
                     if out:
                         if finished:
                             held.append(out)
                         else:
                             yield out
+                            sent_at = time.monotonic()
                             # With the engine ahead of us, reading and writing never suspend; give
                             # the disconnect listener its turn, or a gone harness goes unnoticed.
                             await asyncio.sleep(0)

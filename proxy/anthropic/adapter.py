@@ -6,6 +6,7 @@ from typing import Any
 
 from proxy.adapters import StreamSession
 from proxy.anthropic.translate import (
+    PING,
     StreamTranslator,
     error_body,
     error_event,
@@ -66,3 +67,6 @@ class _AnthropicStream:
 
     def prompt_length(self, tokens: int) -> None:
         self.translator.prompt_tokens = tokens
+
+    def keepalive(self) -> bytes:
+        return sse_encode(*PING) if self.translator.started and not self.translator.done else b""

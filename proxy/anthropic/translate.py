@@ -755,6 +755,10 @@ def error_body(status: int, message: str, error_type: str | None = None) -> dict
     return {"type": "error", "error": {"type": error_type, "message": message}}
 
 
+PING: SSEEvent = ("ping", {"type": "ping"})
+"""Anthropic's keep-alive event: its API sends it during a stream, and clients skip it."""
+
+
 class _PendingTool:
     """A streamed tool call whose ``content_block_start`` may still wait for its name."""
 
@@ -816,6 +820,11 @@ class StreamTranslator:
     def done(self) -> bool:
         """Whether ``message_stop`` (or an ``error`` event) has been emitted."""
         return self._done
+
+    @property
+    def started(self) -> bool:
+        """Whether ``message_start`` has been emitted."""
+        return self._started
 
     # ---- block bookkeeping
 

@@ -75,3 +75,6 @@ class _ResponsesStream:
 
     def prompt_length(self, tokens: int) -> None:
         """Responses streams report usage only in their terminal event, as OpenAI's do."""
+
+    def keepalive(self) -> bytes:
+        return b"".join(sse_encode(name, data) for name, data in self.translator.keepalive())

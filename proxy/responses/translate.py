@@ -1053,6 +1053,21 @@ class StreamTranslator:
             events.extend(self.failed_event(str(exc)))
         return events
 
+    def keepalive(self) -> list[Event]:
+        """A ``response.in_progress`` event, to tell the harness the answer is still coming.
+
+        For a long stretch of engine chunks that make no event (the engine's reasoning, which
+        Responses streams here do not carry): Codex aborts a stream after five minutes without an
+        event and sends the call again. The event is the API's own and says nothing new, so
+        clients that do not act on it (Codex, the SDKs) skip it. None before the response is
+        opened or after it ended.
+        """
+        if self._ids is None or self._terminated:
+            return []
+        events: list[Event] = []
+        self._emit(events, "response.in_progress", response=self._response("in_progress"))
+        return events
+
     def failed_event(self, message: str) -> list[Event]:
         """Produce ``response.failed``, the terminal event for an error mid-stream.
 

@@ -186,8 +186,20 @@ class ScriptedEngine:
     """The scripted server: an ASGI app plus what it saw. Use :meth:`running` to serve it."""
 
     def __init__(self, *, command: str, prefer: tuple[str, ...] = SHELL_TOOLS, faults: list[Fault] | None = None,
-                 final_prefix: str = "Done. The command printed: ", chunk_pieces: int = 3) -> None:
+                 final_prefix: str = "Done. The command printed: ", chunk_pieces: int = 3,
+                 reasoning: tuple[int, float] = (0, 0.0)) -> None:
+        """Args:
+            command: The command a tool call runs.
+            prefer: Tool names to call, in order of preference.
+            faults: Faults to inject.
+            final_prefix: What the final answer starts with.
+            chunk_pieces: Word pieces per streamed chunk.
+            reasoning: Chunks of reasoning (``reasoning_content``, as vLLM's reasoning parser
+                sends it) streamed before each streamed answer, and the seconds between them: a
+                model that thinks for a while before it says anything.
+        """
         self.command = command
+        self.reasoning = reasoning
         self.prefer = prefer
         self.faults = list(faults or [])
         self.final_prefix = final_prefix
@@ -267,6 +279,9 @@ class ScriptedEngine:
         kind, text, call = self.answer(body)
         prompt_ids = tokenize(render_prompt(body))
         pieces = self._pieces(text, call)
+        if streamed and self.reasoning[0]:
+            thought = ({"role": "assistant", "reasoning_content": "Let me think. "}, tokenize("Let me think. "))
+            pieces = [thought] * self.reasoning[0] + pieces
         completion_ids = [t for _, ids in pieces for t in ids] + [EOS_ID]
         finish = "tool_calls" if call else "stop"
         if fault is not None and fault.abort_after is not None:  # the engine aborted it after a few pieces
@@ -340,7 +355,7 @@ class ScriptedEngine:
                       "finish_reason": None, "token_ids": ids}
             extra = {"prompt_token_ids": prompt_ids} if i == 0 else {}
             yield chunk([choice], **extra)
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.reasoning[1] if "reasoning_content" in delta else 0)
         if cut:  # the engine "died": no finish reason, no usage, and [DONE] only if asked
             if done_after_cut:
                 yield b"data: [DONE]\n\n"

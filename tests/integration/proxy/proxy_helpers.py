@@ -59,10 +59,11 @@ async def shutdown(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
 
 @contextlib.asynccontextmanager
 async def proxy_in_front_of(engine_url: str, kafka: KafkaSettings, topics: TopicRegistry,
-                            tmp_path: Path) -> AsyncIterator[RunningProxy]:
-    """A proxy in front of any engine (the scripted one, say), for one test."""
+                            tmp_path: Path, **updates: object) -> AsyncIterator[RunningProxy]:
+    """A proxy in front of any engine (the scripted one, say), for one test; ``updates`` change its settings."""
     settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
-                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=5.0)
+                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=5.0
+                             ).model_copy(update=updates)
     server, task = await serve(settings)
     try:
         yield RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
