@@ -135,7 +135,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         adapter = st.adapters.get(kind)
         if adapter is None:
             raise InvalidRequestError(f"this proxy does not serve the {kind} API")
-        credential = st.auth.authenticate(request, rollout_id)
+        credential = st.auth.authenticate(request, rollout_id, need=Role.AGENT)
         if not st.publisher.accepting:
             telemetry.refused.add(1, {"status": 503})
             return Response(orjson.dumps(adapter.error(503, "call log is full; retry later", "overloaded_error")),

@@ -64,13 +64,20 @@ class Authenticator:
                              f"bytes; it needs at least {MIN_KEY_BYTES}")
 
     def authenticate(
-        self, request: Request, path_rollout: str | None, *, need: Role = Role.AGENT
+        self, request: Request, path_rollout: str | None, *, need: Role | None = None
     ) -> Credential:
         """The caller's verified credential.
 
+        Args:
+            request: The request, for its token and rollout header.
+            path_rollout: The rollout named in the path, if any.
+            need: The role the request needs: the verifier's for a reward, the agent's for a
+                model call; None where either may ask (token counts, the model list).
+
         Raises:
             UnauthorizedError: no valid token, or one for another rollout.
-            ForbiddenError: the token's role may not do this (an agent posting a reward).
+            ForbiddenError: the token's role may not do this (an agent posting a reward, a
+                verifier making a model call).
         """
         header_rollout = request.headers.get(ROLLOUT_HEADER)
         if path_rollout is not None and header_rollout is not None and header_rollout != path_rollout:
@@ -103,4 +110,9 @@ class Authenticator:
             raise UnauthorizedError("the token belongs to another rollout")
         if need is Role.VERIFIER and credential.role is not Role.VERIFIER:
             raise ForbiddenError("only the rollout's verifier may post its reward")
+        if need is Role.AGENT and credential.role is not Role.AGENT:
+            # A verifier's model calls (an LLM judge) would be recorded as the rollout's calls,
+            # and so assembled into the agent's trajectory and trained on.
+            raise ForbiddenError("a verifier token posts the rollout's reward; model calls need the agent's "
+                                 "token, since every call is recorded as a turn of the agent")
         return credential

@@ -71,6 +71,24 @@ async def test_credentials_are_checked(proxy: RunningProxy) -> None:
     assert counter_values("openforge.proxy.refused").get((("status", 401),), 0) - refused_before == 5
 
 
+async def test_model_calls_only_from_the_agent(proxy: RunningProxy) -> None:
+    # A judge calling the model with the verifier's token would be recorded as the agent's turn.
+    verifier = proxy.token("r-j", Role.VERIFIER)
+    for path, body in (("/v1/chat/completions", CHAT),
+                       ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": CHAT["messages"]}),
+                       ("/v1/responses", {"model": "m", "input": "hi", "max_output_tokens": 4})):
+        refused = await post(f"{proxy.base('r-j')}{path}", json=body, token=verifier)
+        assert refused.status_code == 403 and "agent's token" in refused.text, (path, refused.text)
+    # Reading the model list and counting tokens record nothing; either token may.
+    async with httpx.AsyncClient(timeout=30) as client:
+        models = await client.get(f"{proxy.base('r-j')}/v1/models", headers=auth(verifier))
+    assert models.status_code == 200
+    agent = await post(f"{proxy.base('r-j')}/v1/chat/completions", json=CHAT, token=proxy.token("r-j"))
+    assert agent.status_code == 200
+    [event] = await calls_of(proxy, 1)  # the agent's call alone
+    assert event.rollout_id == "r-j"
+
+
 async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
     url = f"{proxy.url}/rollouts/r-v/reward"
     denied = await post(url, json={"value": 1.0}, token=proxy.token("r-v", Role.AGENT))
