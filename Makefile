@@ -61,6 +61,7 @@ demo: install kafka-jars learner
 bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy
+	@$(PY) -m bench.shipper
 	@$(PY) -m bench.learner
 	@$(PY) -m bench.publisher
 
