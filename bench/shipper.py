@@ -20,9 +20,9 @@ Each is shipped two ways:
   ships them, as under steady load (a few dozen records per 20 ms batch).
 
 The figure is the worker process's CPU time (user and system, from /proc) per record, from its
-first report to the report that has the last record shipped; records are spread over 97 rollout
-keys. Medians over ``--rounds``. On a shared machine the absolute numbers move from run to run;
-compare the two journals of one run.
+first report to the report that has the last record shipped. The journals cycle through 97 calls,
+each of its own rollout and with its own token ids. Medians over ``--rounds``. On a shared
+machine the absolute numbers move from run to run; compare the two journals of one run.
 """
 
 from __future__ import annotations
@@ -55,24 +55,36 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 KEYS = 97
 
 
-def whole_answer(prompt_tokens: int, completion_tokens: int) -> Record:
-    """One benchmark call's journal record, made as the proxy makes it."""
-    answer = Canned(prompt_tokens, completion_tokens).whole.split(b"\r\n\r\n", 1)[1]
+def whole_answers(prompt_tokens: int, completion_tokens: int) -> list[Record]:
+    """:data:`KEYS` distinct benchmark calls' journal records, made as the proxy makes them.
+
+    Each has its own rollout (so events spread over the partitions as the proxy's do) and its
+    own token ids (so zstd cannot fold one call into the next).
+    """
+    base = orjson.loads(Canned(prompt_tokens, completion_tokens).whole.split(b"\r\n\r\n", 1)[1])
     chat = {"model": "bench-model", "max_tokens": 256, "temperature": 0.7, "messages": [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "Step 1: the test suite fails in tests/unit; find out why and fix it "
                                     "without changing the tests."}]}
     asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
-    capture = CallCapture(rollout_id="r-0", call_id="c-0", protocol=ApiProtocol.OPENAI_CHAT, model="bench-model",
-                          request=normalize_request(chat, asked), streamed=False,
-                          headers={"user-agent": "openforge-bench/1"})
     sent = orjson.dumps({**chat, "logprobs": True, "return_token_ids": True, "return_weight_versions": True})
-    parsed, prompt_ids = cut_prompt_ids(answer)
-    capture.prompt_ids_json = prompt_ids
-    capture.on_response(orjson.loads(parsed))
-    capture.weight_version = "0"
-    return pack_raw_exchange(capture, EngineExchange(sent, answer, asked), upstream_status_code=200,
-                             upstream_replica="http://127.0.0.1:8000")
+    records = []
+    for k in range(KEYS):
+        answer = {**base, "id": f"chatcmpl-bench-{k}",
+                  "prompt_token_ids": [(t + 7919 * k) % 150_000 for t in base["prompt_token_ids"]],
+                  "choices": [{**base["choices"][0],
+                               "token_ids": [(t + 104_729 * k) % 150_000 for t in base["choices"][0]["token_ids"]]}]}
+        raw = orjson.dumps(answer)
+        capture = CallCapture(rollout_id=f"r-{k}", call_id=f"c-{k}", protocol=ApiProtocol.OPENAI_CHAT,
+                              model="bench-model", request=normalize_request(chat, asked), streamed=False,
+                              headers={"user-agent": "openforge-bench/1"})
+        parsed, prompt_ids = cut_prompt_ids(raw)
+        capture.prompt_ids_json = prompt_ids
+        capture.on_response(orjson.loads(parsed))
+        capture.weight_version = "0"
+        records.append(pack_raw_exchange(capture, EngineExchange(sent, raw, asked), upstream_status_code=200,
+                                         upstream_replica="http://127.0.0.1:8000"))
+    return records
 
 
 def _cpu(pid: int) -> tuple[float, float]:
@@ -131,15 +143,14 @@ class Worker:
             self._reader.cancel()
 
 
-async def ship(kafka: KafkaSettings, folder: Path, record: Record, *, bulk: int, rate: float,
+async def ship(kafka: KafkaSettings, folder: Path, records: list[Record], *, bulk: int, rate: float,
                seconds: float) -> tuple[float, float]:
     """Worker CPU (user, system) µs per record for one journal, bulk (``bulk`` > 0) or paced."""
     journal = Journal(folder, 1 << 40, shipped_elsewhere=True)
     journal.open()
-    topic, _, value, headers = record
 
     def append(n: int) -> None:
-        journal.append(topic, f"r-{n % KEYS}".encode(), value, headers)
+        journal.append(*records[n % len(records)])
 
     worker = Worker(folder, kafka)
     try:
@@ -180,8 +191,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[t
                               partitions=args.partitions, compression="zstd")
         async with KafkaAdmin(kafka) as admin:
             await admin.create_topics()
-        raw = whole_answer(args.prompt_tokens, args.completion_tokens)
-        built = ship_record(TopicRegistry.from_settings(kafka), *raw, 0)
+        raw = whole_answers(args.prompt_tokens, args.completion_tokens)
+        registry = TopicRegistry.from_settings(kafka)
+        built = [ship_record(registry, *record, 0) for record in raw]
         journals = {"whole answers": raw, "built events": built}
         results: dict[str, dict[str, list[tuple[float, float]]]] = {
             mode: {name: [] for name in journals} for mode in ("bulk", "paced")}

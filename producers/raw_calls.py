@@ -264,7 +264,7 @@ def _one_choice_fields(meta: dict[str, Any], chat: Any, answer: Any) -> dict[str
         "timings": _timings(meta),
         "status": CallStatus.OK, "upstream_status_code": meta["upstream_status_code"], "error_message": None,
         "upstream_replica": meta["upstream_replica"], "streamed": meta["streamed"],
-        "session_headers": meta["session_headers"],
+        "session_headers": meta["session_headers"] or {},
     }
 
 

@@ -2,7 +2,8 @@
 
 The launcher mints two tokens per rollout: one for the agent (it may make model
 calls for its own rollout and nothing else) and one for the verifier (it may
-also post that rollout's reward). The proxy verifies them with the shared key
+post that rollout's reward, and make no model calls: every call is recorded as
+a turn of the agent). The proxy verifies them with the shared key
 alone, so any number of proxy replicas agree without a database. The format is a
 contract between launcher and proxy, which is why it lives beside the event
 schemas; it does no I/O.
@@ -37,7 +38,7 @@ class Role(StrEnum):
     AGENT = "agent"
     """Model calls for its rollout."""
     VERIFIER = "verifier"
-    """Model calls and the reward of its rollout."""
+    """The reward of its rollout (no model calls: they would be recorded as the agent's)."""
 
 
 class Credential(BaseModel):

@@ -83,6 +83,9 @@ async def test_model_calls_only_from_the_agent(proxy: RunningProxy) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         models = await client.get(f"{proxy.base('r-j')}/v1/models", headers=auth(verifier))
     assert models.status_code == 200
+    counted = await post(f"{proxy.base('r-j')}/v1/messages/count_tokens", token=verifier,
+                         json={"model": "m", "messages": CHAT["messages"]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
     agent = await post(f"{proxy.base('r-j')}/v1/chat/completions", json=CHAT, token=proxy.token("r-j"))
     assert agent.status_code == 200
     [event] = await calls_of(proxy, 1)  # the agent's call alone

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import pytest
 from test_capture_build import CHAT, _capture, _choice, _json, _whole
 
-from producers.capture import CAPTURE_KEYS, normalize_request
+from producers.capture import CAPTURE_KEYS, event_json, normalize_request
 from producers.raw_calls import (
     RAW_CALLS,
     RAW_EXCHANGES,
@@ -214,8 +215,15 @@ def test_the_usual_whole_answer_maps_straight_to_the_fields_the_capture_gives(
     _, _, value, _ = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
     meta, chat = orjson.loads(value[8:8 + int.from_bytes(value[:4], "little")]), orjson.loads(exchange.request)
     straight = _one_choice_fields(meta, chat, orjson.loads(exchange.answer))
+    general = _answer_fields(meta, chat, orjson.loads(exchange.answer))
     assert straight is not None
-    assert straight == _answer_fields(meta, chat, orjson.loads(exchange.answer))
+    assert straight == general
+    # Equal is not enough (1 == 1.0 == True, and key order is part of what the checks accept):
+    # the event JSON written from each must be the same bytes (None alike: both validated).
+    created = datetime.now(UTC)
+    written = event_json(straight, event_id="e" * 32, created_at=created)
+    assert written == event_json(general, event_id="e" * 32, created_at=created)
+    assert [list(d) for d in (straight, general)] == [list(general)] * 2
 
 
 @pytest.mark.parametrize("answer", [
@@ -234,3 +242,15 @@ def test_an_unusual_whole_answer_is_left_to_the_capture(answer: dict[str, Any]) 
     _, _, value, _ = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
     meta = orjson.loads(value[8:8 + int.from_bytes(value[:4], "little")])
     assert _one_choice_fields(meta, orjson.loads(exchange.request), answer) is None
+
+
+def test_a_record_without_session_headers_maps_as_the_capture_maps_it() -> None:
+    from producers.raw_calls import _answer_fields, _one_choice_fields
+
+    capture, exchange = _exchange(_whole([_ONE_CHOICE]))
+    _, _, value, _ = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
+    meta = {**orjson.loads(value[8:8 + int.from_bytes(value[:4], "little")]), "session_headers": None}
+    chat = orjson.loads(exchange.request)
+    straight = _one_choice_fields(meta, chat, orjson.loads(exchange.answer))
+    assert straight is not None and straight["session_headers"] == {}
+    assert straight == _answer_fields(meta, chat, orjson.loads(exchange.answer))
