@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,7 @@ from proxy import telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError
+from proxy.hangup import HangupWatch, harness_gone
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
@@ -53,7 +53,7 @@ ENGINE_UNFINISHED = "the engine ended its stream without finishing the answer (n
 UNFINISHED = f"{ENGINE_UNFINISHED}, as vLLM does for an answer aborted before its first token; send the request again"
 """What a harness of a translated API is told instead."""
 HARNESS_GONE = "the harness hung up before the whole answer was ready"
-"""The span status of a whole answer nobody was there to take (recorded ``client_disconnected``)."""
+"""Why a whole answer's call is recorded ``client_disconnected`` (its engine work cut short, or its answer untaken)."""
 
 
 @dataclass(frozen=True)
@@ -203,110 +203,128 @@ class CallService:
         if streamed:
             chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
 
-        last_error = "no replica configured"
-        for replica in replicas:
-            try:
-                chat["model"] = await self.served_model(replica)
-                capture.model = chat["model"]
-                if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
-                    await self._fit_output(chat, capture, replica)
-                client_span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
-                                                          attributes={"server.address": replica})
-                upstream_t0 = time.perf_counter()
-                version_before = self.upstream.weight_version(replica)
-                sent = orjson.dumps(chat)
-                upstream_response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
-            except EngineTimeoutError as exc:
-                with contextlib.suppress(UnboundLocalError):
-                    client_span.end()
-                return await self._fail(adapter, capture, span, self.retries, fingerprint, 504,
-                                        CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}", replica)
-            except EngineError as exc:
-                with contextlib.suppress(UnboundLocalError):
-                    client_span.end()
-                self.upstream.mark_down(replica)
-                last_error = f"{replica}: {exc!r}"
-                continue
-            self.upstream.mark_up(replica)
-            if upstream_response.status >= 400:
+        # A whole answer's harness that hangs up while the engine works cancels the engine's work
+        # (a stream's is cancelled by the server): see proxy/hangup.py.
+        watch = HangupWatch(request.receive, enabled=not streamed)
+        replica: str | None = None
+        try:
+            last_error = "no replica configured"
+            for replica in replicas:
                 try:
-                    detail = (await upstream_response.read()).decode("utf-8", "replace")[:2000]
+                    chat["model"] = await self.served_model(replica)
+                    capture.model = chat["model"]
+                    if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                        await self._fit_output(chat, capture, replica)
+                    client_span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
+                                                              attributes={"server.address": replica})
+                    upstream_t0 = time.perf_counter()
+                    version_before = self.upstream.weight_version(replica)
+                    sent = orjson.dumps(chat)
+                    with watch.armed():
+                        upstream_response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
+                except EngineTimeoutError as exc:
+                    with contextlib.suppress(UnboundLocalError):
+                        client_span.end()
+                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 504,
+                                            CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}", replica)
                 except EngineError as exc:
-                    detail = repr(exc)
+                    with contextlib.suppress(UnboundLocalError):
+                        client_span.end()
+                    self.upstream.mark_down(replica)
+                    last_error = f"{replica}: {exc!r}"
+                    continue
+                self.upstream.mark_up(replica)
+                if upstream_response.status >= 400:
+                    try:
+                        detail = (await upstream_response.read()).decode("utf-8", "replace")[:2000]
+                    except EngineError as exc:
+                        detail = repr(exc)
+                    finally:
+                        upstream_response.close(finished=False)
+                    client_span.end()
+                    return await self._fail(adapter, capture, span, self.retries, fingerprint,
+                                            upstream_response.status, CallStatus.UPSTREAM_ERROR,
+                                            _engine_message(detail), replica)
+                if streamed:
+                    return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
+                                        client_span, fingerprint, version_before, upstream_t0)
+                finished = False
+                try:
+                    with watch.armed():
+                        answer_bytes = await upstream_response.read()
+                    parsed, prompt_ids = _without_prompt_ids(answer_bytes, asked)
+                    payload = orjson.loads(parsed)
+                    capture.prompt_ids_json = prompt_ids  # only a readable answer's
+                    finished = True
+                except (EngineError, orjson.JSONDecodeError) as exc:
+                    client_span.end()
+                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                            CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}", replica)
                 finally:
-                    upstream_response.close(finished=False)
+                    upstream_response.close(finished=finished)
+                upstream_s = time.perf_counter() - upstream_t0
                 client_span.end()
-                return await self._fail(adapter, capture, span, self.retries, fingerprint,
-                                        upstream_response.status, CallStatus.UPSTREAM_ERROR,
-                                        _engine_message(detail), replica)
-            if streamed:
-                return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
-                                    client_span, fingerprint, version_before, upstream_t0)
-            finished = False
-            try:
-                answer_bytes = await upstream_response.read()
-                parsed, prompt_ids = _without_prompt_ids(answer_bytes, asked)
-                payload = orjson.loads(parsed)
-                capture.prompt_ids_json = prompt_ids  # only a readable answer's
-                finished = True
-            except (EngineError, orjson.JSONDecodeError) as exc:
+                engine_status = upstream_response.status
+                try:
+                    if not isinstance(payload, dict):
+                        raise TypeError(f"a JSON {type(payload).__name__}, not an object")
+                    capture.on_response(payload)
+                except (TypeError, AttributeError, KeyError, ValueError) as exc:  # not a chat completion
+                    capture.discard_answer()
+                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                            CallStatus.UPSTREAM_ERROR, f"engine answer not understood: {exc!r}",
+                                            replica, upstream_status=engine_status)
+                aborted = _aborted(payload.get("choices"))
+                if aborted and adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                            CallStatus.UPSTREAM_ERROR, ABORTED, replica, upstream_status=engine_status)
+                try:
+                    # Translated before the call is recorded ok: an answer the harness never got is not ok.
+                    answer = adapter.from_chat(payload, body, asked)
+                except Exception as exc:  # whatever broke, the call is recorded
+                    if not isinstance(exc, ProxyError):
+                        logger.exception("translating the engine's answer failed (call %s)", call_id)
+                    capture.discard_answer()
+                    status, code = ((CallStatus.UPSTREAM_ERROR, 502) if isinstance(exc, ProxyError)
+                                    else (CallStatus.INTERNAL_ERROR, 500))
+                    return await self._fail(adapter, capture, span, self.retries, fingerprint, code, status,
+                                            f"engine answer not translated: {exc!r}", replica,
+                                            upstream_status=engine_status)
+                capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
+                watch.stop()
+                gone = watch.gone or harness_gone(request.receive)
+                if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
+                    await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
+                                       upstream_status_code=engine_status, replica=replica)
+                    span.set_status(Status(StatusCode.ERROR, ENGINE_ABORTED))
+                elif gone:
+                    # Nobody takes this answer: a harness that timed out sends the call again, and
+                    # that must be linked to this one as its retry, not counted as the next turn.
+                    await self._record(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=engine_status,
+                                       replica=replica)
+                    span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
+                else:
+                    await self._record(capture, CallStatus.OK, upstream_status_code=engine_status,
+                                       replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
+                self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not (aborted or gone))
+                if not (aborted or gone):  # as for streams and refusals: only answers that served the harness
+                    telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
+                                                   {"protocol": adapter.protocol.value, "streamed": False})
+                span.end()
+                return _json(answer, 200)
+            return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
+                                    CallStatus.UPSTREAM_UNREACHABLE,
+                                    f"no engine replica reachable; last error: {last_error}", None)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not watch.cancelled or task is None or task.uncancel() > 0:
+                raise  # not (only) the watch's: the server is stopping, say
+            with contextlib.suppress(UnboundLocalError):
                 client_span.end()
-                return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                        CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}", replica)
-            finally:
-                upstream_response.close(finished=finished)
-            upstream_s = time.perf_counter() - upstream_t0
-            client_span.end()
-            engine_status = upstream_response.status
-            try:
-                if not isinstance(payload, dict):
-                    raise TypeError(f"a JSON {type(payload).__name__}, not an object")
-                capture.on_response(payload)
-            except (TypeError, AttributeError, KeyError, ValueError) as exc:  # not a chat completion
-                capture.discard_answer()
-                return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                        CallStatus.UPSTREAM_ERROR, f"engine answer not understood: {exc!r}",
-                                        replica, upstream_status=engine_status)
-            aborted = _aborted(payload.get("choices"))
-            if aborted and adapter.protocol is not ApiProtocol.OPENAI_CHAT:
-                return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                        CallStatus.UPSTREAM_ERROR, ABORTED, replica, upstream_status=engine_status)
-            try:
-                # Translated before the call is recorded ok: an answer the harness never got is not ok.
-                answer = adapter.from_chat(payload, body, asked)
-            except Exception as exc:  # whatever broke, the call is recorded
-                if not isinstance(exc, ProxyError):
-                    logger.exception("translating the engine's answer failed (call %s)", call_id)
-                capture.discard_answer()
-                status, code = ((CallStatus.UPSTREAM_ERROR, 502) if isinstance(exc, ProxyError)
-                                else (CallStatus.INTERNAL_ERROR, 500))
-                return await self._fail(adapter, capture, span, self.retries, fingerprint, code, status,
-                                        f"engine answer not translated: {exc!r}", replica,
-                                        upstream_status=engine_status)
-            capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-            gone = _harness_gone(request.receive)
-            if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
-                await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
-                                   upstream_status_code=engine_status, replica=replica)
-                span.set_status(Status(StatusCode.ERROR, ENGINE_ABORTED))
-            elif gone:
-                # Nobody takes this answer: a harness that timed out sends the call again, and
-                # that must be linked to this one as its retry, not counted as the next turn.
-                await self._record(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=engine_status,
-                                   replica=replica)
-                span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
-            else:
-                await self._record(capture, CallStatus.OK, upstream_status_code=engine_status,
-                                   replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
-            self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not (aborted or gone))
-            if not (aborted or gone):  # as for streams and refusals: only answers that served the harness
-                telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
-                                               {"protocol": adapter.protocol.value, "streamed": False})
-            span.end()
-            return _json(answer, 200)
-        return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                CallStatus.UPSTREAM_UNREACHABLE,
-                                f"no engine replica reachable; last error: {last_error}", None)
+            return await self._fail(adapter, capture, span, self.retries, fingerprint, 499,
+                                    CallStatus.CLIENT_DISCONNECTED, HARNESS_GONE, replica)
+        finally:
+            watch.stop()
 
     def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
                 upstream: EngineResponse, replica: str, span: trace.Span, client_span: trace.Span,
@@ -489,27 +507,6 @@ def _aborted(choices: Any) -> bool:
     what was sampled, and a call sent again is linked to it as a retry.
     """
     return type(choices) is list and any(type(c) is dict and c.get("finish_reason") == "abort" for c in choices)
-
-
-def _harness_gone(receive: Callable[[], Awaitable[Any]]) -> bool:
-    """Whether the harness has hung up, asked without waiting.
-
-    Once the body is read, an ASGI server's ``receive`` waits until the connection closes and
-    then returns ``http.disconnect``. Its coroutine is stepped once here: finished at once, a
-    disconnect was already there; suspended, the harness is still connected, and the coroutine
-    is closed. A task per call that awaited ``receive`` would see the hang-up sooner, for the
-    price of a task on every call; this costs about a microsecond.
-    """
-    probe = receive()
-    if not inspect.iscoroutine(probe):
-        return False
-    try:
-        probe.send(None)
-    except StopIteration as done:
-        message = done.value
-        return isinstance(message, dict) and message.get("type") == "http.disconnect"
-    probe.close()
-    return False
 
 
 def _without_prompt_ids(body: bytes, asked: dict[str, Any]) -> tuple[bytes, bytes | None]:

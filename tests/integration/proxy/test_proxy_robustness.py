@@ -215,10 +215,25 @@ async def test_a_stream_whose_harness_left_before_its_first_byte_is_still_record
     assert (second.status, second.retry_of, second.attempt) == (CallStatus.OK, event.call_id, 1)
 
 
-async def test_a_whole_answer_whose_harness_left_is_recorded_so_and_its_retry_linked(proxy: RunningProxy) -> None:
-    # A harness that times out on a whole answer hangs up and sends the call again. The engine's
-    # answer, which nobody took, must not be recorded as the turn (the retry is the turn).
-    body = {**CHAT, "max_tokens": 32, "messages": [{"role": "user", "content": "Count to twenty."}]}
+async def _engine_metric(vllm_url: str, name: str, **labels: str) -> float:
+    """The sum of a vLLM Prometheus metric's samples whose labels include ``labels``."""
+    total = 0.0
+    text = (await get(f"{vllm_url}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, _, value = line.rpartition(" ")
+            if all(f'{key}="{wanted}"' in head for key, wanted in labels.items()):
+                total += float(value)
+    return total
+
+
+async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_is_linked(
+        proxy: RunningProxy, vllm_url: str) -> None:
+    # A harness that times out on a whole answer hangs up and sends the call again. The engine
+    # must stop making the answer nobody takes, and the call must not count as the turn.
+    generated_before = await _engine_metric(vllm_url, "vllm:generation_tokens_total")
+    # About two seconds of generation on the CPU engine (its context holds 1,024 tokens).
+    body = {**CHAT, "max_tokens": 1000, "ignore_eos": True, "messages": [{"role": "user", "content": "Go on."}]}
     raw = orjson.dumps(body)
     port = int(proxy.url.rsplit(":", 1)[1])
     _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -226,12 +241,26 @@ async def test_a_whole_answer_whose_harness_left_is_recorded_so_and_its_retry_li
                  b"authorization: Bearer " + proxy.token("r-left").encode() + b"\r\n"
                  b"content-type: application/json\r\ncontent-length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
     await writer.drain()
+    for _ in range(200):  # until the engine is generating the answer
+        if await _engine_metric(vllm_url, "vllm:num_requests_running") > 0:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the engine never started the request")
     writer.close()
     await writer.wait_closed()
     [event] = await calls_of(proxy, 1)
     assert (event.rollout_id, event.streamed, event.status) == ("r-left", False, CallStatus.CLIENT_DISCONNECTED)
-    assert event.choices and event.choices[0].completion_token_ids  # what the engine sampled is kept
-    again = await post(f"{proxy.base('r-left')}/v1/chat/completions", json=body, token=proxy.token("r-left"))
+    assert event.upstream_replica and not event.choices  # cut before the engine answered
+    for _ in range(600):
+        if await _engine_metric(vllm_url, "vllm:num_requests_running") == 0:
+            break
+        await asyncio.sleep(0.05)
+    # With EOS ignored, an answer made to the end has all 1,000 tokens: the engine stopped short.
+    generated = await _engine_metric(vllm_url, "vllm:generation_tokens_total") - generated_before
+    assert 0 < generated < 1000, generated
+    again = await post(f"{proxy.base('r-left')}/v1/chat/completions", json={**body, "max_tokens": 8},
+                       token=proxy.token("r-left"))
     assert again.status_code == 200
     [_, second] = await calls_of(proxy, 2)
     assert (second.status, second.retry_of, second.attempt) == (CallStatus.OK, event.call_id, 1)
