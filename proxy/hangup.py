@@ -38,6 +38,14 @@ def harness_gone(receive: Receive) -> bool:
     return False
 
 
+HARNESS_GONE = "the harness hung up before the whole answer was ready"
+"""Why a whole answer's call is recorded ``client_disconnected`` (its engine work cut short, or its answer untaken)."""
+
+
+class HarnessGoneError(Exception):
+    """The harness had already hung up when an armed block began."""
+
+
 class HangupWatch:
     """Cancels the task that made it when the harness hangs up, but only while :meth:`armed`.
 
@@ -46,7 +54,8 @@ class HangupWatch:
     the engine making an answer nobody takes while the harness already sends the call again.
     Disarmed, for instance while the call is being recorded, a hang-up is only noted in
     :attr:`gone`. The task sees ``CancelledError`` at the armed wait; :attr:`cancelled` tells it
-    that the cancellation was this watch's, to be taken back with ``Task.uncancel``.
+    that the cancellation was this watch's, to be taken back with ``Task.uncancel``. A block
+    armed after the harness left raises :class:`HarnessGoneError` at once.
     """
 
     def __init__(self, receive: Receive, *, enabled: bool = True) -> None:
@@ -66,6 +75,8 @@ class HangupWatch:
             waiting = probe.send(None)
         except StopIteration as done:
             self.gone = _disconnect(done.value)
+            return
+        except Exception:  # noqa: BLE001 - a receive that fails (an emptied one, say): no watching
             return
         self._wait_on(probe, waiting)
 
@@ -98,10 +109,10 @@ class HangupWatch:
         return self
 
     def __enter__(self) -> None:
-        if self.gone and self._probe is None and not self.cancelled and self._task is not None:
-            # Gone before the block: cancel at its first wait, as if it happened there.
-            self.cancelled = True
-            self._task.cancel()
+        if self.gone:
+            # Gone before the block. A cancellation scheduled now would land at the task's next
+            # wait, which may come after the block (if its code raises without waiting).
+            raise HarnessGoneError(HARNESS_GONE)
         self._armed = True
 
     def __exit__(self, *_: object) -> None:
@@ -114,4 +125,4 @@ class HangupWatch:
             probe.close()
 
 
-__all__ = ["HangupWatch", "harness_gone"]
+__all__ = ["HARNESS_GONE", "HangupWatch", "HarnessGoneError", "harness_gone"]

@@ -32,7 +32,7 @@ from proxy import telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError
-from proxy.hangup import HangupWatch, harness_gone
+from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError, harness_gone
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
@@ -52,8 +52,6 @@ ENGINE_UNFINISHED = "the engine ended its stream without finishing the answer (n
 """How a stream that ended so is recorded when the harness got it as it was."""
 UNFINISHED = f"{ENGINE_UNFINISHED}, as vLLM does for an answer aborted before its first token; send the request again"
 """What a harness of a translated API is told instead."""
-HARNESS_GONE = "the harness hung up before the whole answer was ready"
-"""Why a whole answer's call is recorded ``client_disconnected`` (its engine work cut short, or its answer untaken)."""
 
 
 @dataclass(frozen=True)
@@ -315,12 +313,15 @@ class CallService:
             return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
                                     CallStatus.UPSTREAM_UNREACHABLE,
                                     f"no engine replica reachable; last error: {last_error}", None)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not watch.cancelled or task is None or task.uncancel() > 0:
-                raise  # not (only) the watch's: the server is stopping, say
-            with contextlib.suppress(UnboundLocalError):
-                client_span.end()
+        except (asyncio.CancelledError, HarnessGoneError) as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                task = asyncio.current_task()
+                if not watch.cancelled or task is None or task.uncancel() > 0:
+                    raise  # not (only) the watch's: the server is stopping, say
+            # Either way it came from an armed block, which runs inside the engine call's span.
+            client_span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
+            client_span.end()
+            watch.stop()
             return await self._fail(adapter, capture, span, self.retries, fingerprint, 499,
                                     CallStatus.CLIENT_DISCONNECTED, HARNESS_GONE, replica)
         finally:
