@@ -9,11 +9,20 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner helm kube clean
 
-$(STAMP): pyproject.toml
+# The compiled fast path of the proxy's shipping worker (native/, Rust); its build output is
+# cached beside the other downloads, so a fresh clone links it again in seconds.
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/openforge_native.pyi \
+                  $(wildcard native/src/*.rs)
+CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/openforge
+
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade "pip>=25.1"
 	@$(PY) -m pip install --quiet -e . --group test --group lint
+	@command -v cargo >/dev/null || { echo "building native/ needs Rust's cargo (https://rustup.rs)" >&2; exit 1; }
+	@echo "==> building the shipping worker's compiled fast path (native/)"
+	@CARGO_TARGET_DIR="$(CACHE)/native-target" $(PY) -m pip install --quiet ./native
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -66,4 +75,4 @@ bench: install kafka-jars engine learner
 	@$(PY) -m bench.publisher
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache native/target

@@ -9,6 +9,8 @@ Kafka. Two journals are shipped side by side, alternating, to a private local br
 
 * **whole answers**: raw exchange records of one benchmark call (``--prompt-tokens`` and
   ``--completion-tokens``, the shape ``bench.proxy`` uses), as the proxy writes them;
+* **whole, Python path**: the same records, with the worker told to make each event in Python
+  rather than with the compiled fast path (``native/``), as it does where that is not installed;
 * **built events** (the baseline): the same calls already made into their events, so the worker
   only reads and sends them. The difference is what building an event costs.
 
@@ -45,7 +47,7 @@ from bench.fast_upstream import Canned
 from bench.proxy import SYSTEM_PROMPT, progress
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request
 from producers.journal import Journal
-from producers.raw_calls import EngineExchange, Record, pack_raw_exchange, ship_record
+from producers.raw_calls import NATIVE, EngineExchange, Record, pack_raw_exchange, ship_record
 from producers.ship_worker import WorkerSpec
 from schemas.call.v1 import ApiProtocol
 from stream import BrokerSettings, KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
@@ -95,9 +97,10 @@ def _cpu(pid: int) -> tuple[float, float]:
 class Worker:
     """The shipping worker on one journal folder, started the way the proxy starts it."""
 
-    def __init__(self, directory: Path, kafka: KafkaSettings) -> None:
+    def __init__(self, directory: Path, kafka: KafkaSettings, *, native: bool = True) -> None:
         self.directory = directory
         self.kafka = kafka
+        self.native = native
         self.shipped = -1
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -108,7 +111,8 @@ class Worker:
             sys.executable, "-m", "producers.ship_worker", str(self.directory),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         assert self._process.stdin is not None
-        self._process.stdin.write(orjson.dumps(asdict(WorkerSpec(self.kafka.model_dump(mode="json")))) + b"\n")
+        spec = WorkerSpec(self.kafka.model_dump(mode="json"), native=self.native)
+        self._process.stdin.write(orjson.dumps(asdict(spec)) + b"\n")
         self._reader = asyncio.create_task(self._follow())
         await self.until(-1)
 
@@ -144,7 +148,7 @@ class Worker:
 
 
 async def ship(kafka: KafkaSettings, folder: Path, records: list[Record], *, bulk: int, rate: float,
-               seconds: float) -> tuple[float, float]:
+               seconds: float, native: bool = True) -> tuple[float, float]:
     """Worker CPU (user, system) µs per record for one journal, bulk (``bulk`` > 0) or paced."""
     journal = Journal(folder, 1 << 40, shipped_elsewhere=True)
     journal.open()
@@ -152,7 +156,7 @@ async def ship(kafka: KafkaSettings, folder: Path, records: list[Record], *, bul
     def append(n: int) -> None:
         journal.append(*records[n % len(records)])
 
-    worker = Worker(folder, kafka)
+    worker = Worker(folder, kafka, native=native)
     try:
         if bulk:
             for n in range(bulk):
@@ -194,20 +198,24 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[t
         raw = whole_answers(args.prompt_tokens, args.completion_tokens)
         registry = TopicRegistry.from_settings(kafka)
         built = [ship_record(registry, *record, 0) for record in raw]
-        journals = {"whole answers": raw, "built events": built}
+        if not NATIVE:
+            raise SystemExit("the compiled fast path (openforge_native) is not installed: run `make install`")
+        # Name: (records, whether the worker may use the compiled path).
+        journals = {"whole answers": (raw, True), "whole, Python path": (raw, False), "built events": (built, True)}
         results: dict[str, dict[str, list[tuple[float, float]]]] = {
             mode: {name: [] for name in journals} for mode in ("bulk", "paced")}
         # A short first pass warms the broker's JIT; it is not counted.
-        await ship(kafka, tmp / "warm", raw, bulk=min(args.records, 2000), rate=0, seconds=0)
+        await ship(kafka, tmp / "warm", raw, bulk=min(args.records, 2000), rate=0, seconds=0, native=False)
         for round_ in range(args.rounds):
             order = list(journals) if round_ % 2 == 0 else list(reversed(journals))
             for mode in ("bulk", "paced"):
                 for name in order:
-                    figures = await ship(kafka, tmp / uuid.uuid4().hex, journals[name],
+                    records, native = journals[name]
+                    figures = await ship(kafka, tmp / uuid.uuid4().hex, records,
                                          bulk=args.records if mode == "bulk" else 0, rate=args.rate,
-                                         seconds=args.seconds)
+                                         seconds=args.seconds, native=native)
                     results[mode][name].append(figures)
-                    progress(f"round {round_ + 1}/{args.rounds} {mode:5} {name:13}: "
+                    progress(f"round {round_ + 1}/{args.rounds} {mode:5} {name:18}: "
                              f"{sum(figures):6.1f} us/record (user {figures[0]:.1f}, system {figures[1]:.1f})")
         return results
     finally:
@@ -216,16 +224,17 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[t
 
 
 def report(results: dict[str, dict[str, list[tuple[float, float]]]], args: argparse.Namespace) -> str:
-    lines = [f"{'shipping worker CPU, us/record':32} {'user':>8} {'system':>8} {'total':>8}", "-" * 60]
+    lines = [f"{'shipping worker CPU, us/record':38} {'user':>8} {'system':>8} {'total':>8}", "-" * 66]
     for mode, by_journal in results.items():
         for name, figures in by_journal.items():
             user = statistics.median(f[0] for f in figures)
             system = statistics.median(f[1] for f in figures)
             total = statistics.median(sum(f) for f in figures)
-            lines.append(f"{mode + ', ' + name:32} {user:8.1f} {system:8.1f} {total:8.1f}")
-        building = (statistics.median(sum(f) for f in by_journal["whole answers"])
-                    - statistics.median(sum(f) for f in by_journal["built events"]))
-        lines.append(f"{mode + ', building the event':32} {'':8} {'':8} {building:8.1f}")
+            lines.append(f"{mode + ', ' + name:38} {user:8.1f} {system:8.1f} {total:8.1f}")
+        baseline = statistics.median(sum(f) for f in by_journal["built events"])
+        for path, name in (("compiled", "whole answers"), ("Python", "whole, Python path")):
+            building = statistics.median(sum(f) for f in by_journal[name]) - baseline
+            lines.append(f"{mode + ', building the event, ' + path:38} {'':8} {'':8} {building:8.1f}")
     lines.append(f"(bulk: {args.records:,} records journalled first; paced: {args.rate:,.0f} records/s for "
                  f"{args.seconds:g} s; {args.prompt_tokens} prompt / {args.completion_tokens} completion tokens per "
                  f"call; medians of {args.rounds} rounds)")

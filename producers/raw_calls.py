@@ -52,6 +52,16 @@ from stream import CALLS, DEAD_LETTERS, TopicRegistry
 from stream.producer import encode_record, encoded_record
 from stream.tracing import inject_trace_context
 
+try:
+    # The compiled fast path for whole answers (native/, built by `make install`). Without it
+    # the Python path below does the same work, at about four times the CPU.
+    from openforge_native import exchange_event as _native_exchange_event
+except ImportError:  # pragma: no cover - every supported install builds it
+    _native_exchange_event = None  # type: ignore[assignment]
+
+NATIVE = _native_exchange_event is not None
+"""Whether the compiled fast path is installed."""
+
 RAW_CALLS = "openforge/raw-calls"
 """The topic name raw call records are journalled under. The ``/`` makes it an illegal Kafka
 topic name, so it can never be mistaken for a real topic, and a shipper that did not know it
@@ -314,28 +324,36 @@ def unpack_raw_call(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]
 
 
 def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: bytes,
-                headers: tuple[tuple[str, bytes], ...], seq: int) -> Record:
+                headers: tuple[tuple[str, bytes], ...], seq: int, *, native: bool = True) -> Record:
     """What to send to Kafka for one journal record: itself, or for a raw call its event.
 
-    The event's JSON is written straight from the record's fields when the checks of
-    :func:`producers.capture.event_json` vouch for them, which is most of the shipper's work
-    saved; otherwise the event is built and validated. A raw call that cannot be made an event
-    is sent as a dead letter instead (``seq``, the journal's sequence number, stands in for the
-    offset it never had), so the journal moves on and the call stays inspectable.
+    A whole answer's event is written by the compiled fast path (``native``, when installed)
+    when it can vouch for the record; otherwise the event's JSON is written straight from the
+    record's fields when the checks of :func:`producers.capture.event_json` vouch for them, which
+    is most of the Python path's work saved; otherwise the event is built and validated. A raw
+    call that cannot be made an event is sent as a dead letter instead (``seq``, the journal's
+    sequence number, stands in for the offset it never had), so the journal moves on and the
+    call stays inspectable.
     """
     if topic not in (RAW_CALLS, RAW_EXCHANGES):
         return topic, key, value, headers
     try:
-        data, event_id, created_at, trace = (_call_fields if topic == RAW_CALLS else _exchange_fields)(value)
         calls = registry[CALLS]
-        written = event_json(data, event_id=event_id, created_at=created_at)
+        made = (_native_exchange_event(value) if native and topic == RAW_EXCHANGES
+                and _native_exchange_event is not None else None)
         record_key: bytes | None
-        if written is not None:
-            record_key, encoded, event_headers = encoded_record(calls, ModelCallV1, data["rollout_id"].encode(),
-                                                                written)
+        if made is not None:
+            written, rollout_id, trace = made
+            record_key, encoded, event_headers = encoded_record(calls, ModelCallV1, rollout_id.encode(), written)
         else:
-            event = event_from_fields(data, event_id=event_id, created_at=created_at)
-            record_key, encoded, event_headers = encode_record(calls, event)
+            data, event_id, created_at, trace = (_call_fields if topic == RAW_CALLS else _exchange_fields)(value)
+            vouched = event_json(data, event_id=event_id, created_at=created_at)
+            if vouched is not None:
+                record_key, encoded, event_headers = encoded_record(calls, ModelCallV1,
+                                                                    data["rollout_id"].encode(), vouched)
+            else:
+                event = event_from_fields(data, event_id=event_id, created_at=created_at)
+                record_key, encoded, event_headers = encode_record(calls, event)
     except Exception as exc:  # noqa: BLE001 - whatever the record holds, the journal must move on
         return dead_letter(registry, (topic, key, value, ()), seq, DeadLetterErrorType.INVALID_EVENT,
                            f"call capture made no valid event: {exc}", exc)
@@ -345,5 +363,5 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
     return calls.name, record_key, encoded, tuple(kept + trace)
 
 
-__all__ = ["RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "dead_letter", "pack_raw_call",
+__all__ = ["NATIVE", "RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "dead_letter", "pack_raw_call",
            "pack_raw_exchange", "ship_record", "unpack_raw_call", "unpack_raw_exchange"]

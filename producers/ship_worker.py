@@ -56,6 +56,9 @@ class WorkerSpec:
     batch_records: int = 1024
     batch_bytes: int = 4 * 1024 * 1024
     linger_s: float = 0.02
+    native: bool = True
+    """Make whole answers' events in compiled code where it is installed; False for the Python
+    path (the benchmark's baseline)."""
 
 
 @dataclass
@@ -233,6 +236,7 @@ class _Reporter:
 
 async def _work(directory: Path) -> int:
     from producers.journal import JournalCorruptError
+    from producers.raw_calls import NATIVE
     from producers.shipper import Shipper
     from stream import EventProducer, KafkaSettings, TopicRegistry
 
@@ -243,6 +247,9 @@ async def _work(directory: Path) -> int:
     kafka = KafkaSettings.model_validate(spec.kafka)
     registry = TopicRegistry.from_settings(kafka)
     report = _Reporter()
+    if spec.native and not NATIVE:
+        logger.warning("the compiled fast path (openforge_native) is not installed: events are made in "
+                       "Python, at several times the CPU per call (`make install` builds it)")
     lock = await asyncio.to_thread(_lock, directory, _LOCK_WAIT_S)
     tail = JournalTail(directory)
     try:
@@ -255,7 +262,7 @@ async def _work(directory: Path) -> int:
         shipper = Shipper(lambda: EventProducer(kafka, registry=registry, client_id=spec.client_id), tail,
                           registry, ack_timeout_s=spec.ack_timeout_s, batch_records=spec.batch_records,
                           batch_bytes=spec.batch_bytes, linger_s=spec.linger_s,
-                          idle_wait_s=max(spec.linger_s, 0.01),
+                          idle_wait_s=max(spec.linger_s, 0.01), native=spec.native,
                           on_progress=lambda: report(tail.shipped, shipper.kafka_ok, shipper.publish_errors,
                                                      shipper.failed))
         await shipper.connect()

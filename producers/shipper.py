@@ -86,6 +86,7 @@ class Shipper:
         linger_s: float = 0.02,
         idle_wait_s: float = 1.0,
         on_progress: Callable[[], object] | None = None,
+        native: bool = True,
     ) -> None:
         self._factory = producer_factory
         self._producer: EventProducer | None = None
@@ -97,6 +98,8 @@ class Shipper:
         self.linger_s = linger_s
         self.idle_wait_s = idle_wait_s
         self._on_progress = on_progress
+        self.native = native
+        """Whole answers become events in compiled code where it is installed (:func:`ship_record`)."""
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()
         self._stop_requested = asyncio.Event()
@@ -178,7 +181,8 @@ class Shipper:
             try:
                 if not await self.connect():
                     raise ConnectionError("Kafka unreachable")
-                outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq) for r in records]
+                outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq, native=self.native)
+                            for r in records]
                 await self._send(outgoing)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
                 refused = isinstance(exc, _REFUSED)
