@@ -19,7 +19,7 @@ Each is shipped two ways:
 * **bulk**: ``--records`` records are journalled first, then the worker ships them in batches
   of up to 1,024, as after a Kafka outage;
 * **paced**: records are journalled at ``--rate`` per second for ``--seconds`` while the worker
-  ships them, as under steady load (a few dozen records per 20 ms batch).
+  ships them, as under steady load (the proxy's default linger between batches).
 
 The figure is the worker process's CPU time (user and system, from /proc) per record, from its
 first report to the report that has the last record shipped. The journals cycle through 97 calls,
@@ -49,6 +49,7 @@ from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normali
 from producers.journal import Journal
 from producers.raw_calls import NATIVE, EngineExchange, Record, pack_raw_exchange, ship_record
 from producers.ship_worker import WorkerSpec
+from proxy.settings import ProxySettings
 from schemas.call.v1 import ApiProtocol
 from stream import BrokerSettings, KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
 from stream.broker import free_port_pair
@@ -111,7 +112,8 @@ class Worker:
             sys.executable, "-m", "producers.ship_worker", str(self.directory),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         assert self._process.stdin is not None
-        spec = WorkerSpec(self.kafka.model_dump(mode="json"), native=self.native)
+        spec = WorkerSpec(self.kafka.model_dump(mode="json"), native=self.native,
+                          linger_s=ProxySettings.model_fields["journal_linger_ms"].default / 1000)
         self._process.stdin.write(orjson.dumps(asdict(spec)) + b"\n")
         self._reader = asyncio.create_task(self._follow())
         await self.until(-1)
