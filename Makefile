@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 .PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner helm kube clean
 
 # The compiled fast path of the proxy's shipping worker (native/, Rust); its build output is
-# cached beside the other downloads, so a fresh clone links it again in seconds.
+# cached beside the other downloads, so a fresh clone compiles only the crate itself again.
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/openforge_native.pyi \
                   $(wildcard native/src/*.rs)
 CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/openforge

@@ -54,9 +54,10 @@ from stream.tracing import inject_trace_context
 
 try:
     # The compiled fast path for whole answers (native/, built by `make install`). Without it
-    # the Python path below does the same work, at about four times the CPU.
+    # (an install that did not build it) the Python path below does the same work, at about
+    # four times the CPU; the shipper says so when it starts.
     from openforge_native import exchange_event as _native_exchange_event
-except ImportError:  # pragma: no cover - every supported install builds it
+except ImportError:  # pragma: no cover - `make install` builds it
     _native_exchange_event = None  # type: ignore[assignment]
 
 NATIVE = _native_exchange_event is not None

@@ -236,7 +236,6 @@ class _Reporter:
 
 async def _work(directory: Path) -> int:
     from producers.journal import JournalCorruptError
-    from producers.raw_calls import NATIVE
     from producers.shipper import Shipper
     from stream import EventProducer, KafkaSettings, TopicRegistry
 
@@ -247,9 +246,6 @@ async def _work(directory: Path) -> int:
     kafka = KafkaSettings.model_validate(spec.kafka)
     registry = TopicRegistry.from_settings(kafka)
     report = _Reporter()
-    if spec.native and not NATIVE:
-        logger.warning("the compiled fast path (openforge_native) is not installed: events are made in "
-                       "Python, at several times the CPU per call (`make install` builds it)")
     lock = await asyncio.to_thread(_lock, directory, _LOCK_WAIT_S)
     tail = JournalTail(directory)
     try:

@@ -30,7 +30,15 @@ import aiokafka.errors as kafka_errors
 from producers.capture import CallCapture
 from producers.durable import Outcome, connect_producer
 from producers.journal import Journal, JournalCorruptError, JournalRecord
-from producers.raw_calls import EngineExchange, Record, dead_letter, pack_raw_call, pack_raw_exchange, ship_record
+from producers.raw_calls import (
+    NATIVE,
+    EngineExchange,
+    Record,
+    dead_letter,
+    pack_raw_call,
+    pack_raw_exchange,
+    ship_record,
+)
 from producers.ship_worker import ShipperProcess, WorkerSpec
 from producers.spool import DiskSpool
 from schemas import EventBase
@@ -100,6 +108,9 @@ class Shipper:
         self._on_progress = on_progress
         self.native = native
         """Whole answers become events in compiled code where it is installed (:func:`ship_record`)."""
+        if native and not NATIVE:
+            logger.warning("the compiled fast path (openforge_native) is not installed: events are made in "
+                           "Python, at several times the CPU per call (`make install` builds it)")
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()
         self._stop_requested = asyncio.Event()
@@ -173,8 +184,12 @@ class Shipper:
                 if self.stopping:
                     return
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(self._wake.wait(), self.idle_wait_s)
+                except TimeoutError:
+                    # A poll (the shipping process is not woken per append): what arrived has
+                    # gathered for the idle wait already; a linger now would only double the delay.
+                    continue
                 await self._linger()
                 continue
             outgoing: list[Record] = []

@@ -10,10 +10,13 @@
 //! for anything it is not sure of (a value of an unexpected type, a duplicate key, a number out
 //! of range, a date in another form), and the Python path
 //! (`producers.raw_calls._exchange_fields` and `producers.capture.event_json`) then decides,
-//! with the same checks it always made. So it never writes an event the Python path would not
-//! have written: every check of `producers.capture._vouch` is repeated here, and the unit tests
-//! compare both paths on every kind of record they can make.
+//! with the same checks it always made. So for a record the proxy writes it never makes an
+//! event the Python path would not have made: every check of `producers.capture._vouch` is
+//! repeated here, and the unit tests compare both paths on every kind of record they can make.
+//! (Parts of the engine's answer the event does not carry are skipped, not parsed, so JSON
+//! there that Python's parser refuses goes unnoticed; the proxy journals only answers it parsed.)
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 
 use base64::engine::general_purpose::STANDARD;
@@ -82,8 +85,11 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut members: Vec<(String, V)> = Vec::new();
+                // A harness may send a request with any number of fields: a set, not a scan
+                // of the keys before each, keeps that linear.
+                let mut seen: HashSet<String> = HashSet::new();
                 while let Some((key, value)) = map.next_entry::<String, V>()? {
-                    if members.iter().any(|(seen, _)| *seen == key) {
+                    if !seen.insert(key.clone()) {
                         // Python keeps the last value at the first key's place; leave that to it.
                         return Err(serde::de::Error::custom("duplicate key"));
                     }
@@ -289,8 +295,8 @@ fn object<'a, T: Deserialize<'a>>(text: &'a str) -> Option<T> {
 }
 
 /// A part of the engine's answer copied into the event as it is: it must be JSON that Python's
-/// parser reads too (no number beyond a double's range, no lone surrogate), as the rest of the
-/// answer, which is not read here, need not be.
+/// parser reads too (no number beyond a double's range, no lone surrogate). The parts not read
+/// are only skipped, which takes such JSON: the proxy journals only answers `orjson` parsed.
 fn strict(raw: Option<&RawValue>) -> Option<()> {
     match raw {
         None => Some(()),
@@ -494,6 +500,11 @@ fn event_json(record: &[u8]) -> Option<Made> {
             .map(|Obj(item)| item.logprob)
             .collect(),
     };
+    if logprobs.iter().any(|value| *value == 0.0 && value.is_sign_negative()) {
+        // JSON `-0` is the int 0 to Python, whose float is +0.0; serde_json reads -0.0. Which
+        // spelling the engine used is not known here.
+        return None;
+    }
     let n = if logprobs.is_empty() {
         ids.len()
     } else {
@@ -750,7 +761,9 @@ type PyMade<'py> = (Bound<'py, PyBytes>, String, Vec<(String, Bound<'py, PyBytes
 /// or `None` when the Python path must decide (see the module's documentation).
 #[pyfunction]
 fn exchange_event<'py>(py: Python<'py>, record: &[u8]) -> Option<PyMade<'py>> {
-    let (json, rollout_id, trace) = event_json(record)?;
+    // A panic would reach Python as a BaseException, past the shipper's `except Exception`, and
+    // stop the worker on the same record after every restart: give the record to Python instead.
+    let (json, rollout_id, trace) = std::panic::catch_unwind(|| event_json(record)).ok().flatten()?;
     let trace = trace
         .into_iter()
         .map(|(name, text)| (name, PyBytes::new(py, text.as_bytes())))

@@ -98,6 +98,17 @@ async def test_an_append_leaves_the_linger_alone_and_a_waiting_reward_cuts_it_sh
     assert await _stored(kafka_settings, topics) == 4
 
 
+async def test_a_record_a_poll_finds_leaves_without_a_linger(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    # The shipping process is not woken per append: it polls every idle wait. What a poll finds
+    # has gathered for that wait already; a linger on top would double the delay of each event.
+    async with _shipping(tmp_path, kafka_settings, topics, batch_bytes=1 << 20) as (journal, shipper):
+        await asyncio.sleep(0.3)  # idle: several polls found nothing
+        last = _append(journal, topics, 2, 100)  # no wake, as in the shipping process
+        assert await _until(lambda: shipper.shipped >= last, 10.0), "a record found by a poll sat out a linger"
+    assert await _stored(kafka_settings, topics) == 2
+
+
 @pytest.mark.parametrize("place", ["inline", "process"])
 async def test_a_reward_waiting_for_kafka_does_not_sit_out_the_linger(
         tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, place: str) -> None:

@@ -282,3 +282,33 @@ def test_lengths_that_point_past_the_record_are_refused() -> None:
     value = _record()
     assert openforge_native.exchange_event(_LENGTHS.pack(2**32 - 1, 2**32 - 1) + value[_LENGTHS.size:]) is None
     assert openforge_native.exchange_event(_LENGTHS.pack(4, 2**32 - 1) + value[_LENGTHS.size:]) is None
+
+
+def test_spellings_python_reads_otherwise_are_left_to_it() -> None:
+    """JSON whose meaning differs between the two parsers, or that Python reads with the last of two keys."""
+    value = _record()
+    minus_zero = value.replace(b'"logprob":-0.25', b'"logprob":-0', 1)  # the int 0 to Python: +0.0
+    assert minus_zero != value and openforge_native.exchange_event(minus_zero) is None
+    assert not _both(minus_zero)
+    twice = value.replace(b'"top_k":20', b'"top_k":20,"top_k":21', 1)  # Python keeps 21, at 20's place
+    assert twice != value and openforge_native.exchange_event(twice) is None
+    assert not _both(twice)
+    float_zero = value.replace(b'"logprob":-0.25', b'"logprob":-0.0', 1)  # -0.0 to both, but not told apart
+    assert openforge_native.exchange_event(float_zero) is None and not _both(float_zero)
+
+
+def test_a_request_with_many_fields_gives_the_same_record_both_ways() -> None:
+    chat = {**CHAT_SENT, **{f"x_{i}": i for i in range(20_000)}}
+    assert _both(_record(chat=chat))
+
+
+def test_a_shipper_without_the_compiled_path_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import producers.shipper as shipper_module
+
+    monkeypatch.setattr(shipper_module, "NATIVE", False)
+    with caplog.at_level("WARNING", logger="producers.shipper"):
+        shipper_module.Shipper(lambda: None, None, REGISTRY, ack_timeout_s=1.0)  # type: ignore[arg-type,return-value]
+        shipper_module.Shipper(lambda: None, None, REGISTRY, ack_timeout_s=1.0,  # type: ignore[arg-type,return-value]
+                               native=False)
+    assert [r.message.count("not installed") for r in caplog.records] == [1]
