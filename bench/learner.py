@@ -19,6 +19,8 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.broker import private_broker
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from trajectories import groups
@@ -28,9 +30,9 @@ from learner.sources import ListTrajectorySource
 from learner.trainer import Learner
 from openforge.engine import make_tiny_model
 from stream.admin import KafkaAdmin
-from stream.broker import LocalBroker, cache_root, free_port_pair
+from stream.broker import cache_root
 from stream.producer import EventProducer
-from stream.settings import BrokerSettings, KafkaSettings
+from stream.settings import KafkaSettings
 from stream.topics import TRAJECTORIES
 
 GOAL = 0.8
@@ -83,8 +85,7 @@ def main() -> int:
         broker = None
         bootstrap = args.bootstrap
         if bootstrap is None:
-            port = free_port_pair()
-            broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(Path(tmp) / "k")))
+            broker = private_broker(Path(tmp) / "k")
             broker.start()
             bootstrap = broker.bootstrap
         try:

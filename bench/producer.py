@@ -64,12 +64,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from bench.broker import private_broker
 from schemas import ModelCallV1, encode
 from schemas.call.v1 import ApiProtocol, CallChoice, CallStatus, CallTimings, NormalizedRequest
 from stream.admin import KafkaAdmin
-from stream.broker import BROKER_MESSAGE_MAX_BYTES, LocalBroker, free_port_pair
+from stream.broker import BROKER_MESSAGE_MAX_BYTES, LocalBroker
 from stream.producer import EventProducer
-from stream.settings import BrokerSettings, KafkaSettings
+from stream.settings import KafkaSettings
 from stream.topics import CALLS
 
 GOAL = 0.80
@@ -403,8 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.bootstrap:
             bootstrap = args.bootstrap
         else:
-            port = free_port_pair()
-            broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=tmp))
+            broker = private_broker(Path(tmp))
             progress(f"starting a private Kafka broker on {broker.bootstrap} ...")
             broker.start()
             bootstrap = broker.bootstrap

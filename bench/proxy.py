@@ -106,15 +106,16 @@ from typing import Any
 
 import orjson
 
+from bench.broker import private_broker
 from bench.fast_upstream import MODEL, Canned
 from producers.capture import CallCapture, normalize_request
 from schemas import encode
 from schemas.call.v1 import ApiProtocol, CallStatus
 from schemas.credentials import Role, mint_token
 from stream.admin import KafkaAdmin
-from stream.broker import LocalBroker, free_port, free_port_pair
+from stream.broker import LocalBroker, free_port
 from stream.producer import EventProducer
-from stream.settings import BrokerSettings, KafkaSettings
+from stream.settings import KafkaSettings
 from stream.topics import CALLS, Topic
 
 GOAL_CAPTURE_RATIO = 0.80
@@ -1090,8 +1091,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[s
         if args.bootstrap:
             bootstrap = args.bootstrap
         else:
-            port = free_port_pair()
-            broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp / "kafka")))
+            broker = private_broker(tmp / "kafka")
             progress(f"starting a private Kafka broker on {broker.bootstrap} ...")
             started = time.perf_counter()
             broker.start()

@@ -38,13 +38,14 @@ from typing import Any
 
 import httpx
 
+from bench.broker import private_broker
 from consumers.checkpoint_files import write_scaled_copy
 from consumers.publisher import CheckpointPublisher, PublisherSettings
 from schemas import CheckpointV1
 from stream.admin import KafkaAdmin
-from stream.broker import LocalBroker, cache_root, free_port, free_port_pair
+from stream.broker import LocalBroker, cache_root, free_port
 from stream.producer import EventProducer
-from stream.settings import BrokerSettings, KafkaSettings
+from stream.settings import KafkaSettings
 from stream.topics import CHECKPOINTS
 
 
@@ -148,8 +149,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if args.bootstrap:
             bootstrap = args.bootstrap
         else:
-            port = free_port_pair()
-            broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp / "kafka")))
+            broker = private_broker(tmp / "kafka")
             progress("starting a private Kafka broker ...")
             await asyncio.to_thread(broker.start)
             bootstrap = broker.bootstrap

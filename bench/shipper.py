@@ -43,6 +43,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.broker import private_broker
 from bench.fast_upstream import Canned
 from bench.proxy import SYSTEM_PROMPT, progress
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request
@@ -51,8 +52,7 @@ from producers.raw_calls import NATIVE, EngineExchange, Record, pack_raw_exchang
 from producers.ship_worker import WorkerSpec
 from proxy.settings import ProxySettings
 from schemas.call.v1 import ApiProtocol
-from stream import BrokerSettings, KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
-from stream.broker import free_port_pair
+from stream import KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 KEYS = 97
@@ -187,8 +187,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[t
     if args.bootstrap:
         bootstrap = args.bootstrap
     else:
-        port = free_port_pair()
-        broker = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp / "kafka")))
+        broker = private_broker(tmp / "kafka")
         progress(f"starting a private Kafka broker on {broker.bootstrap} ...")
         broker.start()
         bootstrap = broker.bootstrap
