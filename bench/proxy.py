@@ -56,11 +56,23 @@ Measured, in one run, alternating targets so that a noisy machine disturbs them 
    the whole machine's busy CPU per call is read from /proc/stat (the kernel's own work
    included).
 
-The load generator is this process: a minimal HTTP/1.1 client on raw asyncio streams (no HTTP
-library), which parses only what it needs. On a two-core machine it competes for CPU with the
-proxy, the upstream and the Kafka broker, which all share the same two cores, so absolute
-requests/s are a lower bound and the direct target at high concurrency mostly measures the load
-generator; the ratios and the per-request CPU columns are the robust figures.
+Two load generators, each a minimal HTTP/1.1 client that parses only what it needs:
+
+* **native** (the default, ``--loadgen native``): ``bench/loadgen``, a small compiled program built
+  with cargo on first use (cached under ``~/.cache/openforge/loadgen-target``). One thread and
+  keep-alive connection per client, each sending its next request as soon as the last is answered,
+  as independent harnesses do. It sends the closed-loop throughput cells' requests for 11 to 20 µs of
+  CPU each;
+* **python** (``--loadgen python``): this process, on raw asyncio streams. It spends 50 to 65 µs of CPU
+  per request, and one event loop sends the connections' requests in bursts (every answer that
+  arrived in one pass of its loop is followed by the next request in that same pass), which lets a
+  proxy serve several calls per pass of its own loop.
+
+Everything else (validation, the latency and time-to-first-token loops, the warm-up bursts and the
+paced equal-load cells) is sent by this process. On a two-core machine the load generator competes
+for CPU with the proxy, the upstream and the Kafka broker, which all share the same two cores, so
+absolute requests/s are a lower bound and the direct target at high concurrency mostly measures the
+load generator; the ratios and the per-request CPU columns are the robust figures.
 
 ``--split-cores`` pins the processes instead: the load generator, the upstream, LiteLLM and each
 proxy's main process on the first CPU, each proxy's shipping worker and the broker on the second.
@@ -295,23 +307,31 @@ class Target:
         return build_request(self.port, self.auth(rollout), counter, stream=stream)
 
 
-def build_request(port: int, token: str | None, counter: int, *, stream: bool) -> bytes:
+def request_template(port: int, *, authorized: bool, stream: bool) -> tuple[str, bytes]:
+    """Every request's head and body, with ``{token}``, ``{len}`` (in the head) and ``{n}`` (the body's
+    counter) left to fill: the one place the benchmark's request is written, for both load generators."""
     body = orjson.dumps({
         "model": MODEL,
         "messages": [
             {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Step {counter}: the test suite fails in tests/unit; find out why "
+            {"role": "user", "content": "Step {n}: the test suite fails in tests/unit; find out why "
                                         "and fix it without changing the tests."},
         ],
         "max_tokens": 256,
         "temperature": 0.7,
         **({"stream": True} if stream else {}),
     })
-    auth = f"authorization: Bearer {token}\r\n" if token else ""
+    auth = "authorization: Bearer {token}\r\n" if authorized else ""
     head = (f"POST {CHAT_PATH} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
             f"accept: {'text/event-stream' if stream else 'application/json'}\r\n"
-            f"user-agent: openforge-bench/1\r\n{auth}content-length: {len(body)}\r\n\r\n")
-    return head.encode() + body
+            f"user-agent: openforge-bench/1\r\n{auth}content-length: {{len}}\r\n\r\n")
+    return head, body
+
+
+def build_request(port: int, token: str | None, counter: int, *, stream: bool) -> bytes:
+    head, template = request_template(port, authorized=token is not None, stream=stream)
+    body = template.replace(b"{n}", str(counter).encode())
+    return head.replace("{token}", token or "").replace("{len}", str(len(body))).encode() + body
 
 
 async def call(target: Target, conn: Connection, rollout: str, counter: int, *, stream: bool = False,
@@ -488,13 +508,17 @@ async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stre
 
 async def throughput_cell(target: Target, concurrency: int, duration_s: float, max_requests: int,
                           counter_base: int, upstream_pid: int | None, broker_pid: int | None,
-                          drain: Callable[[], Awaitable[float]] | None = None, *, rate: float | None = None) -> Cell:
+                          drain: Callable[[], Awaitable[float]] | None = None, *, rate: float | None = None,
+                          loadgen: Path | None = None) -> Cell:
     """One timed load of ``target``; ``drain``, for a capturing target, waits until Kafka holds its events.
 
     Without ``rate`` every connection sends its next request as soon as the last is answered (a
     closed loop: the target runs flat out). With ``rate`` the connections send on a fixed
     schedule that adds up to ``rate`` requests per second; a request whose slot has passed goes
     at once and counts as late.
+
+    With ``loadgen`` (the compiled load generator, :func:`build_loadgen`) a closed loop's requests
+    come from it instead of this process; its CPU is the cell's client CPU.
 
     A journalling proxy answers before its events reach Kafka, so when the load stops its shipper
     may still hold a batch or more. Its CPU and the broker's are read only after that drain: the
@@ -539,11 +563,18 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
                     counts[k] += 1
                 n += 1
 
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
-        elapsed = time.perf_counter() - started
+        if loadgen is not None and not interval:
+            await asyncio.gather(*(c.close() for c in conns))
+            done_native, elapsed, client_s = await native_load(loadgen, target, rollouts, duration_s,
+                                                               counter_base + concurrency, per_worker)
+            counts = [done_native]
+        else:
+            await asyncio.gather(*(worker(k) for k in range(concurrency)))
+            elapsed = time.perf_counter() - started
+            client_s = 0.0
         drain_s = await drain() if drain is not None else 0.0
-        cpu1 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time(),
-                own_cpu_s(target.pid), machine_busy_s())
+        cpu1 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid),
+                time.process_time() + client_s, own_cpu_s(target.pid), machine_busy_s())
     finally:
         await asyncio.gather(*(c.close() for c in conns))
     done = sum(counts)
@@ -553,6 +584,49 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
                 upstream_cpu_us=(cpu1[1] - cpu0[1]) * per,
                 broker_cpu_us=(cpu1[2] - cpu0[2]) * per, client_cpu_us=(cpu1[3] - cpu0[3]) * per,
                 drain_s=drain_s, machine_cpu_us=(cpu1[5] - cpu0[5]) * per, late=sum(late) / max(sum(counts), 1))
+
+
+LOADGEN_DIR = REPO / "bench" / "loadgen"
+
+
+def build_loadgen() -> Path:
+    """The compiled load generator (``bench/loadgen``), built with cargo into the user's cache.
+
+    Raises:
+        RuntimeError: cargo is missing or the build failed.
+    """
+    target_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "openforge" / "loadgen-target"
+    try:
+        subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path", str(LOADGEN_DIR / "Cargo.toml")],
+                       env={**os.environ, "CARGO_TARGET_DIR": str(target_dir)}, check=True)
+    except FileNotFoundError as exc:
+        raise RuntimeError("--loadgen native needs cargo (Rust) to build bench/loadgen") from exc
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"building bench/loadgen failed (exit status {exc.returncode})") from exc
+    return target_dir / "release" / "openforge-loadgen"
+
+
+async def native_load(loadgen: Path, target: Target, rollouts: Sequence[str], duration_s: float,
+                      counter_base: int, per_connection: int) -> tuple[int, float, float]:
+    """One closed loop from the compiled load generator: (answered, seconds, its CPU seconds).
+
+    Failed requests are recorded on the target, as :func:`call` records them.
+    """
+    tokens = [target.auth(rollout) for rollout in rollouts]
+    head, body = request_template(target.port, authorized=tokens[0] is not None, stream=False)
+    spec = "\n".join([str(target.port), str(duration_s), head.replace("\r\n", "\\r\\n"), body.decode(),
+                      str(counter_base), str(per_connection), *(token or "-" for token in tokens)]) + "\n"
+    process = await asyncio.create_subprocess_exec(str(loadgen), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                   stderr=subprocess.PIPE)
+    out, err = await process.communicate(spec.encode())
+    fields = out.decode().split()
+    if len(fields) != 8 or fields[0] != "ok":
+        raise RuntimeError(f"the load generator failed (exit status {process.returncode}): {err.decode()[-500:]}")
+    ok, failed, seconds, cpu = int(fields[1]), int(fields[3]), float(fields[5]), float(fields[7])
+    target.ok += ok
+    if failed:
+        target.errors.extend([err.decode().strip()] * failed)
+    return ok, seconds, cpu
 
 
 @dataclass
@@ -666,7 +740,8 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_
             for target in [*targets[shift:], *targets[:shift]]:
                 cell = await throughput_cell(target, concurrency, args.duration, args.max_requests, counter,
                                              upstream_pid, broker_pid,
-                                             drain if target.name in CAPTURING else None)
+                                             drain if target.name in CAPTURING else None,
+                                             loadgen=args.loadgen_path)
                 counter += args.max_requests + 2 * concurrency
                 cells[target.name][concurrency].append(cell)
                 progress(f"round {round_no + 1}/{args.rounds} c={concurrency:<3} {target.label:<26} "
@@ -960,7 +1035,7 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
                    "duration_s": args.duration, "concurrency": args.concurrency,
                    "prompt_tokens": args.prompt_tokens, "completion_tokens": args.completion_tokens,
                    "partitions": args.partitions, "compression": args.compression,
-                   "capture_linger_ms": args.linger_ms, "cpus": os.cpu_count()},
+                   "capture_linger_ms": args.linger_ms, "cpus": os.cpu_count(), "loadgen": args.loadgen},
     }
 
 
@@ -1006,10 +1081,11 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
                      f"{m.get('broker_cpu_us_median', math.nan):>7,.0f} "
                      f"{m.get('client_cpu_us_median', math.nan):>7,.0f}")
     lines.append("")
+    generator = "bench/loadgen, compiled" if args.loadgen == "native" else "this process"
     lines.append("+p50/+p99: added over direct (difference of percentiles). CPU us/req: CPU time per request of "
                  "the target's server (with its children; main: its main process alone, without the proxy's "
-                 "shipping worker), the upstream, the Kafka broker and this load generator, "
-                 f"at c={mid}; the broker's includes its background work (tens of ms per second), which "
+                 "shipping worker), the upstream, the Kafka broker and the load generator "
+                 f"({generator}), at c={mid}; the broker's includes its background work (tens of ms per second), which "
                  "dominates at low request rates.")
     if args.split_cores:
         lines.append(summary["cores"] + " req/s are lower bounds.")
@@ -1064,6 +1140,7 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
 
 async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[str, Any]]:
     processes: list[Process] = []
+    args.loadgen_path = build_loadgen() if args.loadgen == "native" else None
     with stopped_at_exit(processes):
         # Slow starters first, so that they boot while the broker does.
         upstream_port = free_port()
@@ -1254,6 +1331,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="offered rate of the equal-load cells (default: half the slowest OpenForge target's "
                              "median at the middle concurrency; 0 leaves them out)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
+    parser.add_argument("--loadgen", choices=["python", "native"], default="native",
+                        help="what sends the closed-loop throughput cells' requests: the compiled load generator of "
+                             "bench/loadgen (native, the default; built with cargo), a thread per connection at "
+                             "11-20 us of CPU per request, or this process (python), one event loop at 50-65 us")
     parser.add_argument("--journal-linger-ms", type=int, default=None,
                         help="the journalling proxy's OPENFORGE_PROXY_JOURNAL_LINGER_MS (default: the setting's)")
     parser.add_argument("--journal-fsync-ms", type=int, default=None,
@@ -1295,7 +1376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(targets, summary, args))
     print(f"(prompt {args.prompt_tokens} / completion {args.completion_tokens} tokens per call, "
           f"{args.rounds} rounds of {args.duration:g}s per throughput cell; compression {args.compression}, "
-          f"capture linger {args.linger_ms} ms; wall {wall_s:.0f}s)")
+          f"capture linger {args.linger_ms} ms; closed loops from the {args.loadgen} load generator; "
+          f"wall {wall_s:.0f}s)")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
         progress(f"wrote {args.json}")
