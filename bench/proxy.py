@@ -511,6 +511,23 @@ async def sequential(targets: Sequence[Target], count: int, warmup: int, *, stre
     return samples
 
 
+def cpu_snapshot(target: Target, upstream_pid: int | None, broker_pid: int | None,
+                 client_s: float = 0.0) -> tuple[float, float, float, float, float, float]:
+    """CPU seconds so far: the target's tree, upstream, broker, load generator, the target's main process, machine."""
+    return (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time() + client_s,
+            own_cpu_s(target.pid), machine_busy_s())
+
+
+def make_cell(cpu0: Sequence[float], cpu1: Sequence[float], done: int, elapsed: float, errors: int, drain_s: float,
+              late: int = 0) -> Cell:
+    per = 1e6 / max(done, 1)
+    return Cell(rps=done / elapsed, requests=done, errors=errors,
+                server_cpu_us=(cpu1[0] - cpu0[0]) * per, server_own_cpu_us=(cpu1[4] - cpu0[4]) * per,
+                upstream_cpu_us=(cpu1[1] - cpu0[1]) * per,
+                broker_cpu_us=(cpu1[2] - cpu0[2]) * per, client_cpu_us=(cpu1[3] - cpu0[3]) * per,
+                drain_s=drain_s, machine_cpu_us=(cpu1[5] - cpu0[5]) * per, late=late / max(done, 1))
+
+
 async def throughput_cell(target: Target, concurrency: int, duration_s: float, max_requests: int,
                           counter_base: int, upstream_pid: int | None, broker_pid: int | None,
                           drain: Callable[[], Awaitable[float]] | None = None, *, rate: float | None = None,
@@ -523,27 +540,40 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
     at once and counts as late.
 
     With ``loadgen`` (the compiled load generator, :func:`build_loadgen`) a closed loop's requests
-    come from it instead of this process; its CPU is the cell's client CPU.
+    come from it instead of this process (:class:`NativeLoad`); its threads' CPU over the timed
+    part is the cell's client CPU, with this process's own (waiting, and the drain's polling).
 
     A journalling proxy answers before its events reach Kafka, so when the load stops its shipper
     may still hold a batch or more. Its CPU and the broker's are read only after that drain: the
     cell pays for all of its own capture and none of it spills into the next target's cell.
     Requests per second count the load's time alone.
     """
-    conns = [Connection("127.0.0.1", target.port) for _ in range(concurrency)]
     rollouts = [f"bench-c{concurrency}-{k}" for k in range(concurrency)]
+    per_worker = max(1, max_requests // concurrency)
     errors_before = len(target.errors)
+    if loadgen is not None and not rate:
+        native = NativeLoad(loadgen, target, rollouts, duration_s, counter_base, per_worker)
+        try:
+            await native.ready()  # connected and warmed, one untimed request per connection
+            gc.collect()
+            cpu0 = cpu_snapshot(target, upstream_pid, broker_pid)
+            done, elapsed, client_s = await native.run()
+            drain_s = await drain() if drain is not None else 0.0
+            cpu1 = cpu_snapshot(target, upstream_pid, broker_pid, client_s)
+        finally:
+            await native.close()
+        return make_cell(cpu0, cpu1, done, elapsed, len(target.errors) - errors_before, drain_s)
+
+    conns = [Connection("127.0.0.1", target.port) for _ in range(concurrency)]
     try:
         # Connect and warm every connection (and the server's per-connection state) before timing.
         await asyncio.gather(*(call(target, c, r, counter_base + k) for k, (c, r) in
                                enumerate(zip(conns, rollouts, strict=True))))
-        per_worker = max(1, max_requests // concurrency)
         counts = [0] * concurrency
         late = [0] * concurrency
         interval = concurrency / rate if rate else 0.0  # between one connection's requests
         gc.collect()
-        cpu0 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid), time.process_time(),
-                own_cpu_s(target.pid), machine_busy_s())
+        cpu0 = cpu_snapshot(target, upstream_pid, broker_pid)
         started = time.perf_counter()
         deadline = started + duration_s
 
@@ -568,70 +598,105 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
                     counts[k] += 1
                 n += 1
 
-        if loadgen is not None and not interval:
-            await asyncio.gather(*(c.close() for c in conns))
-            done_native, elapsed, client_s = await native_load(loadgen, target, rollouts, duration_s,
-                                                               counter_base + concurrency, per_worker)
-            counts = [done_native]
-        else:
-            await asyncio.gather(*(worker(k) for k in range(concurrency)))
-            elapsed = time.perf_counter() - started
-            client_s = 0.0
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        elapsed = time.perf_counter() - started
         drain_s = await drain() if drain is not None else 0.0
-        cpu1 = (tree_cpu_s(target.pid), tree_cpu_s(upstream_pid), tree_cpu_s(broker_pid),
-                time.process_time() + client_s, own_cpu_s(target.pid), machine_busy_s())
+        cpu1 = cpu_snapshot(target, upstream_pid, broker_pid)
     finally:
         await asyncio.gather(*(c.close() for c in conns))
-    done = sum(counts)
-    per = 1e6 / max(done, 1)
-    return Cell(rps=done / elapsed, requests=done, errors=len(target.errors) - errors_before,
-                server_cpu_us=(cpu1[0] - cpu0[0]) * per, server_own_cpu_us=(cpu1[4] - cpu0[4]) * per,
-                upstream_cpu_us=(cpu1[1] - cpu0[1]) * per,
-                broker_cpu_us=(cpu1[2] - cpu0[2]) * per, client_cpu_us=(cpu1[3] - cpu0[3]) * per,
-                drain_s=drain_s, machine_cpu_us=(cpu1[5] - cpu0[5]) * per, late=sum(late) / max(sum(counts), 1))
+    return make_cell(cpu0, cpu1, sum(counts), elapsed, len(target.errors) - errors_before, drain_s, sum(late))
 
 
 LOADGEN_DIR = REPO / "bench" / "loadgen"
 
 
 def build_loadgen() -> Path:
-    """The compiled load generator (``bench/loadgen``), built with cargo into the user's cache.
+    """The compiled load generator (``bench/loadgen``), built with cargo (a no-op once built).
+
+    Its build output is cached under ``$XDG_CACHE_HOME/openforge/loadgen-target`` (by default
+    ``~/.cache/openforge/loadgen-target``).
 
     Raises:
         RuntimeError: cargo is missing or the build failed.
     """
-    target_dir = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "openforge" / "loadgen-target"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    target_dir = cache / "openforge" / "loadgen-target"
     try:
         subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path", str(LOADGEN_DIR / "Cargo.toml")],
                        env={**os.environ, "CARGO_TARGET_DIR": str(target_dir)}, check=True)
     except FileNotFoundError as exc:
-        raise RuntimeError("--loadgen native needs cargo (Rust) to build bench/loadgen") from exc
+        raise RuntimeError("--loadgen native needs cargo (Rust) to build bench/loadgen; "
+                           "--loadgen python needs nothing more") from exc
     except subprocess.CalledProcessError as exc:
         raise RuntimeError(f"building bench/loadgen failed (exit status {exc.returncode})") from exc
     return target_dir / "release" / "openforge-loadgen"
 
 
-async def native_load(loadgen: Path, target: Target, rollouts: Sequence[str], duration_s: float,
-                      counter_base: int, per_connection: int) -> tuple[int, float, float]:
-    """One closed loop from the compiled load generator: (answered, seconds, its CPU seconds).
-
-    Failed requests are recorded on the target, as :func:`call` records them.
+class NativeLoad:
+    """One closed loop from the compiled load generator, in two steps so that the caller can read
+    its CPU counters between them: :meth:`ready` opens and warms the connections, :meth:`run`
+    times the load. Answers, untimed ones included, count on the target as :func:`call` counts
+    them, and failures are recorded on it.
     """
-    tokens = [target.auth(rollout) for rollout in rollouts]
-    head, body = request_template(target.port, authorized=tokens[0] is not None, stream=False)
-    spec = "\n".join([str(target.port), str(duration_s), head.replace("\r\n", "\\r\\n"), body.decode(),
-                      str(counter_base), str(per_connection), *(token or "-" for token in tokens)]) + "\n"
-    process = await asyncio.create_subprocess_exec(str(loadgen), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                   stderr=subprocess.PIPE)
-    out, err = await process.communicate(spec.encode())
-    fields = out.decode().split()
-    if len(fields) != 8 or fields[0] != "ok":
-        raise RuntimeError(f"the load generator failed (exit status {process.returncode}): {err.decode()[-500:]}")
-    ok, failed, seconds, cpu = int(fields[1]), int(fields[3]), float(fields[5]), float(fields[7])
-    target.ok += ok
-    if failed:
-        target.errors.extend([err.decode().strip()] * failed)
-    return ok, seconds, cpu
+
+    def __init__(self, loadgen: Path, target: Target, rollouts: Sequence[str], duration_s: float,
+                 counter_base: int, per_connection: int) -> None:
+        self.loadgen = loadgen
+        self.target = target
+        tokens = [target.auth(rollout) for rollout in rollouts]
+        head, body = request_template(target.port, authorized=tokens[0] is not None, stream=False)
+        self.spec = "\n".join([str(target.port), str(duration_s), head.replace("\r\n", "\\r\\n"), body.decode(),
+                               str(counter_base), str(per_connection), *(token or "-" for token in tokens), "", ""])
+        self.timeout_s = duration_s + 2 * REQUEST_TIMEOUT_S
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def ready(self) -> None:
+        """Start the generator; return once every connection is open and has had its untimed request."""
+        self.process = process = await asyncio.create_subprocess_exec(
+            str(self.loadgen), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert process.stdin is not None
+        assert process.stdout is not None
+        process.stdin.write(self.spec.encode())
+        await process.stdin.drain()
+        async with asyncio.timeout(2 * REQUEST_TIMEOUT_S):
+            line = await process.stdout.readline()
+        if line.strip() != b"ready":
+            await self._fail(f"the load generator did not get ready: {line!r}")
+
+    async def run(self) -> tuple[int, float, float]:
+        """The timed load: (requests answered, seconds, the generator's CPU seconds)."""
+        process = self.process
+        assert process is not None
+        assert process.stdin is not None
+        process.stdin.write(b"go\n")
+        async with asyncio.timeout(self.timeout_s):
+            out, err = await process.communicate()
+        fields = out.decode().split()
+        if len(fields) != 10 or fields[0] != "ok":
+            raise RuntimeError(f"the load generator failed (exit status {process.returncode}): "
+                               f"{out.decode()[-200:]!r} {err.decode()[-500:]}")
+        ok, failed, seconds, cpu, warm = (int(fields[1]), int(fields[3]), float(fields[5]), float(fields[7]),
+                                          int(fields[9]))
+        self.target.ok += ok + warm
+        if failed:
+            reason = err.decode().strip() or f"exit status {process.returncode}"
+            self.target.errors.extend([reason] * failed)
+        return ok, seconds, cpu
+
+    async def _fail(self, message: str) -> None:
+        await self.close()
+        assert self.process is not None
+        assert self.process.stderr is not None
+        err = await self.process.stderr.read()
+        raise RuntimeError(f"{message} {err.decode()[-500:]}")
+
+    async def close(self) -> None:
+        """Stop the generator if it still runs (an error, a timeout, a cancelled benchmark)."""
+        process = self.process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
 
 
 @dataclass
@@ -720,6 +785,15 @@ class KafkaDrain:
         return time.perf_counter() - started
 
 
+PYTHON_CLIENT = "~python"
+"""With ``--loadgen both``: the suffix of the result keys of the cells the Python client sent."""
+
+
+def cell_key(name: str, generator: str, args: argparse.Namespace) -> str:
+    """The key of a target's closed-loop cells: its name, suffixed for the Python client's under ``both``."""
+    return name + PYTHON_CLIENT if args.loadgen == "both" and generator == "python" else name
+
+
 async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_pid: int | None,
                   broker_pid: int | None, probe: AckProbe | None = None, drain: KafkaDrain | None = None) -> Results:
     for target in targets:
@@ -743,21 +817,25 @@ async def measure(targets: Sequence[Target], args: argparse.Namespace, upstream_
     if slow:
         latency.update(await sequential(slow, args.requests, args.warmup, stream=False))
         ttft.update(await sequential(slow, args.requests, args.warmup, stream=True))
-    cells: dict[str, dict[int, list[Cell]]] = {t.name: {c: [] for c in args.concurrency} for t in targets}
+    generators = ["native", "python"] if args.loadgen == "both" else [args.loadgen]
+    cells: dict[str, dict[int, list[Cell]]] = {cell_key(t.name, g, args): {c: [] for c in args.concurrency}
+                                               for t in targets for g in generators}
     counter = 20_000_000
     if drain is not None:
         await drain()  # the latency loops' events, before any cell is timed
     for round_no in range(args.rounds):
         for ci, concurrency in enumerate(args.concurrency):
             shift = (round_no + ci) % len(targets)
-            for target in [*targets[shift:], *targets[:shift]]:
+            for target, generator in [(t, g) for t in [*targets[shift:], *targets[:shift]]
+                                      for g in (generators if round_no % 2 == 0 else generators[::-1])]:
                 cell = await throughput_cell(target, concurrency, args.duration, args.max_requests, counter,
                                              upstream_pid, broker_pid,
                                              drain if target.name in CAPTURING else None,
-                                             loadgen=args.loadgen_path)
+                                             loadgen=args.loadgen_path if generator == "native" else None)
                 counter += args.max_requests + 2 * concurrency
-                cells[target.name][concurrency].append(cell)
-                progress(f"round {round_no + 1}/{args.rounds} c={concurrency:<3} {target.label:<26} "
+                cells[cell_key(target.name, generator, args)][concurrency].append(cell)
+                label = target.label + (f" [{generator}]" if len(generators) > 1 else "")
+                progress(f"round {round_no + 1}/{args.rounds} c={concurrency:<3} {label:<26} "
                          f"{cell.rps:8,.0f} req/s  server CPU {cell.server_cpu_us:7,.0f} us/req "
                          f"(main process {cell.server_own_cpu_us:5,.0f})  "
                          f"client CPU {cell.client_cpu_us:5,.0f} us/req"
@@ -990,9 +1068,9 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
         return out
 
     throughput: dict[str, dict[str, Any]] = {}
-    for target in targets:
+    for key, by_concurrency in results.cells.items():
         per_c = {}
-        for concurrency, cells in results.cells[target.name].items():
+        for concurrency, cells in by_concurrency.items():
             if not cells:
                 continue
             per_c[str(concurrency)] = {
@@ -1007,7 +1085,7 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
                 "client_cpu_us_median": statistics.median(c.client_cpu_us for c in cells),
                 "drain_s_max": max(c.drain_s for c in cells),
             }
-        throughput[target.name] = per_c
+        throughput[key] = per_c
 
     def ratio(a: str, b: str) -> dict[str, float]:
         if a not in throughput or b not in throughput:
@@ -1015,15 +1093,28 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
         return {c: throughput[a][c]["rps_median"] / throughput[b][c]["rps_median"]
                 for c in throughput[a] if c in throughput[b] and throughput[b][c]["rps_median"] > 0}
 
+    def round_ratios(a: str, b: str) -> dict[str, list[float]]:
+        """Round by round (the two cells of a round ran minutes apart at most)."""
+        if a not in throughput or b not in throughput:
+            return {}
+        return {c: [x / y for x, y in zip(throughput[a][c]["rps_rounds"], throughput[b][c]["rps_rounds"],
+                                          strict=False) if y > 0]
+                for c in throughput[a] if c in throughput[b]}
+
+    def capture_goal(suffix: str) -> dict[str, Any]:
+        ratios = ratio("openforge" + suffix, "openforge-nocap" + suffix)
+        return {"goal": GOAL_CAPTURE_RATIO, "ratios": ratios,
+                "rounds": round_ratios("openforge" + suffix, "openforge-nocap" + suffix),
+                "met": (min(ratios.values()) >= GOAL_CAPTURE_RATIO) if ratios else None}
+
     latency = percentiles(results.latency)
     floor = results.latency.get(ACK_FLOOR)
     ack_floor = {"n": len(floor), "p50_ms": pct(floor, 0.5), "p99_ms": pct(floor, 0.99)} if floor else None
-    capture_ratio = ratio("openforge", "openforge-nocap")
     vs_litellm = ratio("openforge", "litellm")
     added = latency.get("openforge", {}).get("added_p50_ms")
     goals = {
-        "capture_on_vs_off": {"goal": GOAL_CAPTURE_RATIO, "ratios": capture_ratio,
-                              "met": (min(capture_ratio.values()) >= GOAL_CAPTURE_RATIO) if capture_ratio else None},
+        "capture_on_vs_off": capture_goal(""),
+        **({"capture_on_vs_off_python_client": capture_goal(PYTHON_CLIENT)} if args.loadgen == "both" else {}),
         "added_p50_ms": {"goal": GOAL_ADDED_P50_MS, "value": added,
                          "met": None if added is None else added < GOAL_ADDED_P50_MS},
         "openforge_vs_litellm": {"goal": GOAL_VS_LITELLM, "ratios": vs_litellm,
@@ -1058,6 +1149,9 @@ def _verdict(met: bool | None) -> str:
 
 def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argparse.Namespace) -> str:
     labels = {t.name: t.label for t in targets}
+    if args.loadgen == "both":
+        labels.update({t.name + PYTHON_CLIENT: t.label + " [python]" for t in targets})
+        labels.update({t.name: t.label + " [native]" for t in targets})
     width = max(len(label) for label in labels.values()) + 2
     lines: list[str] = []
 
@@ -1094,7 +1188,8 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
                      f"{m.get('broker_cpu_us_median', math.nan):>7,.0f} "
                      f"{m.get('client_cpu_us_median', math.nan):>7,.0f}")
     lines.append("")
-    generator = "bench/loadgen, compiled" if args.loadgen == "native" else "this process"
+    generator = {"native": "bench/loadgen, compiled", "python": "this process",
+                 "both": "[native]: bench/loadgen, compiled; [python]: this process"}[args.loadgen]
     lines.append("+p50/+p99: added over direct (difference of percentiles). CPU us/req: CPU time per request of "
                  "the target's server (with its children; main: its main process alone, without the proxy's "
                  "shipping worker), the upstream, the Kafka broker and the load generator "
@@ -1133,10 +1228,16 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
         lines.append("")
 
     goals = summary["goals"]
-    capture = goals["capture_on_vs_off"]
-    ratios = "  ".join(f"c={c} {r:.0%}" for c, r in capture["ratios"].items()) or "not measured"
-    lines.append(f"goal capture-on >= {GOAL_CAPTURE_RATIO:.0%} of capture-off throughput: "
-                 f"{_verdict(capture['met'])} ({ratios})")
+    for key, client in (("capture_on_vs_off", ""), ("capture_on_vs_off_python_client", ", python client")):
+        capture = goals.get(key)
+        if capture is None:
+            continue
+        ratios = "  ".join(
+            f"c={c} {r:.0%}" + (f" (rounds {min(capture['rounds'][c]):.0%}-{max(capture['rounds'][c]):.0%})"
+                                if capture["rounds"].get(c) else "")
+            for c, r in capture["ratios"].items()) or "not measured"
+        lines.append(f"goal capture-on >= {GOAL_CAPTURE_RATIO:.0%} of capture-off throughput{client}: "
+                     f"{_verdict(capture['met'])} ({ratios})")
     added = goals["added_p50_ms"]
     value = "not measured" if added["value"] is None else f"{added['value']:.2f} ms"
     lines.append(f"goal added p50 latency (non-streaming, capture on) < {GOAL_ADDED_P50_MS:g} ms: "
@@ -1153,7 +1254,7 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
 
 async def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Target], dict[str, Any]]:
     processes: list[Process] = []
-    args.loadgen_path = build_loadgen() if args.loadgen == "native" else None
+    args.loadgen_path = build_loadgen() if args.loadgen in ("native", "both") else None
     with stopped_at_exit(processes):
         # Slow starters first, so that they boot while the broker does.
         upstream_port = free_port()
@@ -1344,10 +1445,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="offered rate of the equal-load cells (default: half the slowest OpenForge target's "
                              "median at the middle concurrency; 0 leaves them out)")
     parser.add_argument("--skip-litellm", action="store_true", help="leave LiteLLM out")
-    parser.add_argument("--loadgen", choices=["python", "native"], default="native",
+    parser.add_argument("--loadgen", choices=["python", "native", "both"], default="native",
                         help="what sends the closed-loop throughput cells' requests: the compiled load generator of "
                              "bench/loadgen (native, the default; built with cargo), a thread per connection at "
-                             "11-20 us of CPU per request, or this process (python), one event loop at 50-65 us")
+                             "11-20 us of CPU per request, or this process (python), one event loop at 50-65 us; "
+                             "both: every cell with each, alternating, reported side by side")
     parser.add_argument("--journal-linger-ms", type=int, default=None,
                         help="the journalling proxy's OPENFORGE_PROXY_JOURNAL_LINGER_MS (default: the setting's)")
     parser.add_argument("--journal-fsync-ms", type=int, default=None,

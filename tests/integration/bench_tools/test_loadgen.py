@@ -1,16 +1,21 @@
-"""The proxy benchmark's compiled load generator (``bench/loadgen``) against the benchmark's real upstream.
+"""The proxy benchmark's compiled load generator (``bench/loadgen``), against real servers.
 
-The benchmark's throughput figures are only as good as its count of answered requests, so the
-generator's count must equal what the server says it served, and a refused request must end the
-run with an error rather than be counted.
+The benchmark's throughput figures are only as good as the generator's count of answered
+requests and the requests it sends, so its count must equal what the server served, every
+request must carry its connection's token and a counter of its own, and a refused request must
+end the run with an error rather than be counted. The servers are the benchmark's own upstream
+and, for what that one cannot show (chunk extensions, trailers, a server that closes after each
+answer), a small socket server in this file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +24,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bench.proxy import Target, build_loadgen, native_load, request_template
+from bench.proxy import NativeLoad, Target, build_loadgen, request_template, throughput_cell
 from stream.broker import free_port
 
 pytestmark = pytest.mark.timeout(300)  # the first build compiles the generator
@@ -51,46 +56,182 @@ def upstream_port() -> Iterator[int]:
         process.wait(timeout=10)
 
 
-def _served(port: int) -> int:
+def _served(port: int) -> tuple[int, int]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5) as answer:
-        served: int = orjson.loads(answer.read())["chat"]
-    return served
+        stats = orjson.loads(answer.read())
+    return stats["chat"], stats["streamed"]
+
+
+def _spec(port: int, head: str, body: str, *, seconds: float = 0.5, base: int = 0, per_connection: int = 100,
+          tokens: tuple[str, ...] = ("-",)) -> str:
+    return "\n".join([str(port), str(seconds), head.replace("\r\n", "\\r\\n"), body, str(base), str(per_connection),
+                      *tokens, "", "go", ""])
+
+
+async def _native(loadgen: Path, target: Target, rollouts: list[str], seconds: float, base: int,
+                  per_connection: int) -> tuple[int, float, float]:
+    load = NativeLoad(loadgen, target, rollouts, seconds, base, per_connection)
+    try:
+        await load.ready()
+        return await load.run()
+    finally:
+        await load.close()
 
 
 def test_counts_what_the_server_answered(loadgen: Path, upstream_port: int) -> None:
     target = Target("direct", "direct", upstream_port, lambda _rollout: None)
-    before = _served(upstream_port)
-    ok, seconds, cpu_s = asyncio.run(native_load(loadgen, target, ["a", "b", "c"], 0.5, 0, 1_000_000))
-    assert ok > 0
-    assert _served(upstream_port) - before == ok
-    assert target.ok == ok and not target.errors
+    before, _ = _served(upstream_port)
+    ok, seconds, cpu_s = asyncio.run(_native(loadgen, target, ["a", "b", "c"], 0.5, 0, 1_000_000))
+    assert ok > 100
+    # The timed requests, and one untimed request per connection before the clock started.
+    assert _served(upstream_port)[0] - before == ok + 3 == target.ok
+    assert not target.errors
     assert 0.5 <= seconds < 5
-    assert cpu_s >= 0
+    assert 0 < cpu_s < seconds * 4
 
 
 def test_stops_at_the_bound_of_requests_per_connection(loadgen: Path, upstream_port: int) -> None:
     target = Target("direct", "direct", upstream_port, lambda _rollout: None)
-    ok, _seconds, _cpu = asyncio.run(native_load(loadgen, target, ["a", "b"], 30.0, 0, 25))
-    assert ok == 50
+    ok, _seconds, _cpu = asyncio.run(_native(loadgen, target, ["a", "b"], 30.0, 0, 25))
+    assert ok == 2 * 24  # the untimed request is each connection's first
+    assert target.ok == 50
+
+
+def test_reads_chunked_answers_whole(loadgen: Path, upstream_port: int) -> None:
+    head, body = request_template(upstream_port, authorized=False, stream=True)
+    _, streamed_before = _served(upstream_port)
+    result = subprocess.run([str(loadgen)], input=_spec(upstream_port, head, body.decode(), tokens=("-", "-")),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    fields = result.stdout.split()
+    assert fields[0] == "ready"
+    ok, warm = int(fields[2]), int(fields[10])
+    assert ok > 10
+    assert _served(upstream_port)[1] - streamed_before == ok + warm
 
 
 def test_a_refused_request_is_an_error_not_a_count(loadgen: Path, upstream_port: int) -> None:
     head, _body = request_template(upstream_port, authorized=False, stream=False)
-    spec = "\n".join([str(upstream_port), "0.5", head.replace("\r\n", "\\r\\n"), "not json {n}", "0", "100", "-"])
-    result = subprocess.run([str(loadgen)], input=spec + "\n", capture_output=True, text=True, timeout=30)
+    result = subprocess.run([str(loadgen)], input=_spec(upstream_port, head, "not json {n}"),
+                            capture_output=True, text=True, timeout=30)
     assert result.returncode == 1
-    assert result.stdout.split()[:4] == ["ok", "0", "errors", "1"]
+    assert result.stdout.split()[1:5] == ["ok", "0", "errors", "1"]
     assert "HTTP 400" in result.stderr
 
 
 def test_nothing_listening_is_an_error(loadgen: Path) -> None:
     target = Target("direct", "direct", free_port(), lambda _rollout: None)
-    ok, _seconds, _cpu = asyncio.run(native_load(loadgen, target, ["a"], 0.2, 0, 10))
+    ok, _seconds, _cpu = asyncio.run(_native(loadgen, target, ["a"], 0.2, 0, 10))
     assert ok == 0
-    assert target.errors and "connect to port" in target.errors[0]
+    assert target.ok == 0
+    assert target.errors
+    assert "connect to port" in target.errors[0]
 
 
-def test_a_malformed_spec_is_refused(loadgen: Path) -> None:
-    result = subprocess.run([str(loadgen)], input="8000\n", capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize("spec", ["8000\n", "8000\n0\nhead\nbody\n0\n10\n\n", "x\n1\nhead\nbody\n0\n10\n-\n\n"])
+def test_a_malformed_spec_is_refused(loadgen: Path, spec: str) -> None:
+    result = subprocess.run([str(loadgen)], input=spec, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
-    assert "expected at least 7 lines" in result.stderr
+    assert "ready" not in result.stdout
+    assert "openforge-loadgen:" in result.stderr
+
+
+def test_no_go_no_load(loadgen: Path, upstream_port: int) -> None:
+    head, body = request_template(upstream_port, authorized=False, stream=False)
+    spec = _spec(upstream_port, head, body.decode()).replace("go\n", "stop\n")
+    before, _ = _served(upstream_port)
+    result = subprocess.run([str(loadgen)], input=spec, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert 'expected "go"' in result.stderr
+    assert _served(upstream_port)[0] - before == 1  # the untimed request alone
+
+
+class _RecordingServer:
+    """HTTP/1.1 on a socket: records every request; answers chunked (with a chunk extension and a
+    trailer) or with a content length and ``connection: close``."""
+
+    def __init__(self, *, close: bool) -> None:
+        self.close = close
+        self.requests: list[tuple[int, bytes, bytes]] = []  # connection number, head, body
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.connections += 1
+                number = self.connections
+            threading.Thread(target=self._serve, args=(conn, number), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        data = b""
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE).group(1))  # type: ignore[union-attr]
+                while len(data) < length:
+                    data += conn.recv(65536)
+                body, data = data[:length], data[length:]
+                with self.lock:
+                    self.requests.append((number, head, body))
+                if self.close:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                             b"5;ext=1\r\nhello\r\n3\r\n\r\nx\r\n0\r\nx-trailer: 1\r\n\r\n")
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["chunked-with-trailer", "close-after-each"])
+def test_every_request_is_its_connections_own(loadgen: Path, close: bool) -> None:
+    server = _RecordingServer(close=close)
+    try:
+        head, body = request_template(server.port, authorized=True, stream=False)
+        result = subprocess.run([str(loadgen)], input=_spec(server.port, head, body.decode(), seconds=0.3, base=1000,
+                                                            per_connection=40, tokens=("tok-0", "tok-1")),
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stderr
+    ok = int(result.stdout.split()[2])
+    assert len(server.requests) == ok + 2
+    counters = []
+    for _number, req_head, req_body in server.requests:
+        token = re.search(rb"authorization: Bearer (tok-\d)\r\n", req_head)
+        assert token is not None
+        assert int(re.search(rb"content-length: (\d+)", req_head).group(1)) == len(req_body)  # type: ignore[union-attr]
+        message = orjson.loads(req_body)["messages"][1]["content"]
+        counter = int(re.match(r"Step (\d+):", message).group(1))  # type: ignore[union-attr]
+        # Connection k counts from base + k * per_connection.
+        assert (counter - 1000) // 40 == int(token.group(1)[-1:])
+        counters.append(counter)
+    assert len(set(counters)) == len(counters)
+    if close:
+        assert server.connections == len(server.requests)  # a new connection after each answer
+    else:
+        assert server.connections == 2
+
+
+def test_a_native_cell_counts_and_charges_the_generator(loadgen: Path, upstream_port: int) -> None:
+    target = Target("direct", "direct", upstream_port, lambda _rollout: None)
+    before, _ = _served(upstream_port)
+    cell = asyncio.run(throughput_cell(target, 4, 0.5, 100_000, 0, None, None, loadgen=loadgen))
+    assert cell.errors == 0
+    assert cell.requests > 100
+    assert _served(upstream_port)[0] - before == cell.requests + 4 == target.ok
+    assert cell.rps == pytest.approx(cell.requests / 0.5, rel=0.5)
+    assert 0 < cell.client_cpu_us < 1_000
