@@ -1149,10 +1149,11 @@ def _verdict(met: bool | None) -> str:
 
 def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argparse.Namespace) -> str:
     labels = {t.name: t.label for t in targets}
+    cell_labels = dict(labels)  # the closed-loop cells, by load generator under --loadgen both
     if args.loadgen == "both":
-        labels.update({t.name + PYTHON_CLIENT: t.label + " [python]" for t in targets})
-        labels.update({t.name: t.label + " [native]" for t in targets})
-    width = max(len(label) for label in labels.values()) + 2
+        cell_labels.update({t.name + PYTHON_CLIENT: t.label + " [python]" for t in targets})
+        cell_labels.update({t.name: t.label + " [native]" for t in targets})
+    width = max(len(label) for label in cell_labels.values()) + 2
     lines: list[str] = []
 
     def latency_table(title: str, rows: dict[str, dict[str, float]]) -> None:
@@ -1182,7 +1183,7 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
     for name, per_c in summary["throughput"].items():
         cells = " ".join(f"{per_c[c]['rps_median']:>8,.0f}" if c in per_c else f"{'-':>8}" for c in conc)
         m = per_c.get(mid, {})
-        lines.append(f"{labels[name]:<{width}} {cells} {m.get('server_cpu_us_median', math.nan):>16,.0f} "
+        lines.append(f"{cell_labels[name]:<{width}} {cells} {m.get('server_cpu_us_median', math.nan):>16,.0f} "
                      f"{m.get('server_own_cpu_us_median', math.nan):>6,.0f} "
                      f"{m.get('upstream_cpu_us_median', math.nan):>9,.0f} "
                      f"{m.get('broker_cpu_us_median', math.nan):>7,.0f} "
@@ -1228,7 +1229,8 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
         lines.append("")
 
     goals = summary["goals"]
-    for key, client in (("capture_on_vs_off", ""), ("capture_on_vs_off_python_client", ", python client")):
+    primary = ", python client" if args.loadgen == "python" else ", compiled client"
+    for key, client in (("capture_on_vs_off", primary), ("capture_on_vs_off_python_client", ", python client")):
         capture = goals.get(key)
         if capture is None:
             continue
