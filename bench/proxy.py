@@ -1246,7 +1246,7 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
                  f"{_verdict(added['met'])} ({value})")
     versus = goals["openforge_vs_litellm"]
     ratios = "  ".join(f"c={c} {r:.1f}x" for c, r in versus["ratios"].items()) or "not measured"
-    lines.append(f"goal OpenForge (capture on) >= {GOAL_VS_LITELLM:g}x LiteLLM throughput: "
+    lines.append(f"goal OpenForge (capture on) >= {GOAL_VS_LITELLM:g}x LiteLLM throughput{primary}: "
                  f"{_verdict(versus['met'])} ({ratios})")
     return "\n".join(lines)
 
