@@ -127,6 +127,14 @@ class EngineExchange:
 
 def pack_raw_exchange(capture: CallCapture, exchange: EngineExchange, *, upstream_status_code: int | None,
                       upstream_replica: str | None) -> Record:
+    """:func:`raw_exchange_parts` as one record, its value's parts joined."""
+    topic, key, parts = raw_exchange_parts(capture, exchange, upstream_status_code=upstream_status_code,
+                                           upstream_replica=upstream_replica)
+    return topic, key, b"".join(parts), ()
+
+
+def raw_exchange_parts(capture: CallCapture, exchange: EngineExchange, *, upstream_status_code: int | None,
+                       upstream_replica: str | None) -> tuple[str, bytes, tuple[bytes, bytes, bytes]]:
     """The journal record of a whole answer: a little metadata, and the engine exchange as sent and received.
 
     The cheapest record of a call the proxy can write: the request body and the answer are bytes
@@ -139,6 +147,10 @@ def pack_raw_exchange(capture: CallCapture, exchange: EngineExchange, *, upstrea
         exchange: What was sent and received.
         upstream_status_code: The engine's HTTP status.
         upstream_replica: The replica that served the call.
+
+    Returns:
+        The record's topic, key, and value in parts (the headers are none): the lengths and
+        metadata, the request, the answer.
     """
     trace: list[tuple[str, bytes]] = []
     inject_trace_context(trace)
@@ -152,8 +164,10 @@ def pack_raw_exchange(capture: CallCapture, exchange: EngineExchange, *, upstrea
         "_event_id": new_event_id(), "_created_at": datetime.now(UTC),
         "_trace": [(name, value.decode()) for name, value in trace],
     })
-    value = b"".join((_LENGTHS.pack(len(head), len(exchange.request)), head, exchange.request, exchange.answer))
-    return RAW_EXCHANGES, capture.rollout_id.encode(), value, ()
+    # The value in the parts it is written from (Journal.append_parts): the request and the
+    # answer as they are, not copied into one more buffer.
+    return RAW_EXCHANGES, capture.rollout_id.encode(), (
+        _LENGTHS.pack(len(head), len(exchange.request)) + head, exchange.request, exchange.answer)
 
 
 def dead_letter(registry: TopicRegistry, record: Record, seq: int, error_type: DeadLetterErrorType, reason: str,
@@ -365,4 +379,4 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
 
 
 __all__ = ["NATIVE", "RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "dead_letter", "pack_raw_call",
-           "pack_raw_exchange", "ship_record", "unpack_raw_call", "unpack_raw_exchange"]
+           "pack_raw_exchange", "raw_exchange_parts", "ship_record", "unpack_raw_call", "unpack_raw_exchange"]

@@ -36,7 +36,7 @@ from producers.raw_calls import (
     Record,
     dead_letter,
     pack_raw_call,
-    pack_raw_exchange,
+    raw_exchange_parts,
     ship_record,
 )
 from producers.ship_worker import ShipperProcess, WorkerSpec
@@ -454,12 +454,12 @@ class JournalPublisher:
         the cheapest record to write; anything else as the capture's fields.
         """
         if exchange is not None and status is CallStatus.OK:
-            record = pack_raw_exchange(capture, exchange, upstream_status_code=upstream_status_code,
-                                       upstream_replica=upstream_replica)
+            topic, key, parts = raw_exchange_parts(capture, exchange, upstream_status_code=upstream_status_code,
+                                                   upstream_replica=upstream_replica)
+            self.journal.append_parts(topic, key, parts, ())
         else:
-            record = pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
-                                   error_message=error_message, upstream_replica=upstream_replica)
-        self.journal.append(*record)
+            self.journal.append(*pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
+                                               error_message=error_message, upstream_replica=upstream_replica))
         await self._appended()
         return "journal"
 

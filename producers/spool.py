@@ -37,6 +37,15 @@ class SpooledRecord:
 
 def pack_record(topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> bytes:
     """One Kafka record as bytes (spool files and journal frames share this encoding)."""
+    return record_head(topic, key, headers, len(value)) + value
+
+
+def record_head(topic: str, key: bytes | None, headers: tuple[tuple[str, bytes], ...], value_length: int) -> bytes:
+    """:func:`pack_record`'s encoding up to the value, which follows it: ``value_length`` bytes.
+
+    Apart so that a writer holding a value in parts (the journal's whole answers) can write them
+    as they are rather than join them first.
+    """
     parts = [_MAGIC]
 
     def field(data: bytes) -> None:
@@ -50,7 +59,7 @@ def pack_record(topic: str, key: bytes | None, value: bytes, headers: tuple[tupl
     for name, data in headers:
         field(name.encode())
         field(data)
-    field(value)
+    parts.append(_U32.pack(value_length))
     return b"".join(parts)
 
 

@@ -227,6 +227,37 @@ def test_an_append_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Pat
     assert _values(again.read(10, 1 << 20)) == [0, 1, 3, 4] and again.next_seq == 4
 
 
+def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path) -> None:
+    parts = (b"meta" * 30, b"", b"request-body" * 200, b"answer" * 500)
+    whole, split = Journal(tmp_path / "whole", 1 << 20), Journal(tmp_path / "split", 1 << 20)
+    for journal in (whole, split):
+        journal.open()
+        journal.append("t.calls", b"k", b"first", ())
+    whole.append("t.calls", b"r-1", b"".join(parts), (("h", b"1"),))
+    split.append_parts("t.calls", b"r-1", parts, (("h", b"1"),))
+    [whole_segment], [split_segment] = (tmp_path / "whole").glob("*.log"), (tmp_path / "split").glob("*.log")
+    assert split_segment.read_bytes() == whole_segment.read_bytes()  # frame, checksum and all
+    assert split.pending_bytes == whole.pending_bytes
+    split.close()
+    again = Journal(tmp_path / "split", 1 << 20)
+    again.open()
+    _first, record = again.read(10, 1 << 20)
+    assert record.value == b"".join(parts) and record.key == b"r-1" and record.headers == (("h", b"1"),)
+
+
+def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    _fill(journal, 1, size=100)
+    [segment] = tmp_path.glob("*.log")
+    size = segment.stat().st_size
+    with _file_size_limit(size + 300), pytest.raises(OSError):  # the limit falls inside the third part
+        journal.append_parts("t.calls", b"r-1", (b"a" * 100, b"b" * 100, b"c" * 100), ())
+    assert segment.stat().st_size == size
+    _fill(journal, 1, start=1, size=100)
+    assert _values(journal.read(10, 1 << 20)) == [0, 1]
+
+
 def test_a_segment_roll_that_cannot_open_a_file_keeps_appending_to_the_old_one(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 1 << 30, segment_bytes=1000)
     journal.open()
