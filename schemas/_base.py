@@ -22,17 +22,37 @@ UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
 depends on the producing machine's clock settings, which consumers cannot know."""
 
 
+_ID_BYTES = 16
+_IDS_PER_READ = 256
+_random_ids: list[bytearray] = []
+"""Random bytes for the next ids, read from the OS 256 ids at a time: the proxy takes two ids per
+call, and under load each ``getrandom`` call cost it microseconds. ``list.pop`` is atomic, so
+threads never share an id; a refill that races another only reads more."""
+
+
+def _forget_random_ids() -> None:
+    # A forked child must not hand out the ids its parent will hand out too.
+    _random_ids.clear()
+
+
+os.register_at_fork(after_in_child=_forget_random_ids)
+
+
 def new_event_id() -> str:
-    """A random uuid4 in hex, as ``uuid.uuid4().hex`` gives but in a third of its time.
+    """A random uuid4 in hex, as ``uuid.uuid4().hex`` gives but in a fraction of its time.
 
     Every event and every proxied call needs one; ``uuid.UUID``'s constructor is pure Python
     and showed up in profiles of the proxy.
     """
-    raw = bytearray(os.urandom(16))
+    try:
+        raw = _random_ids.pop()
+    except IndexError:
+        block = os.urandom(_ID_BYTES * _IDS_PER_READ)
+        _random_ids.extend(bytearray(block[i:i + _ID_BYTES]) for i in range(0, len(block), _ID_BYTES))
+        raw = _random_ids.pop()
     raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
     return raw.hex()
-
 
 
 def _utc_now() -> datetime:
