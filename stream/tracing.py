@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate
 from opentelemetry.propagators.textmap import Getter, Setter
 
 Headers = list[tuple[str, bytes]]
@@ -37,7 +37,14 @@ _GETTER = _HeaderGetter()
 
 
 def inject_trace_context(headers: Headers, context: otel_context.Context | None = None) -> None:
-    """Append the current (or given) trace context to ``headers``."""
+    """Append the current (or given) trace context to ``headers``.
+
+    Without a valid span or any baggage there is nothing to carry: every propagator OpenTelemetry
+    ships writes only those, so the global propagator is not asked. The proxy calls this for every
+    call it records, and most deployments run without a trace backend.
+    """
+    if not trace.get_current_span(context).get_span_context().is_valid and not baggage.get_all(context):
+        return
     propagate.inject(headers, context=context, setter=_SETTER)
 
 
