@@ -608,6 +608,8 @@ async def throughput_cell(target: Target, concurrency: int, duration_s: float, m
 
 
 LOADGEN_DIR = REPO / "bench" / "loadgen"
+_LOADGEN_WORDS = {"native": "the compiled load generator", "python": "the benchmark's Python client",
+                  "both": "both load generators, alternating"}
 
 
 def build_loadgen() -> Path:
@@ -1493,7 +1495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(targets, summary, args))
     print(f"(prompt {args.prompt_tokens} / completion {args.completion_tokens} tokens per call, "
           f"{args.rounds} rounds of {args.duration:g}s per throughput cell; compression {args.compression}, "
-          f"capture linger {args.linger_ms} ms; closed loops from the {args.loadgen} load generator; "
+          f"capture linger {args.linger_ms} ms; closed loops from {_LOADGEN_WORDS[args.loadgen]}; "
           f"wall {wall_s:.0f}s)")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
