@@ -384,10 +384,12 @@ class Journal:
         active = self._segments[-1]
         try:
             written = os.writev(self._fd, buffers)
-            if written < size:  # a short write (rare on a file): the rest, in order
-                view = memoryview(b"".join(buffers))[written:]
-                while view:
-                    view = view[os.write(self._fd, view):]
+            if written < size:  # a short write (rare on a file): the rest, in order, nothing copied
+                for buffer in buffers:
+                    view = memoryview(buffer)[min(written, len(buffer)):]
+                    written -= len(buffer) - len(view)
+                    while view:
+                        view = view[os.write(self._fd, view):]
         except OSError as exc:
             self._cut_failed_append(active, exc)
             raise

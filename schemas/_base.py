@@ -47,9 +47,12 @@ def new_event_id() -> str:
     try:
         raw = _random_ids.pop()
     except IndexError:
+        # Built apart and one kept: other threads may empty the list again before this one
+        # would pop from it.
         block = os.urandom(_ID_BYTES * _IDS_PER_READ)
-        _random_ids.extend(bytearray(block[i:i + _ID_BYTES]) for i in range(0, len(block), _ID_BYTES))
-        raw = _random_ids.pop()
+        fresh = [bytearray(block[i:i + _ID_BYTES]) for i in range(0, len(block), _ID_BYTES)]
+        raw = fresh.pop()
+        _random_ids.extend(fresh)
     raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
     raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
     return raw.hex()

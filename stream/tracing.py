@@ -39,11 +39,14 @@ _GETTER = _HeaderGetter()
 def inject_trace_context(headers: Headers, context: otel_context.Context | None = None) -> None:
     """Append the current (or given) trace context to ``headers``.
 
-    Without a valid span or any baggage there is nothing to carry: every propagator OpenTelemetry
-    ships writes only those, so the global propagator is not asked. The proxy calls this for every
-    call it records, and most deployments run without a trace backend.
+    Without a span context or any baggage there is nothing to carry: the propagators
+    OpenTelemetry ships (W3C trace context and baggage, B3, Jaeger) write nothing then, so the
+    global propagator is not asked. The proxy calls this for every call it records, and most
+    deployments run without a trace backend. (A propagator of one's own that writes a header
+    even then would be skipped.)
     """
-    if not trace.get_current_span(context).get_span_context().is_valid and not baggage.get_all(context):
+    if (trace.get_current_span(context).get_span_context() == trace.INVALID_SPAN_CONTEXT
+            and not baggage.get_all(context)):
         return
     propagate.inject(headers, context=context, setter=_SETTER)
 

@@ -6,7 +6,7 @@ import os
 import threading
 import uuid
 
-from schemas._base import new_event_id
+from schemas._base import _random_ids, new_event_id
 
 
 def test_ids_are_uuid4_hex_and_unique_over_many_refills() -> None:
@@ -20,13 +20,16 @@ def test_ids_are_uuid4_hex_and_unique_over_many_refills() -> None:
 
 
 def test_a_forked_child_does_not_repeat_its_parents_next_ids() -> None:
-    new_event_id()  # the parent holds random bytes for its next ids now
+    while not _random_ids:  # the parent holds random bytes for its next ids
+        new_event_id()
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: its next ids, to the parent
-        os.close(read)
-        os.write(write, " ".join(new_event_id() for _ in range(50)).encode())
-        os._exit(0)
+    if pid == 0:  # the child: its next ids, to the parent, and nothing else
+        try:
+            os.close(read)
+            os.write(write, " ".join(new_event_id() for _ in range(50)).encode())
+        finally:
+            os._exit(0)
     os.close(write)
     with os.fdopen(read) as pipe:
         child = set(pipe.read().split())

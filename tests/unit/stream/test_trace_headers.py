@@ -5,6 +5,7 @@ from __future__ import annotations
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from stream.tracing import extract_trace_context, inject_trace_context
 
@@ -28,6 +29,13 @@ def test_a_current_span_is_written_and_read_back() -> None:
     assert headers["traceparent"].decode() == f"00-{expected.trace_id:032x}-{expected.span_id:016x}-{expected.trace_flags:02x}"
     carried = trace.get_current_span(extract_trace_context(list(headers.items()))).get_span_context()
     assert (carried.trace_id, carried.span_id) == (expected.trace_id, expected.span_id)
+
+
+def test_a_context_that_is_only_partly_valid_is_written_as_the_propagator_writes_it() -> None:
+    # The W3C propagator skips only the all-zero context; the shortcut must not skip more.
+    partly = SpanContext(trace_id=0xABC, span_id=0, is_remote=True)
+    headers = _injected(trace.set_span_in_context(NonRecordingSpan(partly)))
+    assert headers["traceparent"].decode() == f"00-{0xABC:032x}-{0:016x}-00"
 
 
 def test_baggage_alone_is_still_carried() -> None:
