@@ -6,6 +6,8 @@ import contextlib
 import os
 import resource
 import signal
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from producers.journal import Journal, JournalCorruptError, JournalLockedError
 from producers.shipper import import_spool
-from producers.spool import DiskSpool
+from producers.spool import DiskSpool, pack_record
 
 
 def _fill(journal: Journal, count: int, start: int = 0, size: int = 10) -> None:
@@ -237,6 +239,10 @@ def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path) -
     split.append_parts("t.calls", b"r-1", parts, (("h", b"1"),))
     [whole_segment], [split_segment] = (tmp_path / "whole").glob("*.log"), (tmp_path / "split").glob("*.log")
     assert split_segment.read_bytes() == whole_segment.read_bytes()  # frame, checksum and all
+    # ...and both are the spool's encoding framed as the module's documentation says.
+    bodies = [pack_record("t.calls", b"k", b"first", ()), pack_record("t.calls", b"r-1", b"".join(parts), (("h", b"1"),))]
+    assert split_segment.read_bytes() == b"".join(
+        struct.pack("<IIQ", len(body), zlib.crc32(body), seq) + body for seq, body in enumerate(bodies))
     assert split.pending_bytes == whole.pending_bytes
     split.close()
     again = Journal(tmp_path / "split", 1 << 20)
