@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner helm kube clean
 
-# The compiled fast path of the proxy's shipping worker (native/, Rust); its build output is
+# The compiled fast path of the proxy's journal and its shipping worker (native/, Rust); its build output is
 # cached beside the other downloads, so a fresh clone compiles only the crate itself again.
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/openforge_native.pyi \
                   $(wildcard native/src/*.rs)
@@ -71,6 +71,7 @@ bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy
 	@$(PY) -m bench.shipper
+	@$(PY) -m bench.journal
 	@$(PY) -m bench.learner
 	@$(PY) -m bench.publisher
 

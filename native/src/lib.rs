@@ -15,6 +15,10 @@
 //! repeated here, and the unit tests compare both paths on every kind of record they can make.
 //! (Parts of the engine's answer the event does not carry are skipped, not parsed, so JSON
 //! there that Python's parser refuses goes unnoticed; the proxy journals only answers it parsed.)
+//!
+//! [`frame`] holds the other half: the proxy's own write of each call's journal frame.
+
+mod frame;
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
@@ -774,6 +778,7 @@ fn exchange_event<'py>(py: Python<'py>, record: &[u8]) -> Option<PyMade<'py>> {
 #[pymodule]
 fn openforge_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exchange_event, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::append_frame, m)?)?;
     // The facts this module repeats, for the tests that hold them equal to Python's.
     m.add("MAX_ID", MAX_ID)?;
     m.add("MAX_VERSION", MAX_VERSION)?;
@@ -783,5 +788,6 @@ fn openforge_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SAMPLING_KEYS", SAMPLING_KEYS.to_vec())?;
     m.add("CAPTURE_KEYS", CAPTURE_KEYS.to_vec())?;
     m.add("STRUCTURE_KEYS", STRUCTURE_KEYS.to_vec())?;
+    m.add("RECORD_MAGIC", PyBytes::new(m.py(), frame::RECORD_MAGIC))?;
     Ok(())
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import producers.journal as journal_module
 from producers.journal import Journal, JournalCorruptError, JournalLockedError
 from producers.shipper import import_spool
 from producers.spool import DiskSpool, pack_record
@@ -229,7 +231,18 @@ def test_an_append_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Pat
     assert _values(again.read(10, 1 << 20)) == [0, 1, 3, 4] and again.next_seq == 4
 
 
-def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path) -> None:
+@pytest.fixture(params=["compiled", "python"])
+def frame_writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test that uses it runs with the compiled frame writer and with the Python path."""
+    if request.param == "compiled":
+        assert journal_module._native_append_frame is not None, \
+            "openforge_native is not installed: `make install` builds it (needs cargo)"
+    else:
+        monkeypatch.setattr(journal_module, "_native_append_frame", None)
+    return str(request.param)
+
+
+def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path, frame_writer: str) -> None:
     parts = (b"meta" * 30, b"", b"request-body" * 200, b"answer" * 500)
     whole, split = Journal(tmp_path / "whole", 1 << 20), Journal(tmp_path / "split", 1 << 20)
     for journal in (whole, split):
@@ -237,31 +250,56 @@ def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path) -
         journal.append("t.calls", b"k", b"first", ())
     whole.append("t.calls", b"r-1", b"".join(parts), (("h", b"1"),))
     split.append_parts("t.calls", b"r-1", parts, (("h", b"1"),))
+    # A call's record (a key, no headers) is the one the compiled writer takes; an empty key too.
+    whole.append("openforge/raw-exchanges", b"r-\xc3\xa9", b"".join(parts), ())
+    split.append_parts("openforge/raw-exchanges", b"r-\xc3\xa9", list(parts), ())
+    whole.append("t.calls", b"", b"", ())
+    split.append_parts("t.calls", b"", (), ())
     [whole_segment], [split_segment] = (tmp_path / "whole").glob("*.log"), (tmp_path / "split").glob("*.log")
     assert split_segment.read_bytes() == whole_segment.read_bytes()  # frame, checksum and all
     # ...and both are the spool's encoding framed as the module's documentation says.
-    bodies = [pack_record("t.calls", b"k", b"first", ()), pack_record("t.calls", b"r-1", b"".join(parts), (("h", b"1"),))]
+    bodies = [pack_record("t.calls", b"k", b"first", ()), pack_record("t.calls", b"r-1", b"".join(parts), (("h", b"1"),)),
+              pack_record("openforge/raw-exchanges", b"r-\xc3\xa9", b"".join(parts), ()),
+              pack_record("t.calls", b"", b"", ())]
     assert split_segment.read_bytes() == b"".join(
         struct.pack("<IIQ", len(body), zlib.crc32(body), seq) + body for seq, body in enumerate(bodies))
     assert split.pending_bytes == whole.pending_bytes
     split.close()
     again = Journal(tmp_path / "split", 1 << 20)
     again.open()
-    _first, record = again.read(10, 1 << 20)
+    _first, record, exchange, empty = again.read(10, 1 << 20)
     assert record.value == b"".join(parts) and record.key == b"r-1" and record.headers == (("h", b"1"),)
+    assert exchange.value == b"".join(parts) and exchange.key == b"r-\xc3\xa9" and exchange.headers == ()
+    assert empty.value == b"" and empty.key == b"" and again.next_seq == 4
 
 
-def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
+def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Path, frame_writer: str) -> None:
     journal = Journal(tmp_path, 1 << 20)
     journal.open()
     _fill(journal, 1, size=100)
     [segment] = tmp_path.glob("*.log")
     size = segment.stat().st_size
-    with _file_size_limit(size + 300), pytest.raises(OSError):  # the limit falls inside the third part
+    with _file_size_limit(size + 300), pytest.raises(OSError) as refused:  # the limit falls inside the third part
         journal.append_parts("t.calls", b"r-1", (b"a" * 100, b"b" * 100, b"c" * 100), ())
+    assert refused.value.errno == errno.EFBIG  # the kernel's reason, not a generic error
     assert segment.stat().st_size == size
     _fill(journal, 1, start=1, size=100)
     assert _values(journal.read(10, 1 << 20)) == [0, 1]
+
+
+def test_the_compiled_writer_refuses_what_the_python_path_would(tmp_path: Path) -> None:
+    write = journal_module._native_append_frame
+    assert write is not None, "openforge_native is not installed: `make install` builds it (needs cargo)"
+    with pytest.raises(OSError) as closed:
+        write(10_000, 0, "t.calls", b"k", [b"v"])  # no such descriptor
+    assert closed.value.errno == errno.EBADF
+    with pytest.raises(TypeError):
+        write(1, 0, "t.calls", b"k", ["text, not bytes"])
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    with pytest.raises(TypeError):
+        journal.append_parts("t.calls", b"k", [memoryview(b"v")], ())  # type: ignore[list-item]
+    assert journal.next_seq == 0 and not next(tmp_path.glob("*.log")).read_bytes()  # nothing half-kept
 
 
 def test_a_segment_roll_that_cannot_open_a_file_keeps_appending_to_the_old_one(tmp_path: Path) -> None:

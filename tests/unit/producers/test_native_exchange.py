@@ -23,6 +23,7 @@ import pytest
 from test_capture_build import CHAT
 
 from producers import capture as capture_module
+from producers import spool as spool_module
 from producers.capture import CAPTURE_KEYS, SAMPLING_KEYS, CallCapture, normalize_request
 from producers.raw_calls import NATIVE, RAW_EXCHANGES, EngineExchange, pack_raw_exchange, ship_record
 from schemas import ModelCallV1, decode
@@ -109,6 +110,7 @@ def test_the_compiled_path_is_installed_and_holds_the_same_facts() -> None:
     assert set(openforge_native.SAMPLING_KEYS) == SAMPLING_KEYS
     assert set(openforge_native.CAPTURE_KEYS) == CAPTURE_KEYS
     assert set(openforge_native.STRUCTURE_KEYS) == capture_module._STRUCTURE_KEYS
+    assert openforge_native.RECORD_MAGIC == spool_module._MAGIC  # the journal's frame writer's
 
 
 def test_a_usual_record_is_made_natively_byte_for_byte() -> None:
