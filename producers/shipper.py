@@ -44,7 +44,7 @@ from producers.spool import DiskSpool
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
-from stream import EventProducer, TopicRegistry, TopicSpec
+from stream import EventProducer, MissingTopicsError, TopicRegistry, TopicSpec
 from stream.producer import encode_record
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ class Shipper:
         """Records Kafka refused (too large for the broker's topic, not authorised) and that went
         to the dead-letter topic instead."""
         self._one_by_one_to = -1  # records up to this one go one at a time, to find one Kafka refuses
+        self._missing_reported: list[str] = []  # the missing topics last logged, so a wait is logged once
 
     def wake(self) -> None:
         """Something was appended: look now instead of at the next poll."""
@@ -219,7 +220,12 @@ class Shipper:
                     continue
                 self.publish_errors += 1
                 if self._producer is not None:
-                    logger.warning("shipping %d journalled events failed (%s); will retry", len(records), exc)
+                    timed_out = isinstance(exc, TimeoutError | kafka_errors.KafkaTimeoutError)
+                    missing = await self._missing_topics(outgoing) if timed_out else []
+                    if missing:
+                        self._report_missing(missing, len(records))
+                    else:
+                        logger.warning("shipping %d journalled events failed (%s); will retry", len(records), exc)
                 await self.close()
                 self._progress()
                 if self.stopping:
@@ -230,6 +236,7 @@ class Shipper:
                 backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
                 continue
             backoff = 0.5
+            self._missing_reported = []
             self.kafka_ok = True
             self.source.mark_shipped(records)
             self.shipped = records[-1].seq
@@ -240,6 +247,30 @@ class Shipper:
             if (len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes
                     and not one_by_one):
                 await self._linger()
+
+    async def _missing_topics(self, outgoing: list[Record]) -> list[str]:
+        """The topics of ``outgoing`` the cluster does not have; none when that cannot be told.
+
+        A record for a missing topic is not refused: the producer waits for the topic to appear
+        until the batch times out, and the operator would see only a timeout, again and again.
+        """
+        assert self._producer is not None
+        try:
+            async with asyncio.timeout(self.ack_timeout_s):
+                return await self._producer.missing_topics({record[0] for record in outgoing})
+        except Exception:  # noqa: BLE001 - the broker is away too: the timeout is all there is to say
+            return []
+
+    def _report_missing(self, missing: list[str], records: int) -> None:
+        """Say which topics are missing and how to create them: loudly once, quietly while it lasts."""
+        if missing == self._missing_reported:
+            logger.info("%d journalled events still wait for topics %s", records, ", ".join(missing))
+            return
+        self._missing_reported = missing
+        assert self._producer is not None
+        remedy = MissingTopicsError.of(missing, self._producer.settings.bootstrap_servers)
+        logger.error("%s; %d journalled events wait in %s and ship once it exists", remedy, records,
+                     self.source.directory)
 
     async def _send(self, outgoing: list[Record]) -> None:
         """Send ``outgoing`` and wait until Kafka has acknowledged all of it."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -335,6 +335,20 @@ class EventProducer(Managed):
         the fact that their inputs were consumed become visible together.
         """
         await self._producer.send_offsets_to_transaction(dict(offsets), group_id)
+
+    async def missing_topics(self, names: Iterable[str]) -> list[str]:
+        """Which of ``names`` the cluster does not have, asked of the brokers now.
+
+        Why: a record for a topic that does not exist is not refused; aiokafka waits for the
+        topic's metadata until the send times out, so a shipper sees only a timeout. This tells
+        an operator what is missing.
+
+        Raises:
+            KafkaError: no broker answered (then nothing can be said about the topics).
+        """
+        cluster = await self._producer.client.fetch_all_metadata()
+        present = cluster.topics(exclude_internal_topics=False)
+        return sorted({name for name in names if name not in present})
 
     @property
     def raw(self) -> Any:

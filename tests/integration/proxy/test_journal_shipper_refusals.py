@@ -5,11 +5,15 @@ the broker has it (an operator may have lowered it below what the registry assum
 producer may not write, a policy. The shipper used to send the same batch again for ever, so the
 journal filled and the proxy refused every call. It now finds the record, puts it on the
 dead-letter topic with the broker's reason, and ships on.
+
+A topic that does not exist is not a refusal: its records wait in the journal until it does, and
+the shipper says which topic is missing and how to create it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -78,3 +82,54 @@ async def test_a_record_the_broker_refuses_goes_to_the_dead_letter_topic_and_the
     assert letter.error_type is DeadLetterErrorType.REFUSED_BY_BROKER and letter.offset == 2
     assert letter.value == values[2] and letter.key == b"r-1" and letter.headers == [("h", b"1")]
     assert "MessageSizeTooLarge" in letter.reason or "TooLarge" in (letter.exception_type or "")
+
+
+async def test_a_missing_topic_is_named_with_its_remedy_and_its_records_ship_once_it_exists(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    # Brokers here do not create topics on first use; aiokafka then waits for the topic until
+    # the batch times out, and the shipper used to log only that timeout, for ever.
+    absent = Topic(f"{topics.prefix}absent.{uuid.uuid4().hex[:8]}", 1,
+                   TopicSpec(base_name="absent", partitions=1, schemas=(), key=""))
+    journal = Journal(tmp_path, 64 << 20)
+    journal.open()
+    for i in range(3):
+        journal.append(absent.name, b"r-1", f"value-{i}".encode(), (("h", b"1"),))
+    shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=2.0,
+                      idle_wait_s=0.05)
+    caplog.set_level(logging.INFO, logger="producers.shipper")
+    runner = asyncio.create_task(shipper.run())
+    try:
+        for _ in range(200):
+            if _shipper_errors(caplog):
+                break
+            await asyncio.sleep(0.05)
+        [said] = _shipper_errors(caplog)
+        assert f"topic {absent.name} does not exist on {kafka_settings.bootstrap_servers}" in said
+        assert "openforge topics create" in said and "3 journalled events wait" in said
+        assert shipper.shipped == -1 and len(journal) == 3 and not shipper.failed  # kept, not dropped
+        for _ in range(200):  # the next try finds it still missing, and says so quietly
+            if any("still wait for topics" in r.getMessage() for r in caplog.records if r.name == "producers.shipper"):
+                break
+            await asyncio.sleep(0.05)
+        async with KafkaAdmin(kafka_settings, topics) as admin:
+            await admin.create_topics([absent])
+        for _ in range(300):
+            if shipper.shipped == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert shipper.shipped == 2 and shipper.kafka_ok
+    finally:
+        shipper.stop_when_done()
+        await asyncio.wait_for(runner, 20)
+        await shipper.close()
+        journal.close()
+    stored = await _records(kafka_settings, absent.name, expect=3)
+    assert [r.value for r in stored] == [b"value-0", b"value-1", b"value-2"]  # in order, once each
+    # Said loudly once; a retry that finds the same topic still missing does not repeat the error.
+    assert len(_shipper_errors(caplog)) == 1
+    assert any(f"3 journalled events still wait for topics {absent.name}" in r.getMessage()
+               for r in caplog.records if r.name == "producers.shipper")
+
+
+def _shipper_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "producers.shipper" and r.levelno == logging.ERROR]
