@@ -62,8 +62,8 @@ class Adapter(Protocol):
     def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
         """A translator for a streamed answer."""
 
-    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
-        """The protocol's error body."""
+    def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
+        """The protocol's error body; ``param`` is the request field at fault, where the protocol has a place for it."""
 
 
 def strip_capture(payload: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
@@ -106,9 +106,9 @@ class ChatAdapter:
         """Chunks pass through one by one."""
         return _ChatStream(body.get("model"), asked)
 
-    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
-        """OpenAI's error shape."""
-        return {"error": {"message": message, "type": error_type, "param": None, "code": status}}
+    def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
+        """OpenAI's error shape: the openai SDKs raise ``param`` as the error's ``.param``."""
+        return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 
 
 class _ChatStream:

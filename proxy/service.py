@@ -31,7 +31,7 @@ from producers.raw_calls import EngineExchange
 from proxy import telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
-from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError
+from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError, harness_gone
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
@@ -176,7 +176,8 @@ class CallService:
                                upstream_status_code=None)
             span.set_status(Status(StatusCode.ERROR, error.message))
             span.end()
-            return _json(adapter.error(error.status_code, error.message, error.error_type), error.status_code)
+            param = error.field if isinstance(error, UnsupportedFeatureError) else None
+            return _json(adapter.error(error.status_code, error.message, error.error_type, param), error.status_code)
 
         asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
         streamed = bool(chat.get("stream"))

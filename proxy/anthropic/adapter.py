@@ -36,8 +36,10 @@ class AnthropicAdapter:
         """Chat chunks → Messages stream events."""
         return _AnthropicStream(StreamTranslator(model=str(body.get("model") or "")))
 
-    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+    def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         """Anthropic's error shape; a prompt over the engine's context in Anthropic's words.
+
+        Anthropic's errors have no field for ``param``: the message names it.
 
         Claude Code compacts the conversation on "prompt is too long: N tokens > M maximum" and
         reads the two numbers to decide how much to cut.

@@ -45,12 +45,14 @@ class ResponsesAdapter:
         """Chat chunks → Responses stream events."""
         return _ResponsesStream(StreamTranslator(request=body))
 
-    def error(self, status: int, message: str, error_type: str) -> dict[str, Any]:
+    def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         """OpenAI's error shape; a prompt over the engine's context gets OpenAI's code for it.
 
-        Codex compacts the conversation when an error's code is ``context_length_exceeded``.
+        Codex compacts the conversation when an error's code is ``context_length_exceeded``; the
+        openai SDKs raise ``param`` (the field at fault) as the error's ``.param``.
         """
         body = error_body(status, message, error_type)
+        body["error"]["param"] = param
         if status == 400 and context_overflow(message) is not None:
             body["error"]["code"] = "context_length_exceeded"
         return body

@@ -158,8 +158,13 @@ async def test_a_named_tool_choice_reaches_the_engine_in_chat_s_shape(proxy, vll
 
 async def test_responses_previous_response_id_is_refused_by_name(proxy) -> None:
     async with responses_client(proxy, "r-prev") as client:
-        with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        with pytest.raises(openai.BadRequestError, match="previous_response_id") as refused:
             await client.responses.create(model="m", input="again", previous_response_id="resp_123")
+        assert refused.value.param == "previous_response_id"  # the SDK's own field for it
+        with pytest.raises(openai.BadRequestError) as refused_part:
+            await client.responses.create(model="m", input=[{"role": "user", "content": [
+                {"type": "input_file", "file_id": "file_1"}]}])
+        assert refused_part.value.param == "input[0].content[0].type", refused_part.value.body
 
 
 async def test_output_ceiling_over_the_engines_context_is_lowered_for_translated_calls(proxy, vllm_url) -> None:
