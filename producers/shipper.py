@@ -220,8 +220,11 @@ class Shipper:
                     continue
                 self.publish_errors += 1
                 if self._producer is not None:
-                    timed_out = isinstance(exc, TimeoutError | kafka_errors.KafkaTimeoutError)
-                    missing = await self._missing_topics(outgoing) if timed_out else []
+                    # Waiting for a missing topic ends in our timeout, or in aiokafka's own
+                    # (UnknownTopicOrPartition) where its request timeout is the shorter.
+                    waited = isinstance(exc, TimeoutError | kafka_errors.KafkaTimeoutError
+                                        | kafka_errors.UnknownTopicOrPartitionError)
+                    missing = await self._missing_topics(outgoing) if waited and not self.stopping else []
                     if missing:
                         self._report_missing(missing, len(records))
                     else:
@@ -256,7 +259,8 @@ class Shipper:
         """
         assert self._producer is not None
         try:
-            async with asyncio.timeout(self.ack_timeout_s):
+            # Short: a broker that is away makes every retry (and a stop) wait this long more.
+            async with asyncio.timeout(min(self.ack_timeout_s, 2.0)):
                 return await self._producer.missing_topics({record[0] for record in outgoing})
         except Exception:  # noqa: BLE001 - the broker is away too: the timeout is all there is to say
             return []
@@ -264,13 +268,13 @@ class Shipper:
     def _report_missing(self, missing: list[str], records: int) -> None:
         """Say which topics are missing and how to create them: loudly once, quietly while it lasts."""
         if missing == self._missing_reported:
-            logger.info("%d journalled events still wait for topics %s", records, ", ".join(missing))
+            logger.info("journalled events (a batch of %d) still wait for topics %s", records, ", ".join(missing))
             return
         self._missing_reported = missing
         assert self._producer is not None
         remedy = MissingTopicsError.of(missing, self._producer.settings.bootstrap_servers)
-        logger.error("%s; %d journalled events wait in %s and ship once it exists", remedy, records,
-                     self.source.directory)
+        logger.error("%s; journalled events (a batch of %d) wait in %s and ship once it exists. (A topic this "
+                     "client may not describe looks missing too.)", remedy, records, self.source.directory)
 
     async def _send(self, outgoing: list[Record]) -> None:
         """Send ``outgoing`` and wait until Kafka has acknowledged all of it."""

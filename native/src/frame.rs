@@ -24,6 +24,8 @@ use pyo3::types::PyBytes;
 pub const RECORD_MAGIC: &[u8] = b"OFSPOOL1";
 /// `producers.journal._FRAME.size`: body length, checksum of the body, sequence number.
 const FRAME_HEADER: usize = 16;
+/// Linux's errno for a bad file descriptor.
+const EBADF: i32 = 9;
 
 /// Appends the frame of record `seq` (`topic`, `key`, no headers, the value `parts` joined) to
 /// the open file `fd`, and returns the frame's size in bytes.
@@ -55,6 +57,10 @@ pub fn append_frame(fd: i32, seq: u64, topic: &str, key: &[u8], parts: Vec<Bound
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
     slices.push(IoSlice::new(&head));
     slices.extend(parts.iter().map(|part| IoSlice::new(part)));
+    if fd < 0 {
+        // std's File asserts on a negative descriptor: a panic, past Python's `except Exception`.
+        return Err(PyOSError::new_err((EBADF, "Bad file descriptor")));
+    }
     // Borrowed, not owned: the journal closes its own descriptor.
     let mut file = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
     let mut rest: &mut [IoSlice<'_>] = &mut slices;

@@ -105,7 +105,7 @@ async def test_a_missing_topic_is_named_with_its_remedy_and_its_records_ship_onc
             await asyncio.sleep(0.05)
         [said] = _shipper_errors(caplog)
         assert f"topic {absent.name} does not exist on {kafka_settings.bootstrap_servers}" in said
-        assert "openforge topics create" in said and "3 journalled events wait" in said
+        assert "openforge topics create" in said and "journalled events (a batch of 3) wait" in said
         assert shipper.shipped == -1 and len(journal) == 3 and not shipper.failed  # kept, not dropped
         for _ in range(200):  # the next try finds it still missing, and says so quietly
             if any("still wait for topics" in r.getMessage() for r in caplog.records if r.name == "producers.shipper"):
@@ -127,7 +127,7 @@ async def test_a_missing_topic_is_named_with_its_remedy_and_its_records_ship_onc
     assert [r.value for r in stored] == [b"value-0", b"value-1", b"value-2"]  # in order, once each
     # Said loudly once; a retry that finds the same topic still missing does not repeat the error.
     assert len(_shipper_errors(caplog)) == 1
-    assert any(f"3 journalled events still wait for topics {absent.name}" in r.getMessage()
+    assert any(f"(a batch of 3) still wait for topics {absent.name}" in r.getMessage()
                for r in caplog.records if r.name == "producers.shipper")
 
 

@@ -287,12 +287,15 @@ def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_p
     assert _values(journal.read(10, 1 << 20)) == [0, 1]
 
 
-def test_the_compiled_writer_refuses_what_the_python_path_would(tmp_path: Path) -> None:
+def test_the_compiled_writer_refuses_a_bad_descriptor_and_parts_that_are_not_bytes(tmp_path: Path) -> None:
+    # Bytes only, where os.writev takes any buffer: every caller passes bytes, and a TypeError
+    # leaves nothing behind.
     write = journal_module._native_append_frame
     assert write is not None, "openforge_native is not installed: `make install` builds it (needs cargo)"
-    with pytest.raises(OSError) as closed:
-        write(10_000, 0, "t.calls", b"k", [b"v"])  # no such descriptor
-    assert closed.value.errno == errno.EBADF
+    for fd in (10_000, -1):  # no such descriptor; one std's File would panic on
+        with pytest.raises(OSError) as closed:
+            write(fd, 0, "t.calls", b"k", [b"v"])
+        assert closed.value.errno == errno.EBADF
     with pytest.raises(TypeError):
         write(1, 0, "t.calls", b"k", ["text, not bytes"])
     journal = Journal(tmp_path, 1 << 20)
