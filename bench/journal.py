@@ -22,30 +22,19 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import orjson
-
 import producers.journal as journal_module
-from bench.fast_upstream import Canned
-from bench.proxy import request_template
-from producers.capture import CallCapture, cut_prompt_ids, normalize_request
+from bench.shipper import whole_answer_calls
+from producers.capture import CallCapture
 from producers.journal import Journal
 from producers.raw_calls import EngineExchange, raw_exchange_parts
-from schemas.call.v1 import ApiProtocol
 
 _WRITERS = ("compiled", "python")
 
 
 def _call(prompt_tokens: int, completion_tokens: int) -> tuple[CallCapture, EngineExchange]:
-    """One whole answer as the proxy holds it when it records the call."""
-    _head, request = request_template(8000, authorized=True, stream=False)
-    answer = Canned(prompt_tokens, completion_tokens).whole.split(b"\r\n\r\n", 1)[1]
-    capture = CallCapture(rollout_id="rollout-0001", call_id="call-0001", protocol=ApiProtocol.OPENAI_CHAT,
-                          model="bench-model", request=normalize_request(orjson.loads(request), {}),
-                          streamed=False, headers={"user-agent": "bench"})
-    parsed, prompt_ids = cut_prompt_ids(answer)
-    capture.prompt_ids_json = prompt_ids
-    capture.on_response(orjson.loads(parsed))
-    return capture, EngineExchange(request, answer, {})
+    """One whole answer as the proxy holds it when it records the call (``bench.shipper``'s first)."""
+    [call] = whole_answer_calls(prompt_tokens, completion_tokens, 1)
+    return call
 
 
 def _round(records: int, append: Callable[[], object]) -> tuple[float, float]:

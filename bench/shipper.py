@@ -64,6 +64,14 @@ def whole_answers(prompt_tokens: int, completion_tokens: int) -> list[Record]:
     Each has its own rollout (so events spread over the partitions as the proxy's do) and its
     own token ids (so zstd cannot fold one call into the next).
     """
+    return [pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica="http://127.0.0.1:8000")
+            for capture, exchange in whole_answer_calls(prompt_tokens, completion_tokens, KEYS)]
+
+
+def whole_answer_calls(prompt_tokens: int, completion_tokens: int,
+                       count: int) -> list[tuple[CallCapture, EngineExchange]]:
+    """``count`` distinct benchmark calls as the proxy holds them when it records each: the capture
+    after the engine's answer, and the exchange as sent (capture fields added) and received."""
     base = orjson.loads(Canned(prompt_tokens, completion_tokens).whole.split(b"\r\n\r\n", 1)[1])
     chat = {"model": "bench-model", "max_tokens": 256, "temperature": 0.7, "messages": [
         {"role": "system", "content": SYSTEM_PROMPT},
@@ -71,8 +79,8 @@ def whole_answers(prompt_tokens: int, completion_tokens: int) -> list[Record]:
                                     "without changing the tests."}]}
     asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
     sent = orjson.dumps({**chat, "logprobs": True, "return_token_ids": True, "return_weight_versions": True})
-    records = []
-    for k in range(KEYS):
+    calls = []
+    for k in range(count):
         answer = {**base, "id": f"chatcmpl-bench-{k}",
                   "prompt_token_ids": [(t + 7919 * k) % 150_000 for t in base["prompt_token_ids"]],
                   "choices": [{**base["choices"][0],
@@ -85,9 +93,8 @@ def whole_answers(prompt_tokens: int, completion_tokens: int) -> list[Record]:
         capture.prompt_ids_json = prompt_ids
         capture.on_response(orjson.loads(parsed))
         capture.weight_version = "0"
-        records.append(pack_raw_exchange(capture, EngineExchange(sent, raw, asked), upstream_status_code=200,
-                                         upstream_replica="http://127.0.0.1:8000"))
-    return records
+        calls.append((capture, EngineExchange(sent, raw, asked)))
+    return calls
 
 
 def _cpu(pid: int) -> tuple[float, float]:

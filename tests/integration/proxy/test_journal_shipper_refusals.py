@@ -13,9 +13,11 @@ the shipper says which topic is missing and how to create it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -63,18 +65,9 @@ async def test_a_record_the_broker_refuses_goes_to_the_dead_letter_topic_and_the
         journal.append(small.name, b"r-1", value, (("h", b"1"),))
     shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=10.0,
                       linger_s=60.0, idle_wait_s=0.05)  # a linger after each single record would run out the wait below
-    runner = asyncio.create_task(shipper.run())
-    try:
-        for _ in range(300):
-            if shipper.shipped >= 4:
-                break
-            await asyncio.sleep(0.1)
+    async with _running(shipper, journal):
+        await _until(lambda: shipper.shipped >= 4, 30.0)
         assert shipper.shipped == 4 and shipper.refused == 1 and not shipper.failed
-    finally:
-        shipper.stop_when_done()
-        await asyncio.wait_for(runner, 20)
-        await shipper.close()
-        journal.close()
     stored = await _records(kafka_settings, small.name, expect=4)
     assert [r.value for r in stored] == [values[0], values[1], values[3], values[4]]  # in order, once each
     letters = [decode(r.headers, r.value) for r in await _records(kafka_settings, topics[DEAD_LETTERS].name, 1)]
@@ -97,39 +90,48 @@ async def test_a_missing_topic_is_named_with_its_remedy_and_its_records_ship_onc
     shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=2.0,
                       idle_wait_s=0.05)
     caplog.set_level(logging.INFO, logger="producers.shipper")
-    runner = asyncio.create_task(shipper.run())
-    try:
-        for _ in range(200):
-            if _shipper_errors(caplog):
-                break
-            await asyncio.sleep(0.05)
+    async with _running(shipper, journal):
+        await _until(lambda: bool(_shipper_errors(caplog)), 10.0)
         [said] = _shipper_errors(caplog)
         assert f"topic {absent.name} does not exist on {kafka_settings.bootstrap_servers}" in said
         assert "openforge topics create" in said and "journalled events (a batch of 3) wait" in said
         assert shipper.shipped == -1 and len(journal) == 3 and not shipper.failed  # kept, not dropped
-        for _ in range(200):  # the next try finds it still missing, and says so quietly
-            if any("still wait for topics" in r.getMessage() for r in caplog.records if r.name == "producers.shipper"):
-                break
-            await asyncio.sleep(0.05)
+        # The next try finds it still missing, and says so quietly.
+        await _until(lambda: any("still wait for topics" in m for m in _shipper_messages(caplog)), 10.0)
         async with KafkaAdmin(kafka_settings, topics) as admin:
             await admin.create_topics([absent])
-        for _ in range(300):
-            if shipper.shipped == 2:
-                break
-            await asyncio.sleep(0.1)
+        await _until(lambda: shipper.shipped == 2, 30.0)
         assert shipper.shipped == 2 and shipper.kafka_ok
+    stored = await _records(kafka_settings, absent.name, expect=3)
+    assert [r.value for r in stored] == [b"value-0", b"value-1", b"value-2"]  # in order, once each
+    # Said loudly once; a retry that finds the same topic still missing does not repeat the error.
+    assert len(_shipper_errors(caplog)) == 1
+    assert any(f"(a batch of 3) still wait for topics {absent.name}" in m for m in _shipper_messages(caplog))
+
+
+@contextlib.asynccontextmanager
+async def _running(shipper: Shipper, journal: Journal) -> AsyncIterator[None]:
+    """The shipper running on ``journal``; afterwards stopped, drained, and the journal closed."""
+    runner = asyncio.create_task(shipper.run())
+    try:
+        yield
     finally:
         shipper.stop_when_done()
         await asyncio.wait_for(runner, 20)
         await shipper.close()
         journal.close()
-    stored = await _records(kafka_settings, absent.name, expect=3)
-    assert [r.value for r in stored] == [b"value-0", b"value-1", b"value-2"]  # in order, once each
-    # Said loudly once; a retry that finds the same topic still missing does not repeat the error.
-    assert len(_shipper_errors(caplog)) == 1
-    assert any(f"(a batch of 3) still wait for topics {absent.name}" in r.getMessage()
-               for r in caplog.records if r.name == "producers.shipper")
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
+    """Wait until ``condition`` holds or ``timeout_s`` passes (the caller's asserts then say which)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def _shipper_messages(caplog: pytest.LogCaptureFixture, level: int = logging.NOTSET) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "producers.shipper" and r.levelno >= level]
 
 
 def _shipper_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "producers.shipper" and r.levelno == logging.ERROR]
+    return _shipper_messages(caplog, logging.ERROR)
