@@ -44,7 +44,7 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
     try:
         await asyncio.wait_for(producer.start(), timeout_s)
     except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
-        logger.warning("Kafka unreachable (%s); %s", exc, meanwhile)
+        logger.warning("Kafka unreachable (%r); %s", exc, meanwhile)
         with contextlib.suppress(Exception):
             await producer.stop()
         return None
@@ -192,7 +192,7 @@ class DurablePublisher:
                 return "kafka"
             except Exception as exc:  # noqa: BLE001 - any send failure falls back to the spool
                 self.publish_errors += 1
-                logger.warning("publishing %s failed (%s); switching to the spool", event_id, exc)
+                logger.warning("publishing %s failed (%r); switching to the spool", event_id, exc)
                 self._direct = False
                 await self._spool(topic, key, value, headers, force=True)
                 return "spool"

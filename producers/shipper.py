@@ -228,7 +228,7 @@ class Shipper:
                     if missing:
                         self._report_missing(missing, len(records))
                     else:
-                        logger.warning("shipping %d journalled events failed (%s); will retry", len(records), exc)
+                        logger.warning("shipping %d journalled events failed (%r); will retry", len(records), exc)
                 await self.close()
                 self._progress()
                 if self.stopping:
