@@ -30,11 +30,12 @@ class AnthropicAdapter:
 
     def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
         """Chat completion → Message, under the model name the harness asked for."""
-        return from_chat_response(chat, model=str(body.get("model") or chat.get("model") or ""))
+        return from_chat_response(chat, model=str(body.get("model") or chat.get("model") or ""),
+                                  max_tokens=body.get("max_tokens"))
 
     def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
         """Chat chunks → Messages stream events."""
-        return _AnthropicStream(StreamTranslator(model=str(body.get("model") or "")))
+        return _AnthropicStream(StreamTranslator(model=str(body.get("model") or ""), max_tokens=body.get("max_tokens")))
 
     def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         """Anthropic's error shape; a prompt over the engine's context in Anthropic's words.

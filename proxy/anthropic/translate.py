@@ -578,7 +578,21 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
 # response: chat completion -> Message
 
 
-def _stop_reason(finish_reason: Any, engine_stop: Any, has_tool_use: bool) -> tuple[str | None, str | None]:
+def _context_full(usage: Any, max_tokens: int | None) -> bool:
+    """Whether an answer cut for length stopped at the context's end, short of the harness's ``max_tokens``.
+
+    vLLM lowers a request's ``max_tokens`` to what its context leaves after the prompt (and the
+    proxy lowers Claude Code's 32,000 to the context length, see ``CallService._fit_output``), so
+    an answer cut for length with fewer tokens than the harness asked for hit the context's end.
+    Anthropic says ``model_context_window_exceeded`` there, and Claude Code stops on it as on
+    ``max_tokens`` but reports a full context rather than a short token budget.
+    """
+    completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return type(completion) is int and type(max_tokens) is int and completion < max_tokens
+
+
+def _stop_reason(finish_reason: Any, engine_stop: Any, has_tool_use: bool,
+                 context_full: bool = False) -> tuple[str | None, str | None]:
     """Map a chat ``finish_reason`` (and vLLM's ``stop_reason``) to ``(stop_reason, stop_sequence)``.
 
     vLLM puts the matched stop string in the choice's ``stop_reason`` (a token id when a stop token
@@ -591,7 +605,7 @@ def _stop_reason(finish_reason: Any, engine_stop: Any, has_tool_use: bool) -> tu
     if finish_reason is None:
         return None, None
     if finish_reason == "length":
-        return "max_tokens", None
+        return ("model_context_window_exceeded" if context_full else "max_tokens"), None
     if finish_reason == "content_filter":
         return "refusal", None
     if has_tool_use:
@@ -654,7 +668,7 @@ def _message_id(chat_id: Any) -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def from_chat_response(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
+def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | None = None) -> dict[str, Any]:
     """Translate a (non-streaming) chat completion into an Anthropic Message.
 
     The message id is ``"msg_" + chat id``, so the Message can be matched to the engine's record.
@@ -665,6 +679,7 @@ def from_chat_response(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
     Args:
         chat: The engine's chat-completion JSON.
         model: The model name to report (the one the harness asked for).
+        max_tokens: The harness's ``max_tokens``, which tells a full context from a spent budget.
 
     Returns:
         The Message JSON.
@@ -703,7 +718,8 @@ def from_chat_response(chat: dict[str, Any], *, model: str) -> dict[str, Any]:
         )
     has_tool_use = any(block["type"] == "tool_use" for block in content)
     stop_reason, stop_sequence = _stop_reason(
-        choice.get("finish_reason"), choice.get("stop_reason"), has_tool_use
+        choice.get("finish_reason"), choice.get("stop_reason"), has_tool_use,
+        _context_full(chat.get("usage"), max_tokens),
     )
     return {
         "id": message_id,
@@ -794,9 +810,11 @@ class StreamTranslator:
     ``reasoning_content`` deltas are not forwarded (see :func:`from_chat_response`).
     """
 
-    def __init__(self, *, model: str, message_id: str | None = None) -> None:
+    def __init__(self, *, model: str, message_id: str | None = None, max_tokens: int | None = None) -> None:
         self.model = model
         self.message_id = message_id
+        self.max_tokens = max_tokens
+        """The harness's ``max_tokens``: an answer cut for length short of it filled the context."""
         self._started = False
         self._done = False
         self._next_index = 0
@@ -947,7 +965,8 @@ class StreamTranslator:
 
     def _end(self) -> list[SSEEvent]:
         events = self._flush_pending_tools() + self._close()
-        stop_reason, stop_sequence = _stop_reason(self._finish_reason, self._engine_stop, self._has_tool_use)
+        stop_reason, stop_sequence = _stop_reason(self._finish_reason, self._engine_stop, self._has_tool_use,
+                                                  _context_full(self._usage, self.max_tokens))
         usage = _usage(self._usage)
         delta_usage: dict[str, Any] = {"output_tokens": usage["output_tokens"]}
         if self._usage is not None:

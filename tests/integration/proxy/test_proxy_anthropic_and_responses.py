@@ -190,6 +190,42 @@ async def test_output_ceiling_over_the_engines_context_is_lowered_for_translated
                                                messages=[{"role": "user", "content": "Hi"}])
 
 
+async def test_an_answer_that_fills_the_context_says_so_to_an_anthropic_harness(proxy, vllm_url) -> None:
+    """An answer cut where the context ends, short of the harness's max_tokens, is Anthropic's
+    model_context_window_exceeded, whole or streamed (Claude Code reports a full context on it,
+    and a spent budget on max_tokens); the event keeps the engine's own finish reason."""
+    async with httpx.AsyncClient() as http:
+        model = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]
+    context = model["max_model_len"]
+    line = "the quick brown fox jumps over the lazy dog "
+
+    async def prompt_tokens(repeats: int) -> int:
+        return len(await tokenize(vllm_url, model["id"], [{"role": "user", "content": line * repeats}]))
+
+    one, two = await prompt_tokens(1), await prompt_tokens(2)
+    repeats = (context - 12 - one) // (two - one) + 1  # a prompt that leaves the answer a dozen tokens or so
+    room = context - await prompt_tokens(repeats)
+    assert 0 < room <= 12 + (two - one), room
+    messages = [{"role": "user", "content": line * repeats}]
+    async with anthropic_client(proxy, "r-full") as client:
+        # Greedy, so the answer is the same every run (a stop token at once would end the turn).
+        greedy = {"top_k": 1}  # Anthropic's field, which this SDK's create() does not name
+        # Over the engine's context, as Claude Code's 32,000 (which the SDK refuses to wait for whole).
+        whole = await client.messages.create(model="claude-opus-4-7", max_tokens=4_096, messages=messages,
+                                             extra_body=greedy)
+        async with client.messages.stream(model="claude-opus-4-7", max_tokens=32_000, extra_body=greedy,
+                                          messages=messages) as stream:
+            streamed = await stream.get_final_message()
+        budget = await client.messages.create(model="claude-opus-4-7", max_tokens=room - 1, messages=messages,
+                                              extra_body=greedy)
+    assert (whole.stop_reason, whole.usage.output_tokens) == ("model_context_window_exceeded", room)
+    assert (streamed.stop_reason, streamed.usage.output_tokens) == ("model_context_window_exceeded", room)
+    assert (budget.stop_reason, budget.usage.output_tokens) == ("max_tokens", room - 1)
+    events = await calls_of(proxy, 3)
+    assert [e.choices[0].finish_reason for e in events] == ["length"] * 3
+    assert [len(e.choices[0].completion_token_ids) for e in events] == [room, room, room - 1]
+
+
 async def test_a_prompt_over_the_context_is_refused_in_each_harness_api_s_own_words(proxy, vllm_url) -> None:
     """Claude Code compacts on "prompt is too long: N tokens > M maximum", Codex on the error code
     context_length_exceeded; the event keeps the engine's own message."""

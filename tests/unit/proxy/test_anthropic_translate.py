@@ -391,6 +391,24 @@ def test_response_stop_reasons(finish_reason: str, stop_reason: Any, expected: t
     assert (message.stop_reason, message.stop_sequence) == expected
 
 
+@pytest.mark.parametrize(("max_tokens", "expected"), [
+    (None, "max_tokens"),  # nothing to tell them apart by: the budget, as before
+    (56, "max_tokens"),  # all the tokens asked for were made
+    (32000, "model_context_window_exceeded"),  # cut at 56 of 32,000: the context was full
+])
+def test_a_length_cut_short_of_max_tokens_is_a_full_context(max_tokens: int | None, expected: str) -> None:
+    result = from_chat_response(vllm_completion({"content": "42"}, "length"), model="m", max_tokens=max_tokens)
+    assert anthropic.types.Message.model_validate(result).stop_reason == expected
+
+
+@pytest.mark.parametrize(("max_tokens", "expected"), [(31, "max_tokens"), (32000, "model_context_window_exceeded")])
+def test_stream_a_length_cut_short_of_max_tokens_is_a_full_context(max_tokens: int, expected: str) -> None:
+    events = run_stream([chunk({"role": "assistant", "content": ""}), chunk({"content": "42"}),
+                         chunk({"content": ""}, finish_reason="length"), usage_chunk(10, 31)], max_tokens=max_tokens)
+    delta = next(data for name, data in events if name == "message_delta")
+    assert delta["delta"] == {"stop_reason": expected, "stop_sequence": None}
+
+
 def test_forced_tool_call_finishing_with_stop_is_tool_use() -> None:
     chat = vllm_completion({"content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "Read", "arguments": '{"file_path":"/a"}'}},
