@@ -56,11 +56,16 @@ class Adapter(Protocol):
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat-completions request for the engine (raises InvalidRequestError)."""
 
-    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
-        """The harness-facing answer for a whole chat completion."""
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,
+                  context: int | None = None) -> dict[str, Any]:
+        """The harness-facing answer for a whole chat completion.
 
-    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
-        """A translator for a streamed answer."""
+        ``context`` is the engine's context length when known: an answer that filled it may be
+        told apart from one that spent its budget.
+        """
+
+    def stream(self, body: dict[str, Any], asked: dict[str, Any], *, context: int | None = None) -> StreamSession:
+        """A translator for a streamed answer (``context`` as for :meth:`from_chat`)."""
 
     def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         """The protocol's error body; ``param`` is the request field at fault, where the protocol has a place for it."""
@@ -96,13 +101,14 @@ class ChatAdapter:
             raise InvalidRequestError("every entry of messages must be an object")
         return dict(body)
 
-    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,
+                  context: int | None = None) -> dict[str, Any]:
         """The engine's answer minus the capture fields, under the model name asked for."""
         if "model" in body:
             chat["model"] = body["model"]
         return strip_capture(chat, asked)
 
-    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
+    def stream(self, body: dict[str, Any], asked: dict[str, Any], *, context: int | None = None) -> StreamSession:
         """Chunks pass through one by one."""
         return _ChatStream(body.get("model"), asked)
 

@@ -279,7 +279,7 @@ class CallService:
                                             CallStatus.UPSTREAM_ERROR, ABORTED, replica, upstream_status=engine_status)
                 try:
                     # Translated before the call is recorded ok: an answer the harness never got is not ok.
-                    answer = adapter.from_chat(payload, body, asked)
+                    answer = adapter.from_chat(payload, body, asked, context=self._context.get(replica))
                 except Exception as exc:  # whatever broke, the call is recorded
                     if not isinstance(exc, ProxyError):
                         logger.exception("translating the engine's answer failed (call %s)", call_id)
@@ -331,7 +331,7 @@ class CallService:
     def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
                 upstream: EngineResponse, replica: str, span: trace.Span, client_span: trace.Span,
                 fingerprint: bytes, version_before: str | None, upstream_t0: float) -> StreamingResponse:
-        session = adapter.stream(body, asked)
+        session = adapter.stream(body, asked, context=self._context.get(replica))
 
         async def relay() -> AsyncIterator[bytes]:
             held: list[bytes] = []  # closing events wait until the event is durable

@@ -28,14 +28,16 @@ class AnthropicAdapter:
         """Messages request → chat request."""
         return to_chat_request(body)
 
-    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,
+                  context: int | None = None) -> dict[str, Any]:
         """Chat completion → Message, under the model name the harness asked for."""
         return from_chat_response(chat, model=str(body.get("model") or chat.get("model") or ""),
-                                  max_tokens=body.get("max_tokens"))
+                                  max_tokens=body.get("max_tokens"), context=context)
 
-    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
+    def stream(self, body: dict[str, Any], asked: dict[str, Any], *, context: int | None = None) -> StreamSession:
         """Chat chunks → Messages stream events."""
-        return _AnthropicStream(StreamTranslator(model=str(body.get("model") or ""), max_tokens=body.get("max_tokens")))
+        return _AnthropicStream(StreamTranslator(model=str(body.get("model") or ""), max_tokens=body.get("max_tokens"),
+                                                 context=context))
 
     def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         """Anthropic's error shape; a prompt over the engine's context in Anthropic's words.

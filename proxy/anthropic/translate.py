@@ -578,17 +578,22 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
 # response: chat completion -> Message
 
 
-def _context_full(usage: Any, max_tokens: int | None) -> bool:
+def _context_full(usage: Any, max_tokens: int | None, context: int | None) -> bool:
     """Whether an answer cut for length stopped at the context's end, short of the harness's ``max_tokens``.
 
     vLLM lowers a request's ``max_tokens`` to what its context leaves after the prompt (and the
-    proxy lowers Claude Code's 32,000 to the context length, see ``CallService._fit_output``), so
-    an answer cut for length with fewer tokens than the harness asked for hit the context's end.
-    Anthropic says ``model_context_window_exceeded`` there, and Claude Code stops on it as on
-    ``max_tokens`` but reports a full context rather than a short token budget.
+    proxy lowers Claude Code's 32,000 to the context length, see ``CallService._fit_output``).
+    Anthropic says ``model_context_window_exceeded`` for an answer that filled the context, and
+    Claude Code stops on it as on ``max_tokens`` but reports a full context rather than a spent
+    budget. Fewer tokens than asked for is not enough to say so: an engine may cap answers itself
+    (``max_new_tokens`` in the model's generation config), so the prompt and the answer must also
+    fill the engine's ``context``; unknown, the budget is assumed.
     """
-    completion = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return type(completion) is int and type(max_tokens) is int and completion < max_tokens
+    if not isinstance(usage, dict) or type(max_tokens) is not int or type(context) is not int:
+        return False
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return type(prompt) is int and type(completion) is int and completion < max_tokens \
+        and prompt + completion >= context
 
 
 def _stop_reason(finish_reason: Any, engine_stop: Any, has_tool_use: bool,
@@ -668,7 +673,8 @@ def _message_id(chat_id: Any) -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | None = None) -> dict[str, Any]:
+def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | None = None,
+                       context: int | None = None) -> dict[str, Any]:
     """Translate a (non-streaming) chat completion into an Anthropic Message.
 
     The message id is ``"msg_" + chat id``, so the Message can be matched to the engine's record.
@@ -679,7 +685,9 @@ def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | No
     Args:
         chat: The engine's chat-completion JSON.
         model: The model name to report (the one the harness asked for).
-        max_tokens: The harness's ``max_tokens``, which tells a full context from a spent budget.
+        max_tokens: The harness's ``max_tokens``; with ``context``, tells a full context from a
+            spent budget (:func:`_context_full`).
+        context: The engine's context length, when known.
 
     Returns:
         The Message JSON.
@@ -719,7 +727,7 @@ def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | No
     has_tool_use = any(block["type"] == "tool_use" for block in content)
     stop_reason, stop_sequence = _stop_reason(
         choice.get("finish_reason"), choice.get("stop_reason"), has_tool_use,
-        _context_full(chat.get("usage"), max_tokens),
+        _context_full(chat.get("usage"), max_tokens, context),
     )
     return {
         "id": message_id,
@@ -810,11 +818,14 @@ class StreamTranslator:
     ``reasoning_content`` deltas are not forwarded (see :func:`from_chat_response`).
     """
 
-    def __init__(self, *, model: str, message_id: str | None = None, max_tokens: int | None = None) -> None:
+    def __init__(self, *, model: str, message_id: str | None = None, max_tokens: int | None = None,
+                 context: int | None = None) -> None:
         self.model = model
         self.message_id = message_id
         self.max_tokens = max_tokens
-        """The harness's ``max_tokens``: an answer cut for length short of it filled the context."""
+        """The harness's ``max_tokens`` (with :attr:`context`, see :func:`_context_full`)."""
+        self.context = context
+        """The engine's context length, when known."""
         self._started = False
         self._done = False
         self._next_index = 0
@@ -966,7 +977,7 @@ class StreamTranslator:
     def _end(self) -> list[SSEEvent]:
         events = self._flush_pending_tools() + self._close()
         stop_reason, stop_sequence = _stop_reason(self._finish_reason, self._engine_stop, self._has_tool_use,
-                                                  _context_full(self._usage, self.max_tokens))
+                                                  _context_full(self._usage, self.max_tokens, self.context))
         usage = _usage(self._usage)
         delta_usage: dict[str, Any] = {"output_tokens": usage["output_tokens"]}
         if self._usage is not None:

@@ -34,14 +34,15 @@ class ResponsesAdapter:
         """Responses request → chat request."""
         return to_chat_request(body)
 
-    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
-        """Chat completion → response object."""
+    def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,
+                  context: int | None = None) -> dict[str, Any]:
+        """Chat completion → response object (Responses has no reason for a full context)."""
         try:
             return from_chat_response(chat, request=body)
         except UpstreamFormatError as exc:
             raise EngineAnswerError(str(exc)) from exc
 
-    def stream(self, body: dict[str, Any], asked: dict[str, Any]) -> StreamSession:
+    def stream(self, body: dict[str, Any], asked: dict[str, Any], *, context: int | None = None) -> StreamSession:
         """Chat chunks → Responses stream events."""
         return _ResponsesStream(StreamTranslator(request=body))
 

@@ -179,10 +179,11 @@ async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(prox
             if line.startswith("data:"):
                 break  # the harness goes away after the first token
     # The harness re-sends the conversation (as Claude Code does after a broken stream: whole
-    # answer this time); it is linked to the cut attempt. Once that succeeded, the next identical
-    # request is a new call.
-    again = await post(url, json={**body, "stream": False, "max_tokens": 300}, token=proxy.token("r-cut"))
-    fresh = await post(url, json=body, token=proxy.token("r-cut"))
+    # answer this time); it is linked to the cut attempt. Once that succeeded, the next request of
+    # the same conversation is a new call. (A retry is told by its conversation, not by its
+    # sampling: short answers here keep the test quick.)
+    again = await post(url, json={**body, "stream": False, "max_tokens": 8}, token=proxy.token("r-cut"))
+    fresh = await post(url, json={**body, "max_tokens": 8}, token=proxy.token("r-cut"))
     assert again.status_code == 200 and fresh.status_code == 200
     events = await calls_of(proxy, 3)
     assert CallStatus.CLIENT_DISCONNECTED in [e.status for e in events], [(e.status, e.streamed, len(e.choices[0].completion_token_ids), e.choices[0].finish_reason) for e in events]
@@ -240,10 +241,11 @@ async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_
             break
         await asyncio.sleep(0.05)
     generated_before = await _engine_metric(vllm_url, "vllm:generation_tokens_total")
-    # Thirty-two answers of 900 tokens each (the engine's context holds 1,024): ten seconds or more
-    # of work on the CPU engine. One answer took three, and on a loaded two-core machine the test's
-    # process (which runs the proxy) was seen held off the CPU for as long, so the engine finished
-    # before the proxy could hear the hang-up. No stall seen comes near ten seconds.
+    # Thirty-two answers of 900 tokens each (the engine's context holds 1,024): about ten seconds
+    # of work on the CPU engine, measured on an idle machine. One answer took three, and on a
+    # loaded two-core machine the test's process (which runs the proxy) was seen held off the CPU
+    # for as long, so the engine finished before the proxy could hear the hang-up. No stall seen
+    # came near ten seconds.
     body = {**CHAT, "max_tokens": 900, "n": 32, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Go on."}]}
     whole = 32 * 900

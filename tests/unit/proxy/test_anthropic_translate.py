@@ -14,6 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from proxy.anthropic.adapter import AnthropicAdapter
 from proxy.anthropic.translate import (
     EMPTY_ERROR_RESULT_TEXT,
     StreamTranslator,
@@ -391,22 +392,46 @@ def test_response_stop_reasons(finish_reason: str, stop_reason: Any, expected: t
     assert (message.stop_reason, message.stop_sequence) == expected
 
 
-@pytest.mark.parametrize(("max_tokens", "expected"), [
-    (None, "max_tokens"),  # nothing to tell them apart by: the budget, as before
-    (56, "max_tokens"),  # all the tokens asked for were made
-    (32000, "model_context_window_exceeded"),  # cut at 56 of 32,000: the context was full
+@pytest.mark.parametrize(("max_tokens", "context", "expected"), [
+    (None, 1290, "max_tokens"),  # nothing to tell them apart by: the budget, as before
+    (56, 1290, "max_tokens"),  # all the tokens asked for were made
+    (32000, 1290, "model_context_window_exceeded"),  # 1,234 + 56 filled the context, short of 32,000
+    (32000, None, "max_tokens"),  # the context unknown
+    (32000, 4096, "max_tokens"),  # short of both: the engine's own cap on answers, not a full context
 ])
-def test_a_length_cut_short_of_max_tokens_is_a_full_context(max_tokens: int | None, expected: str) -> None:
-    result = from_chat_response(vllm_completion({"content": "42"}, "length"), model="m", max_tokens=max_tokens)
+def test_a_length_cut_that_fills_the_context_is_a_full_context(max_tokens: int | None, context: int | None,
+                                                                expected: str) -> None:
+    result = from_chat_response(vllm_completion({"content": "42"}, "length"), model="m", max_tokens=max_tokens,
+                                context=context)
     assert anthropic.types.Message.model_validate(result).stop_reason == expected
 
 
-@pytest.mark.parametrize(("max_tokens", "expected"), [(31, "max_tokens"), (32000, "model_context_window_exceeded")])
-def test_stream_a_length_cut_short_of_max_tokens_is_a_full_context(max_tokens: int, expected: str) -> None:
-    events = run_stream([chunk({"role": "assistant", "content": ""}), chunk({"content": "42"}),
-                         chunk({"content": ""}, finish_reason="length"), usage_chunk(10, 31)], max_tokens=max_tokens)
+@pytest.mark.parametrize(("max_tokens", "context", "usage", "expected"), [
+    (31, 41, True, "max_tokens"),
+    (32000, 41, True, "model_context_window_exceeded"),  # 10 + 31 filled it
+    (32000, 4096, True, "max_tokens"),
+    (32000, 41, False, "max_tokens"),  # the stream ended without the engine's counts
+])
+def test_stream_a_length_cut_that_fills_the_context_is_a_full_context(max_tokens: int, context: int, usage: bool,
+                                                                       expected: str) -> None:
+    chunks = [chunk({"role": "assistant", "content": ""}), chunk({"content": "42"}),
+              chunk({"content": ""}, finish_reason="length")] + ([usage_chunk(10, 31)] if usage else [])
+    events = run_stream(chunks, max_tokens=max_tokens, context=context)
     delta = next(data for name, data in events if name == "message_delta")
     assert delta["delta"] == {"stop_reason": expected, "stop_sequence": None}
+
+
+def test_the_adapter_passes_the_harness_s_max_tokens_and_the_engine_s_context() -> None:
+    adapter = AnthropicAdapter()
+    body = {"model": "claude-opus-4-7", "max_tokens": 32000, "messages": [{"role": "user", "content": "hi"}]}
+    whole = adapter.from_chat(vllm_completion({"content": "42"}, "length"), body, {}, context=1290)
+    assert whole["stop_reason"] == "model_context_window_exceeded"
+    assert adapter.from_chat(vllm_completion({"content": "42"}, "length"), body, {})["stop_reason"] == "max_tokens"
+    session = adapter.stream(body, {}, context=41)
+    sent = b"".join(session.feed(c) for c in [
+        chunk({"role": "assistant", "content": ""}), chunk({"content": "42"}),
+        chunk({"content": ""}, finish_reason="length"), usage_chunk(10, 31)])
+    assert b'"stop_reason":"model_context_window_exceeded"' in sent
 
 
 def test_forced_tool_call_finishing_with_stop_is_tool_use() -> None:
