@@ -572,15 +572,31 @@ class Journal:
         if len(self._segments) > 1 and self._segments[1].first_seq - 1 <= self._shipped:
             self.write_mark(force=True)
         while len(self._segments) > 1 and self._segments[1].first_seq - 1 <= self._shipped:
-            done = self._segments.pop(0)
+            done = self._segments[0]
             if self._read_path == done.path and self._read_fd is not None:
                 os.close(self._read_fd)
                 self._read_fd, self._read_path = None, None
-            done.path.unlink(missing_ok=True)
+            if not _remove_shipped(done.path):
+                break  # kept, and counted by the cursor as before; the next mark tries again
+            self._segments.pop(0)
             if self._read_index > 0:
                 self._read_index -= 1
             else:  # the cursor sat at the end of the deleted segment
                 self._read_offset = 0
+
+
+def _remove_shipped(path: Path) -> bool:
+    """Delete a segment whose records are all in Kafka, if the disk lets it; whether it is gone.
+
+    One left behind costs only disk: its records are below the ``shipped`` mark, so a later
+    mark or the next open deletes it. Raising here instead would stop shipping.
+    """
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("could not delete the shipped journal segment %s: %s", path, exc)
+        return False
+    return True
 
 
 __all__ = ["Journal", "JournalCorruptError", "JournalRecord", "ShippedMark", "frame_record"]

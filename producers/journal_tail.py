@@ -18,17 +18,50 @@ file :data:`LOCK_NAME`, held by the reader for its whole life).
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import logging
 import os
+import time
 from pathlib import Path
 
-from producers.journal import _FRAME, _READ_CHUNK, JournalCorruptError, JournalRecord, ShippedMark, frame_record
+from producers.journal import (
+    _FRAME,
+    _READ_CHUNK,
+    JournalCorruptError,
+    JournalRecord,
+    ShippedMark,
+    _remove_shipped,
+    frame_record,
+)
 
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = "shipper.lock"
-"""File in the journal's folder the shipping process holds a lock on while it runs."""
+"""File in the journal's folder a shipper (the shipping process, or an inline one) holds a lock on while it runs."""
+
+LOCK_WAIT_S = 60.0
+"""How long a new shipper waits for an old one (draining as its proxy exits) to let go."""
+
+
+def lock_shipping(directory: Path, timeout_s: float) -> int:
+    """An exclusive lock on the journal's shipper lock file (a descriptor to close to release it).
+
+    Raises:
+        TimeoutError: another shipper held it for ``timeout_s``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise TimeoutError(f"another shipper has held {directory / LOCK_NAME} for {timeout_s:.0f}s") from None
+            time.sleep(0.05)
 
 
 class JournalTail:
@@ -186,7 +219,7 @@ class JournalTail:
         # The mark before the deletion: a restarted shipper must not look for deleted records.
         self.write_mark(force=bool(done))
         for path in done:
-            path.unlink(missing_ok=True)
+            _remove_shipped(path)
         left = [path for _, path in segments if path not in done]
         if left and left[0] == self._path:  # nothing older than the cursor's segment is left
             self._swept_behind = self._path

@@ -13,8 +13,9 @@ The two processes share the journal's folder and two pipes:
 * the worker writes one JSON line per batch on its stdout: how far Kafka has the journal, whether
   Kafka is reachable, how many batches failed, whether the journal is damaged.
 
-The worker holds a lock on :data:`producers.journal_tail.LOCK_NAME` for its whole life: a proxy
-that starts while an old worker still drains waits for it before recovering the journal. The
+The worker holds a lock on :data:`producers.journal_tail.LOCK_NAME` for its whole life (an inline
+shipper holds it too): a proxy that starts while an old worker still drains waits for it before
+recovering the journal. The
 proxy restarts a worker that dies; it ships on from the ``shipped`` mark (re-sending at most what
 it had not marked, which the assembler drops by event id).
 
@@ -25,25 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import gc
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import orjson
 
-from producers.journal_tail import LOCK_NAME, JournalTail
+from producers.journal_tail import LOCK_WAIT_S, JournalTail, lock_shipping
 
 logger = logging.getLogger(__name__)
-
-_LOCK_WAIT_S = 60.0
-
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -67,22 +63,6 @@ class _Status:
     kafka_ok: bool = False
     errors: int = 0
     failed: bool = False
-
-
-def _lock(directory: Path, timeout_s: float) -> int:
-    """An exclusive lock on the journal's shipper lock file (a descriptor to close to release it)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                raise TimeoutError(f"another shipper has held {directory / LOCK_NAME} for {timeout_s:.0f}s") from None
-            time.sleep(0.05)
 
 
 class ShipperProcess:
@@ -123,7 +103,7 @@ class ShipperProcess:
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
         """Hold the shipper lock (no worker reads the journal meanwhile), e.g. to recover the journal."""
-        fd = await asyncio.to_thread(_lock, self.directory, _LOCK_WAIT_S)
+        fd = await asyncio.to_thread(lock_shipping, self.directory, LOCK_WAIT_S)
         try:
             yield
         finally:
@@ -176,8 +156,17 @@ class ShipperProcess:
             if self._stopping:
                 return
             backoff = min(backoff * 2, 10.0)
+            while True:
+                try:
+                    await self._spawn()
+                    break
+                except OSError as exc:  # no process could be made (no memory, no descriptor left)
+                    logger.error("starting the journal shipper failed (%r); trying again in %.0fs", exc, backoff)
+                    await asyncio.sleep(backoff)
+                    if self._stopping:
+                        return
+                    backoff = min(backoff * 2, 10.0)
             self.restarts += 1
-            await self._spawn()
 
     def wake(self) -> None:
         """Ask the worker to look at the journal now (something waits for Kafka)."""
@@ -246,7 +235,7 @@ async def _work(directory: Path) -> int:
     kafka = KafkaSettings.model_validate(spec.kafka)
     registry = TopicRegistry.from_settings(kafka)
     report = _Reporter()
-    lock = await asyncio.to_thread(_lock, directory, _LOCK_WAIT_S)
+    lock = await asyncio.to_thread(lock_shipping, directory, LOCK_WAIT_S)
     tail = JournalTail(directory)
     try:
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ import aiokafka.errors as kafka_errors
 from producers.capture import CallCapture
 from producers.durable import Outcome, connect_producer
 from producers.journal import Journal, JournalCorruptError, JournalRecord
+from producers.journal_tail import LOCK_WAIT_S, lock_shipping
 from producers.raw_calls import (
     NATIVE,
     EngineExchange,
@@ -181,6 +183,17 @@ class Shipper:
                 self.failed = True
                 self._progress()
                 return
+            except OSError as exc:
+                # Not damage: the journal could not be read just now (no descriptor left, an I/O
+                # error). The read may have moved the cursor past records it never returned, so
+                # it goes back to the first record not shipped before the next try.
+                logger.error("reading the journal at %s failed (%r); trying again", self.source.directory, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_requested.wait(), backoff)
+                backoff = min(backoff * 2, 10.0)
+                if self.stopping or not await self._rewind():
+                    return
+                continue
             if not records:
                 if self.stopping:
                     return
@@ -204,12 +217,7 @@ class Shipper:
                 refused = isinstance(exc, _REFUSED)
                 if refused and len(records) == 1 and outgoing and await self._dead_letter(records[0], outgoing[0], exc):
                     continue
-                try:
-                    self.source.rewind()
-                except JournalCorruptError:
-                    logger.exception("the journal at %s is damaged; refusing new calls", self.source.directory)
-                    self.failed = True
-                    self._progress()
+                if not await self._rewind():
                     return
                 if refused and len(records) > 1:
                     # Some record of this batch is refused: send them one at a time to find it.
@@ -250,6 +258,30 @@ class Shipper:
             if (len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes
                     and not one_by_one):
                 await self._linger()
+
+    async def _rewind(self) -> bool:
+        """Put the cursor back on the first record not shipped; False when shipping must end.
+
+        A journal that cannot be opened just now is tried again, with a pause, until it can be
+        or a stop is asked for: reading on from a cursor left anywhere else would skip records.
+        """
+        backoff = 0.5
+        while True:
+            try:
+                self.source.rewind()
+                return True
+            except JournalCorruptError:
+                logger.exception("the journal at %s is damaged; refusing new calls", self.source.directory)
+                self.failed = True
+                self._progress()
+                return False
+            except OSError as exc:
+                logger.error("the journal at %s cannot be opened (%r); trying again", self.source.directory, exc)
+            if self.stopping:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), backoff)
+            backoff = min(backoff * 2, 10.0)
 
     async def _missing_topics(self, outgoing: list[Record]) -> list[str]:
         """The topics of ``outgoing`` the cluster does not have; none when that cannot be told.
@@ -367,6 +399,7 @@ class JournalPublisher:
             batch_bytes=batch_bytes, linger_s=linger_s, on_progress=self._on_progress)
         self._progress = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._inline_lock: int | None = None  # the shipper lock, held while shipping inline
         self._stopped = False
         self.sync_errors = 0
         """Periodic flushes of the journal that failed (each is logged)."""
@@ -420,7 +453,16 @@ class JournalPublisher:
                 await self._open()
             await self._worker.start()
         else:
-            await self._open()
+            # As a shipping process does: a worker of an earlier proxy (in process mode) may still
+            # drain this folder, and two shippers would both send and delete segments.
+            await asyncio.to_thread(self.journal.lock)
+            self._inline_lock = await asyncio.to_thread(lock_shipping, self.journal.directory, LOCK_WAIT_S)
+            try:
+                await self._open()
+            except BaseException:
+                os.close(self._inline_lock)
+                self._inline_lock = None
+                raise
             assert self._shipper is not None
             await self._shipper.connect()
             self._tasks.append(asyncio.create_task(self._shipper.run(), name="journal-shipper"))
@@ -539,6 +581,9 @@ class JournalPublisher:
         if self._shipper is not None:
             await self._shipper.close()
         self.journal.close()
+        if self._inline_lock is not None:
+            os.close(self._inline_lock)
+            self._inline_lock = None
 
 
 def import_spool(spool: DiskSpool, journal: Journal) -> int:

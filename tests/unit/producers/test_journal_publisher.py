@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
 from producers.journal import Journal, JournalCorruptError, JournalLockedError
+from producers.journal_tail import lock_shipping
 from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher
 from stream import EventProducer, KafkaSettings, TopicRegistry
@@ -107,3 +109,57 @@ async def test_a_second_proxy_on_the_same_folder_is_refused_at_once(tmp_path: Pa
             await asyncio.wait_for(second.start(), 10)
     finally:
         await first.stop()
+
+
+async def test_an_inline_shipper_waits_for_a_worker_of_an_earlier_proxy_still_draining(tmp_path: Path) -> None:
+    """A proxy in process mode was stopped and its shipping worker still drains the folder (it
+    holds the shipper lock); a proxy started on the folder with the inline shipper waits for it
+    before recovering and shipping. It used to start at once, and the two shippers both sent and
+    deleted segments."""
+    draining = lock_shipping(tmp_path, 1.0)  # what the old worker holds until it exits
+    publisher = _publisher(_journal(tmp_path, "inline"))
+    starting = asyncio.create_task(publisher.start())
+    try:
+        await asyncio.sleep(0.5)
+        assert not starting.done()
+    finally:
+        os.close(draining)
+    await asyncio.wait_for(starting, 10)
+    try:
+        with pytest.raises(TimeoutError):
+            os.close(lock_shipping(tmp_path, 0.2))  # held by the inline shipper now
+    finally:
+        await publisher.stop()
+    os.close(lock_shipping(tmp_path, 0.2))  # and let go at stop
+
+
+async def test_a_shipping_worker_that_cannot_be_started_again_at_once_is_tried_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker died, and starting another fails once (injected: no process can be made, as
+    with no memory or no descriptor left). The supervisor used to end there, leaving the proxy
+    without a shipper until its journal filled; it now tries again."""
+    publisher = _publisher(_journal(tmp_path, "process"))
+    await publisher.start()
+    try:
+        worker = publisher._worker
+        assert worker is not None and worker._process is not None
+        real = asyncio.create_subprocess_exec
+        failures = []
+
+        async def refuse_once(*args: object, **kwargs: object) -> asyncio.subprocess.Process:
+            if not failures:
+                failures.append(args)
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse_once)
+        first = worker._process
+        first.kill()
+        for _ in range(200):
+            if worker.restarts == 1 and worker._process is not first:
+                break
+            await asyncio.sleep(0.05)
+        assert failures and worker.restarts == 1
+        assert worker._process is not first and worker._process.returncode is None
+    finally:
+        await publisher.stop()

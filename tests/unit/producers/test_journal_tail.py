@@ -223,3 +223,42 @@ def test_a_full_disk_that_refuses_the_mark_still_frees_the_shipped_segments(tmp_
     again.open()
     assert _numbers(again.read(100, 1 << 20)) == [6, 7]
     writer.close()
+
+
+@pytest.mark.parametrize("reader", ["journal", "tail"])
+def test_a_shipped_segment_the_disk_will_not_delete_injected_stays_and_reading_goes_on(
+        tmp_path: Path, reader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deleting a shipped segment fails (injected: ``unlink`` raises, as on a read-only remount).
+    Before, the error ended shipping; the inline journal had also forgotten the segment while
+    its cursor still counted it, and read from the wrong file. Now the file stays, reading goes on
+    in order, and the next mark deletes it: its records are all below the mark."""
+    if reader == "journal":
+        source: Journal | JournalTail = Journal(tmp_path, 1 << 20, segment_bytes=100)
+        source.open()
+        writer = source
+    else:
+        writer = _writer(tmp_path, segment_bytes=100)
+        source = JournalTail(tmp_path, mark_interval_s=0)
+        source.open()
+    _fill(writer, 0, 8, size=40)
+    first = source.read(3, 1 << 20)
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(1, "Operation not permitted", str(self))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "unlink", refuse)
+        source.mark_shipped(first)
+    assert _numbers(first) == [0, 1, 2]
+    assert (tmp_path / "00000000000000000000.log").exists()  # still there
+    rest = source.read(100, 1 << 20)
+    assert _numbers(rest) == [3, 4, 5, 6, 7]
+    source.mark_shipped(rest)
+    assert not (tmp_path / "00000000000000000000.log").exists()  # the next mark deleted it
+    source.close()
+    if writer is not source:
+        writer.close()
+    again = Journal(tmp_path, 1 << 20, segment_bytes=100)
+    again.open()
+    assert len(again) == 0
+    again.close()
