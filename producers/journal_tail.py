@@ -180,6 +180,10 @@ class JournalTail:
                     if not (complete and position == 0):
                         break
                     chunk = os.pread(self._fd, end, self._offset)  # one frame larger than the chunk
+                    if len(chunk) < end:
+                        # The file shrank since its size was read: the writer took back a failed
+                        # append, and this frame, written in its place, is not whole yet.
+                        break
                 out.append(frame_record(self._path, self._offset + position, chunk[position + _FRAME.size:end],
                                         length, crc, seq, self._seq))
                 taken += _FRAME.size + length

@@ -88,6 +88,45 @@ def test_a_frame_still_being_written_is_read_once_it_is_whole(tmp_path: Path) ->
     tail.close()
 
 
+def test_a_frame_written_where_a_failed_append_was_taken_back_is_not_damage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tail read the file's size while a failed append's bytes were still there (injected:
+    ``fstat`` reports that larger size once); the writer then cut them and began the next frame
+    in their place. That frame, shorter than the size read, looked whole, and its short read
+    was taken for damage, which stops every call. It is read once it is whole instead."""
+    writer = _writer(tmp_path)
+    _fill(writer, 0, 1)
+    tail = JournalTail(tmp_path)
+    tail.open()
+    assert _numbers(tail.read(100, 1 << 20)) == [0]
+    segment = sorted(tmp_path.glob("*.log"))[-1]
+    size = segment.stat().st_size
+    writer.append("t.calls", b"k", b"v-1".ljust(5000, b"."), ())
+    whole = segment.read_bytes()[size:]
+    os.truncate(segment, size + 3000)  # record 1 half copied in
+    real_fstat = os.fstat
+    stale = []
+
+    def fstat_once_stale(fd: int) -> os.stat_result:
+        result = real_fstat(fd)
+        if not stale and result.st_size == size + 3000:
+            stale.append(fd)
+            fields = list(result)
+            fields[6] = size + 9000  # st_size: what the file held before the failed append was cut
+            return os.stat_result(fields)
+        return result
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fstat", fstat_once_stale)
+        assert tail.read(100, 1 << 20) == []
+    assert stale
+    with segment.open("ab") as rest:
+        rest.write(whole[3000:])
+    assert _numbers(tail.read(100, 1 << 20)) == [1]
+    tail.close()
+    writer.close()
+
+
 def test_the_tail_follows_segments_marks_and_deletes_and_the_writer_learns_its_bound(tmp_path: Path) -> None:
     writer = _writer(tmp_path, segment_bytes=100, max_bytes=250)
     tail = JournalTail(tmp_path, mark_interval_s=0)
