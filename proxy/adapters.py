@@ -40,6 +40,15 @@ class StreamSession(Protocol):
     def fail(self, message: str) -> bytes:
         """An in-stream error event, for an engine that fails mid-stream."""
 
+    def hold(self) -> None:
+        """What the last call made, and everything after it, is held back until the call is recorded."""
+
+    def unrecorded(self, message: str) -> bytes:
+        """The stream's error, sent instead of everything held back, when the call's record was lost.
+
+        The harness must not keep an answer whose record is lost: it gets an error it retries.
+        """
+
     def prompt_length(self, tokens: int) -> None:
         """The prompt's length in tokens, from the engine's first chunk (its usage comes last)."""
 
@@ -139,6 +148,12 @@ class _ChatStream:
 
     def fail(self, message: str) -> bytes:
         return b"data: " + orjson.dumps({"error": {"message": message, "type": "api_error"}}) + b"\n\n"
+
+    def hold(self) -> None:
+        """Chunks stand alone: the error replaces them whatever they were."""
+
+    def unrecorded(self, message: str) -> bytes:
+        return self.fail(message)
 
     def prompt_length(self, tokens: int) -> None:
         """Chunks pass through as the engine sent them."""

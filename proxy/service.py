@@ -335,6 +335,14 @@ class CallService:
 
         async def relay() -> AsyncIterator[bytes]:
             held: list[bytes] = []  # closing events wait until the event is durable
+
+            def hold(out: bytes) -> None:
+                # Tells the session that the call which made ``out`` began what is held back
+                # (what ``unrecorded`` replaces).
+                if not held:
+                    session.hold()
+                held.append(out)
+
             finished = False
             cut: str | None = None  # why a chat answer relayed as the engine sent it is not whole
             first = True
@@ -358,9 +366,10 @@ class CallService:
                     if prompt_ids is not None:  # only a readable chunk's
                         capture.prompt_ids_json = prompt_ids
                     if "error" in chunk and not chunk.get("choices"):
-                        error = str(chunk["error"])
+                        detail = chunk["error"]
+                        error = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
                         status = CallStatus.UPSTREAM_ERROR
-                        held.append(session.fail(_engine_message(error)))
+                        hold(session.fail(_engine_message(error)))
                         break
                     capture.on_chunk(chunk)
                     if opening and capture.prompt_token_count:
@@ -369,20 +378,20 @@ class CallService:
                     if ends and _aborted(chunk["choices"]):  # looked for only in the chunk that ends a choice
                         if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
                             status, error = CallStatus.UPSTREAM_ERROR, ABORTED
-                            held.append(session.fail(error))
+                            hold(session.fail(error))
                             break
                         cut = ENGINE_ABORTED
                     finished = finished or ends
                     out = session.feed(chunk)
                     if session.failure is not None:  # the translator refused the chunk and ended the stream
                         status, error = CallStatus.UPSTREAM_ERROR, session.failure
-                        held.append(out)
+                        hold(out)
                         break
                     if not out and not finished and time.monotonic() - sent_at >= keepalive_s:
                         out = session.keepalive()  # a long think the translation carries nothing of
                     if out:
                         if finished:
-                            held.append(out)
+                            hold(out)
                         else:
                             yield out
                             sent_at = time.monotonic()
@@ -399,17 +408,17 @@ class CallService:
                     # its last chunk would otherwise fail the same call on every retry.
                     if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
                         status, error = CallStatus.UPSTREAM_ERROR, UNFINISHED
-                        held.append(session.fail(error))
+                        hold(session.fail(error))
                     else:
                         cut = ENGINE_UNFINISHED
                 if error is None:
                     status, error = (CallStatus.OK, None) if cut is None else (CallStatus.UPSTREAM_ERROR, cut)
-                    held.append(session.finish())
+                    hold(session.finish())
                     if session.failure is not None:  # e.g. a Responses answer without an end
                         status, error = CallStatus.UPSTREAM_ERROR, session.failure
             except (EngineError, orjson.JSONDecodeError) as exc:
                 status, error = CallStatus.UPSTREAM_ERROR, f"engine stream broke: {exc!r}"
-                held.append(session.fail(error))
+                hold(session.fail(error))
             except BaseException as exc:
                 # The harness went away (the task is cancelled or the generator closed): cancel
                 # the engine request by closing it, and still record what was sampled. Anything
@@ -431,7 +440,7 @@ class CallService:
             if unrecorded is not None:
                 # The harness must not keep an answer whose record is lost: it gets the stream's
                 # error instead of its end, and sends the call again.
-                held = [session.fail(unrecorded)]
+                held = [session.unrecorded(unrecorded)]
             elif status is CallStatus.OK:
                 # As for whole answers: the proxy's own time before the engine's stream and after
                 # it (recording the call); relaying chunks overlaps the engine's generation.

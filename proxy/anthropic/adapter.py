@@ -70,6 +70,12 @@ class _AnthropicStream:
     def fail(self, message: str) -> bytes:
         return sse_encode(*error_event(message))
 
+    def hold(self) -> None:
+        """An ``error`` event ends a Messages stream wherever it comes: nothing to remember."""
+
+    def unrecorded(self, message: str) -> bytes:
+        return self.fail(message)
+
     def prompt_length(self, tokens: int) -> None:
         self.translator.prompt_tokens = tokens
 

@@ -62,22 +62,42 @@ class ResponsesAdapter:
 class _ResponsesStream:
     def __init__(self, translator: StreamTranslator) -> None:
         self.translator = translator
+        self._call_mark = 0  # the sequence number the last call's first event took
+        self._held_from: int | None = None
 
     @property
     def failure(self) -> str | None:
         return self.translator.failure
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
+        self._call_mark = self.translator.next_sequence
         return b"".join(sse_encode(name, data) for name, data in self.translator.feed(chunk))
 
     def finish(self) -> bytes:
+        self._call_mark = self.translator.next_sequence
         return b"".join(sse_encode(name, data) for name, data in self.translator.finish())
 
     def fail(self, message: str) -> bytes:
+        self._call_mark = self.translator.next_sequence
         return b"".join(sse_encode(name, data) for name, data in self.translator.failed_event(message))
+
+    def hold(self) -> None:
+        if self._held_from is None:
+            self._held_from = self._call_mark
+
+    def unrecorded(self, message: str) -> bytes:
+        """``response.failed`` numbered on from the last event sent; the held ones are never sent.
+
+        The held events may already end the stream (``response.completed``, or a failure of
+        its own): a stream carries one terminal event, and its sequence numbers have no gap.
+        """
+        held_from = self.translator.next_sequence if self._held_from is None else self._held_from
+        events = self.translator.failed_instead(message, held_from)
+        return b"".join(sse_encode(name, data) for name, data in events)
 
     def prompt_length(self, tokens: int) -> None:
         """Responses streams report usage only in their terminal event, as OpenAI's do."""
 
     def keepalive(self) -> bytes:
+        self._call_mark = self.translator.next_sequence
         return b"".join(sse_encode(name, data) for name, data in self.translator.keepalive())

@@ -245,6 +245,11 @@ def _refuse_stateful_fields(body: dict[str, Any]) -> None:
     top_logprobs = body.get("top_logprobs")
     if top_logprobs is not None and top_logprobs != 0:
         raise UnsupportedFeatureError("top_logprobs", "logprobs are not returned through the Responses API")
+    include = body.get("include")
+    # Other values (Codex asks for reasoning.encrypted_content) name parts of the output this
+    # proxy never makes, so they change nothing; logprobs it would silently answer as none.
+    if isinstance(include, list) and "message.output_text.logprobs" in include:
+        raise UnsupportedFeatureError("include", "logprobs are not returned through the Responses API")
 
 
 def _translate_input(value: Any) -> list[dict[str, Any]]:
@@ -963,6 +968,11 @@ class StreamTranslator:
         """Whether the terminal event has been produced."""
         return self._terminated
 
+    @property
+    def next_sequence(self) -> int:
+        """The ``sequence_number`` the next event will take."""
+        return self._sequence
+
     def feed(self, chunk: dict[str, Any]) -> list[Event]:
         """Translate one parsed chat-completions chunk.
 
@@ -1093,6 +1103,31 @@ class StreamTranslator:
         self._terminated = True
         self.failure = message
         return events
+
+    def failed_instead(self, message: str, held_from: int) -> list[Event]:
+        """``response.failed`` in place of the events numbered ``held_from`` and later.
+
+        For a stream whose call could not be recorded: those events were held back, never
+        sent, and may include the terminal event. The failure takes the first of their
+        numbers, so the harness sees no gap; if even the opening events were held, it gets
+        them again, opening the failed response.
+
+        Args:
+            message: What went wrong, shown to the harness.
+            held_from: The sequence number of the first event not sent.
+
+        Returns:
+            The events to send instead of the held ones.
+        """
+        self._sequence = held_from
+        self._terminated = False
+        if held_from == 0:  # nothing was sent: open the response afresh
+            self._ids = None
+            self._items = []
+            self._messages = 0
+            self._text = self._tool = None
+            self._tools = {}
+        return self.failed_event(message)
 
     # -- internals
 

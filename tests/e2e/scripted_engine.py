@@ -97,7 +97,9 @@ class Fault:
     the answer (whole or streamed) holds only that many pieces and ends with ``finish_reason:
     "abort"``, usage and ``[DONE]``, as vLLM ends the answers in flight when it is paused in its
     default mode. With ``body`` set, a whole request is answered with ``status`` and exactly these
-    bytes, as a server that breaks the contract would.
+    bytes, as a server that breaks the contract would. With ``drop_after`` and ``error_chunk`` set,
+    the cut stream goes on with an error chunk (``message``) and ``[DONE]``, as vLLM ends a stream
+    whose generation raised.
     """
 
     match: Callable[[dict[str, Any]], bool]
@@ -108,6 +110,7 @@ class Fault:
     done: bool = False
     abort_after: int | None = None
     body: bytes | None = None
+    error_chunk: bool = False
     fired: int = 0
 
 
@@ -315,7 +318,8 @@ class ScriptedEngine:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return StreamingResponse(self._stream(chat_id, prompt_ids, pieces, completion_ids, finish, usage,
                                               include_usage, cut=fault is not None and fault.drop_after is not None,
-                                              done_after_cut=fault is not None and fault.done),
+                                              done_after_cut=fault is not None and fault.done,
+                                              error=fault.message if fault is not None and fault.error_chunk else None),
                                  media_type="text/event-stream")
 
     def _pieces(self, text: str, call: dict[str, Any] | None) -> list[tuple[dict[str, Any], list[int]]]:
@@ -342,7 +346,8 @@ class ScriptedEngine:
 
     async def _stream(self, chat_id: str, prompt_ids: list[int], pieces: list[tuple[dict[str, Any], list[int]]],
                       completion_ids: list[int], finish: str, usage: dict[str, Any],
-                      include_usage: bool, cut: bool = False, done_after_cut: bool = False) -> AsyncIterator[bytes]:
+                      include_usage: bool, cut: bool = False, done_after_cut: bool = False,
+                      error: str | None = None) -> AsyncIterator[bytes]:
         created = int(time.time())
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -357,7 +362,11 @@ class ScriptedEngine:
             yield chunk([choice], **extra)
             await asyncio.sleep(self.reasoning[1] if "reasoning_content" in delta else 0)
         if cut:  # the engine "died": no finish reason, no usage, and [DONE] only if asked
-            if done_after_cut:
+            if error is not None:  # vLLM's streaming error response, then its [DONE]
+                yield b"data: " + orjson.dumps({"error": {"message": error, "type": "InternalServerError",
+                                                          "param": None, "code": 500}}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            elif done_after_cut:
                 yield b"data: [DONE]\n\n"
             return
         closing = [] if finish == "abort" else [EOS_ID]  # an aborted answer ends where it was cut

@@ -572,12 +572,15 @@ async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_cal
     """The journal's disk refuses a record part-way (here a file size limit put on the running
     proxy, which the kernel enforces as it would a full disk): that call is answered 503 with
     Retry-After, so the harness sends it again, the half-written record is taken back, and the
-    calls before and after it all reach Kafka."""
+    calls before and after it all reach Kafka. A stream, whose headers went out long before its
+    record, ends in its protocol's error instead of its end: for Responses a ``response.failed``
+    numbered on from the last event sent, in place of the ``response.completed`` held back."""
     broker, kafka, registry = await _private_broker(own_broker)
     proxy_port = free_port()
     process = await _proxy_process(vllm_url, tmp_path / "spool", broker.bootstrap, proxy_port)
     token = mint_token(KEY, "r-disk", Role.AGENT, 600)
-    url = f"http://127.0.0.1:{proxy_port}/rollouts/r-disk/v1/chat/completions"
+    base = f"http://127.0.0.1:{proxy_port}/rollouts/r-disk/v1"
+    url = f"{base}/chat/completions"
     try:
         before = [await post(url, json={**CHAT, "seed": i}, token=token) for i in range(2)]
         assert [r.status_code for r in before] == [200, 200]
@@ -588,13 +591,24 @@ async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_cal
         try:
             refused = await post(url, json={**CHAT, "seed": 2}, token=token)
             streamed = await post(url, json={**CHAT, "seed": 4, "stream": True}, token=token)
+            responses = await post(f"{base}/responses", token=token, json={
+                "model": "m", "input": "hi", "max_output_tokens": 4, "stream": True})
+            messages = await post(f"{base}/messages", token=token, json={**CHAT, "stream": True})
         finally:
             resource.prlimit(process.pid, resource.RLIMIT_FSIZE, limits)
         assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
         assert "could not be recorded" in refused.json()["error"]["message"]
-        # A stream's headers went out long before its record: it ends in an error, not [DONE].
         assert streamed.status_code == 200 and b"could not be recorded" in streamed.content
         assert b"[DONE]" not in streamed.content
+        assert responses.status_code == 200, responses.text
+        sent = [orjson.loads(line[5:]) for line in responses.content.splitlines() if line.startswith(b"data:")]
+        kinds = [event["type"] for event in sent]
+        assert kinds[0] == "response.created" and kinds[-1] == "response.failed", kinds
+        assert not {"response.completed", "response.incomplete"} & set(kinds), kinds
+        assert "could not be recorded" in sent[-1]["response"]["error"]["message"]
+        assert [event["sequence_number"] for event in sent] == list(range(len(sent)))
+        assert messages.status_code == 200 and b"event: error" in messages.content, messages.text
+        assert b"could not be recorded" in messages.content and b"message_stop" not in messages.content
         assert segment.stat().st_size == size  # no half record for the shipper to stop at
         after = await post(url, json={**CHAT, "seed": 3}, token=token)
         assert after.status_code == 200

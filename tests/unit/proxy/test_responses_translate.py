@@ -285,6 +285,7 @@ def test_json_schema_text_format_becomes_response_format() -> None:
             "input[0].output[0].type",
         ),
         ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice.type"),
+        ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
     ],
 )
 def test_unsupported_features_name_the_field(overrides: dict[str, Any], field: str) -> None:
@@ -778,6 +779,57 @@ def test_early_end_surfaces_as_failed_event_against_sdk_parser() -> None:
     client.close()
     assert [e.type for e in events][-1] == "response.failed"
     assert events[-1].response.error is not None  # type: ignore[union-attr]
+
+
+def relay_with_a_lost_record(chunks: list[dict[str, Any]]) -> bytes:
+    """What the proxy sends for ``chunks`` when the call's record is then lost: what it sent
+    before the answer finished, then, instead of what it held back, the session's failure."""
+    from proxy.responses.adapter import ResponsesAdapter
+
+    session = ResponsesAdapter().stream(codex_request(stream=True), {})
+    sent: list[bytes] = []
+    finished = False
+    for c in chunks:
+        if "error" in c and not c.get("choices"):
+            session.fail("the engine failed")
+            session.hold()
+            break
+        finished = finished or any(choice.get("finish_reason") for choice in c["choices"])
+        out = session.feed(c)
+        if finished:
+            session.hold()
+        else:
+            sent.append(out)
+    else:
+        session.finish()
+    return b"".join(sent) + session.unrecorded("the call could not be recorded; send it again")
+
+
+def sdk_events(payload: bytes) -> list[Any]:
+    """``payload`` read by the openai SDK as a Responses stream."""
+    transport = httpx.MockTransport(
+        lambda _: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=payload))
+    client = openai.OpenAI(base_url="http://proxy.test/v1", api_key="sk-test", http_client=httpx.Client(transport=transport))
+    try:
+        return list(client.responses.create(model="qwen-tiny", input="hi", stream=True))
+    finally:
+        client.close()
+
+
+def test_a_stream_whose_record_is_lost_fails_in_place_of_its_held_end() -> None:
+    events = sdk_events(relay_with_a_lost_record(tool_call_chunks()))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.failed", kinds
+    assert "response.completed" not in kinds and "response.function_call_arguments.done" not in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))  # no gap where the held ones were
+    assert events[-1].response.error.message == "the call could not be recorded; send it again"  # type: ignore[union-attr]
+
+
+def test_a_stream_held_from_its_first_event_opens_its_failure_again() -> None:
+    events = sdk_events(relay_with_a_lost_record([{"error": {"message": "engine overloaded"}}]))
+    assert [(e.type, e.sequence_number) for e in events] == [
+        ("response.created", 0), ("response.in_progress", 1), ("response.failed", 2)]
+    assert events[-1].response.error.message == "the call could not be recorded; send it again"  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- wire helpers
