@@ -500,6 +500,9 @@ class Journal:
         if self._read_path != segment.path:
             if self._read_fd is not None:
                 os.close(self._read_fd)
+                # Forgotten at once: if the open below fails, a rewind into the old segment must
+                # open it again, not read (or later close) a number the process may reuse.
+                self._read_fd, self._read_path = None, None
             self._read_fd = os.open(segment.path, os.O_RDONLY)
             self._read_path = segment.path
         assert self._read_fd is not None

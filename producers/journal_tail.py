@@ -222,9 +222,8 @@ class JournalTail:
                 if next_first - 1 <= self._shipped and path != self._path]
         # The mark before the deletion: a restarted shipper must not look for deleted records.
         self.write_mark(force=bool(done))
-        for path in done:
-            _remove_shipped(path)
-        left = [path for _, path in segments if path not in done]
+        deleted = [path for path in done if _remove_shipped(path)]
+        left = [path for _, path in segments if path not in deleted]
         if left and left[0] == self._path:  # nothing older than the cursor's segment is left
             self._swept_behind = self._path
 

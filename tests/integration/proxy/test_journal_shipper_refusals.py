@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import uuid
@@ -138,39 +139,36 @@ def _shipper_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return _shipper_messages(caplog, logging.ERROR)
 
 
-class _ReadFailsOnce(Journal):
-    """A journal whose read fails once after moving its cursor (injected: no descriptor was left
-    to open the next segment), the records it had read lost with the exception."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.failures = 0
-
-    def read(self, max_records: int, max_bytes: int) -> list:
-        records = super().read(max_records, max_bytes)
-        if records and not self.failures and records[-1].seq >= 3:
-            self.failures += 1
-            raise OSError(24, "Too many open files")
-        return records
-
-
 async def test_a_journal_read_that_fails_once_injected_ships_every_record_once_in_order(
-        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
-    """An inline shipper whose read fails: it used to end there (the proxy shipped nothing more
-    and refused every call once the journal filled). Now it reads again from the first record
-    not shipped: nothing is skipped that the failed read had passed."""
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inline shipper whose read fails part-way: opening the next segment finds no descriptor
+    left (injected: ``os.open`` of that segment raises EMFILE once). It used to end there (the
+    proxy shipped nothing more and refused every call once the journal filled). Now it reads
+    again from the first record not shipped: nothing the failed read had passed is skipped, and
+    the segment it had closed is opened again rather than read through a stale descriptor."""
     topic = Topic(f"{topics.prefix}reads.{uuid.uuid4().hex[:8]}", 1,
                   TopicSpec(base_name="reads", partitions=1, schemas=(), key=""))
     async with KafkaAdmin(kafka_settings, topics) as admin:
         await admin.create_topics([topic])
-    journal = _ReadFailsOnce(tmp_path, 64 << 20, segment_bytes=256)
+    journal = Journal(tmp_path, 64 << 20, segment_bytes=256)
     journal.open()
     values = [f"value-{i}".encode().ljust(100, b".") for i in range(8)]  # two records a segment
     for value in values:
         journal.append(topic.name, b"r-1", value, ())
+    real_open, failures = os.open, []
+
+    def open_failing_once(path: object, flags: int, *args: int, **kwargs: object) -> int:
+        # Reads open read-only; the first segment's name is all zeros (this skips the writer).
+        if not failures and flags == os.O_RDONLY and str(path).endswith(".log") and not str(path).endswith(
+                f"{0:020d}.log"):
+            failures.append(path)
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", open_failing_once)
     shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=10.0,
                       linger_s=0, idle_wait_s=0.05)
     async with _running(shipper, journal):
         await _until(lambda: shipper.shipped >= 7, 30.0)
-        assert journal.failures == 1 and shipper.shipped == 7 and not shipper.failed
+        assert failures and shipper.shipped == 7 and not shipper.failed
     assert [r.value for r in await _records(kafka_settings, topic.name, expect=8)] == values
