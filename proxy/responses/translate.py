@@ -904,6 +904,8 @@ class _Item:
     name: str = ""
     status: str = "in_progress"
     announced: bool = False
+    added_at: int = -1  # the sequence number of its output_item.added
+    closed_at: int = -1  # of its first closing event
 
     @property
     def closed(self) -> bool:
@@ -1110,7 +1112,8 @@ class StreamTranslator:
         For a stream whose call could not be recorded: those events were held back, never
         sent, and may include the terminal event. The failure takes the first of their
         numbers, so the harness sees no gap; if even the opening events were held, it gets
-        them again, opening the failed response.
+        them again, opening the failed response. Its output holds the items the harness saw
+        announced, as ``incomplete`` unless it saw them end (their text is all the engine made).
 
         Args:
             message: What went wrong, shown to the harness.
@@ -1127,6 +1130,10 @@ class StreamTranslator:
             self._messages = 0
             self._text = self._tool = None
             self._tools = {}
+        self._items = [item for item in self._items if item.added_at < held_from]
+        for item in self._items:
+            if item.closed_at >= held_from:
+                item.status = "in_progress"  # its end was held back: failed_event makes it incomplete
         return self.failed_event(message)
 
     # -- internals
@@ -1176,6 +1183,7 @@ class StreamTranslator:
                 item.item_id = self._ids.function_call(item.index)
         item.output_index = len(self._items)
         item.announced = True
+        item.added_at = self._sequence
         self._items.append(item)
         self._emit(events, "response.output_item.added", output_index=item.output_index,
                    item=item.added(self._custom_tools))
@@ -1273,6 +1281,7 @@ class StreamTranslator:
         if not item.announced:
             self._announce(item, events)
         item.status = status
+        item.closed_at = self._sequence
         where = {"item_id": item.item_id, "output_index": item.output_index}
         if item.kind == "message":
             self._emit(events, "response.output_text.done", **where, content_index=0, text=item.text, logprobs=[])

@@ -823,6 +823,20 @@ def test_a_stream_whose_record_is_lost_fails_in_place_of_its_held_end() -> None:
     assert "response.completed" not in kinds and "response.function_call_arguments.done" not in kinds
     assert [e.sequence_number for e in events] == list(range(len(events)))  # no gap where the held ones were
     assert events[-1].response.error.message == "the call could not be recorded; send it again"  # type: ignore[union-attr]
+    # The failed response shows the items the harness saw announced, as it saw them: the
+    # message ended when the tool call began (sent); the tool call's end was held back.
+    output = events[-1].response.output  # type: ignore[union-attr]
+    announced = [e.item.id for e in events if e.type == "response.output_item.added"]
+    assert [item.id for item in output] == announced
+    assert [(item.type, item.status) for item in output] == [("message", "completed"),
+                                                             ("function_call", "incomplete")]
+
+
+def test_a_lost_record_leaves_out_the_items_announced_only_in_the_held_part() -> None:
+    events = sdk_events(relay_with_a_lost_record([chunk({"role": "assistant", "content": ""}),
+                                                  chunk({"content": "Hi"}, "stop"), usage_chunk()]))
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert events[-1].response.output == []  # type: ignore[union-attr]
 
 
 def test_a_stream_held_from_its_first_event_opens_its_failure_again() -> None:
