@@ -15,9 +15,8 @@ The two processes share the journal's folder and two pipes:
 
 The worker holds a lock on :data:`producers.journal_tail.LOCK_NAME` for its whole life (an inline
 shipper holds it too): a proxy that starts while an old worker still drains waits for it before
-recovering the journal. The
-proxy restarts a worker that dies; it ships on from the ``shipped`` mark (re-sending at most what
-it had not marked, which the assembler drops by event id).
+recovering the journal. The proxy restarts a worker that dies; it ships on from the ``shipped``
+mark (re-sending at most what it had not marked, which the assembler drops by event id).
 
 Run by the proxy as ``python -m producers.ship_worker <journal folder>``.
 """
@@ -40,6 +39,7 @@ import orjson
 from producers.journal_tail import LOCK_WAIT_S, JournalTail, lock_shipping
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class WorkerSpec:

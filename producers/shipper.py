@@ -188,8 +188,7 @@ class Shipper:
                 # error). The read may have moved the cursor past records it never returned, so
                 # it goes back to the first record not shipped before the next try.
                 logger.error("reading the journal at %s failed (%r); trying again", self.source.directory, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop_requested.wait(), backoff)
+                await self._pause(backoff)
                 backoff = min(backoff * 2, 10.0)
                 if self.stopping or not await self._rewind():
                     return
@@ -242,8 +241,7 @@ class Shipper:
                 if self.stopping:
                     return
                 # A stop ends the pause (it then tries once more within its deadline).
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop_requested.wait(), backoff)
+                await self._pause(backoff)
                 backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
                 continue
             backoff = 0.5
@@ -279,9 +277,13 @@ class Shipper:
                 logger.error("the journal at %s cannot be opened (%r); trying again", self.source.directory, exc)
             if self.stopping:
                 return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_requested.wait(), backoff)
+            await self._pause(backoff)
             backoff = min(backoff * 2, 10.0)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` before trying again, or less if a stop is asked for."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
 
     async def _missing_topics(self, outgoing: list[Record]) -> list[str]:
         """The topics of ``outgoing`` the cluster does not have; none when that cannot be told.
