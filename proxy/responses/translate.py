@@ -1126,7 +1126,6 @@ class StreamTranslator:
         self._terminated = False
         if held_from == 0:  # nothing was sent: open the response afresh
             self._ids = None
-            self._items = []
             self._messages = 0
             self._text = self._tool = None
             self._tools = {}
