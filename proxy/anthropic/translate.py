@@ -13,8 +13,10 @@ what to turn off.
 
 Decisions worth knowing (each is explained where it is made):
 
-* Extended-thinking configuration (``thinking``) is ignored, and ``thinking`` / ``redacted_thinking``
-  blocks in assistant history are dropped.
+* The engine's reasoning becomes a ``thinking`` block when the request turned thinking on, and the
+  harness's thinking blocks that this proxy made go back to the engine as the assistant message's
+  ``reasoning`` (:mod:`proxy.reasoning`); other thinking and ``redacted_thinking`` blocks are
+  dropped. The ``thinking`` configuration itself changes nothing upstream.
 * ``tool_result`` blocks become ``role: tool`` messages; ``is_error`` leaves the text unchanged.
 * Tool-call arguments from the engine that are not valid JSON objects are handed to the harness as
   ``{"_raw": "<arguments>"}``.
@@ -32,6 +34,7 @@ from typing import Any, Final
 import orjson
 
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
+from proxy.reasoning import engine_reasoning, signature, signed_here
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ __all__ = [
     "error_event",
     "from_chat_response",
     "sse_encode",
+    "thinking_requested",
     "to_chat_request",
 ]
 
@@ -275,17 +279,20 @@ def _tool_call(block: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def _assistant_message(blocks: list[tuple[Any, str]]) -> dict[str, Any]:
-    """An assistant turn as one chat message with text and ``tool_calls``.
+    """An assistant turn as one chat message with text, ``tool_calls`` and ``reasoning``.
 
-    ``thinking`` and ``redacted_thinking`` blocks are dropped. The engine has no extended thinking,
-    so such blocks were written by another model (they carry Anthropic's signatures, or are
-    encrypted) and cannot be rendered faithfully; open models' chat templates also strip reasoning
-    from earlier turns, so the engine would not see them anyway.
+    A ``thinking`` block this proxy made (its signature says so) is the engine's own reasoning and
+    goes back as the message's ``reasoning``, which the chat template renders where the model wrote
+    it (see :mod:`proxy.reasoning`). Other ``thinking`` and all ``redacted_thinking`` blocks were
+    written by another model (they carry Anthropic's signatures, or are encrypted) and are dropped:
+    they are not this model's tokens, and open models' chat templates drop earlier turns'
+    reasoning anyway.
 
     Text and tool calls go into separate fields of the chat message, so text written after a tool
     call is moved before it. The engine's tool-call parsers produce that order in the first place.
     """
     texts: list[str] = []
+    thoughts: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     for block, block_path in blocks:
         kind = _block_type(block, block_path)
@@ -293,6 +300,10 @@ def _assistant_message(blocks: list[tuple[Any, str]]) -> dict[str, Any]:
             texts.append(_expect_str(block.get("text"), f"{block_path}.text"))
         elif kind == "tool_use":
             tool_calls.append(_tool_call(block, block_path))
+        elif kind == "thinking":
+            thought = block.get("thinking")
+            if isinstance(thought, str) and thought and signed_here(thought, block.get("signature")):
+                thoughts.append(thought)
         elif kind in _THINKING_BLOCKS:
             continue
         elif kind == "tool_result":
@@ -305,6 +316,8 @@ def _assistant_message(blocks: list[tuple[Any, str]]) -> dict[str, Any]:
         message["tool_calls"] = tool_calls
     else:
         message["content"] = _join_text(texts)
+    if thoughts:
+        message["reasoning"] = "\n".join(thoughts)
     return message
 
 
@@ -488,14 +501,26 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return value
 
 
+def thinking_requested(body: dict[str, Any]) -> bool:
+    """Whether the request turned thinking on, so that the answer may hold thinking blocks.
+
+    Anthropic's API answers with thinking blocks only then, and a client that did not ask may not
+    expect them; the engine's reasoning is then left out, as its tokens are still captured.
+    """
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+
+
 def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """Translate an Anthropic Messages request into a chat-completions request for the engine.
 
     Fields that are ignored, and why:
 
-    * ``thinking``: the engine has no extended thinking. Recent Claude Code versions send a
+    * ``thinking``: the engine has no thinking budget, and whether a model reasons is set by how it
+      is served (vLLM's reasoning parser, the chat template). Recent Claude Code versions send a
       ``thinking`` configuration (``adaptive`` or ``enabled``) on every call by default, so refusing
-      it would make the harness unusable; the model simply answers without a thinking block.
+      it would make the harness unusable. It only decides whether the engine's reasoning comes back
+      as a thinking block (:func:`thinking_requested`).
     * ``context_management``: Claude Code sends it to have old thinking blocks cleared, which this
       translation does anyway; other edits (clearing old tool results) only save Anthropic-side
       context, and the engine is given the full history the harness sent.
@@ -674,13 +699,13 @@ def _message_id(chat_id: Any) -> str:
 
 
 def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | None = None,
-                       context: int | None = None) -> dict[str, Any]:
+                       context: int | None = None, thinking: bool = False) -> dict[str, Any]:
     """Translate a (non-streaming) chat completion into an Anthropic Message.
 
     The message id is ``"msg_" + chat id``, so the Message can be matched to the engine's record.
-    Tool calls keep the engine's ids, since the harness sends them back as ``tool_use_id``. A
-    ``reasoning_content`` field (vLLM's reasoning parser) is not turned into a thinking block: such a
-    block needs an Anthropic signature, and the harness would send it back only to have it dropped.
+    Tool calls keep the engine's ids, since the harness sends them back as ``tool_use_id``. The
+    engine's reasoning (vLLM's reasoning parser) comes first as a signed thinking block when
+    ``thinking`` is on (see :mod:`proxy.reasoning`).
 
     Args:
         chat: The engine's chat-completion JSON.
@@ -688,6 +713,7 @@ def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | No
         max_tokens: The harness's ``max_tokens``; with ``context``, tells a full context from a
             spent budget (:func:`_context_full`).
         context: The engine's context length, when known.
+        thinking: Whether the request turned thinking on (:func:`thinking_requested`).
 
     Returns:
         The Message JSON.
@@ -705,6 +731,9 @@ def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | No
     message_id = _message_id(chat.get("id"))
 
     content: list[dict[str, Any]] = []
+    thought = engine_reasoning(message) if thinking else ""
+    if thought:
+        content.append({"type": "thinking", "thinking": thought, "signature": signature(thought)})
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
@@ -815,12 +844,15 @@ class StreamTranslator:
     the SDKs parse the partial JSON as it streams and give up on the whole message at the first
     fragment that cannot be JSON, so arguments that are not a JSON object go out as
     ``{"_raw": "<arguments>"}``, as in a whole answer (:func:`_parse_arguments`).
-    ``reasoning_content`` deltas are not forwarded (see :func:`from_chat_response`).
+    With ``thinking`` on, the engine's reasoning streams as a thinking block (``thinking_delta``
+    events, then its ``signature_delta`` when it ends); otherwise it is not forwarded.
     """
 
     def __init__(self, *, model: str, message_id: str | None = None, max_tokens: int | None = None,
-                 context: int | None = None) -> None:
+                 context: int | None = None, thinking: bool = False) -> None:
         self.model = model
+        self.thinking = thinking
+        """Whether reasoning goes out as a thinking block (:func:`thinking_requested`)."""
         self.message_id = message_id
         self.max_tokens = max_tokens
         """The harness's ``max_tokens`` (with :attr:`context`, see :func:`_context_full`)."""
@@ -831,6 +863,7 @@ class StreamTranslator:
         self._next_index = 0
         self._open: int | None = None  # index of the content block now open
         self._text_open = False
+        self._thought: list[str] | None = None  # the open thinking block's text, until it stops
         self._open_tool: _PendingTool | None = None  # the tool call whose block is open
         self._tools: dict[int, _PendingTool] = {}
         self._has_tool_use = False
@@ -888,6 +921,12 @@ class StreamTranslator:
             return []
         index, self._open, self._text_open = self._open, None, False
         events: list[SSEEvent] = []
+        thought, self._thought = self._thought, None
+        if thought is not None:
+            # Anthropic sends a thinking block's signature as its last delta; this one is a digest
+            # of the whole text, known only now.
+            delta = {"type": "signature_delta", "signature": signature("".join(thought))}
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
         tool, self._open_tool = self._open_tool, None
         if tool is not None:
             tool.stopped = True
@@ -917,6 +956,19 @@ class StreamTranslator:
             self._text_open = True
         assert self._open is not None
         delta = {"type": "text_delta", "text": text}
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
+        )
+        return events
+
+    def _thinking(self, text: str) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        if self._thought is None:
+            events = self._open_block({"type": "thinking", "thinking": "", "signature": ""})
+            self._thought = []
+        assert self._open is not None
+        self._thought.append(text)
+        delta = {"type": "thinking_delta", "thinking": text}
         events.append(
             ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
         )
@@ -1031,6 +1083,10 @@ class StreamTranslator:
                 continue
             delta = choice.get("delta")
             delta = delta if isinstance(delta, dict) else {}
+            if self.thinking:
+                thought = engine_reasoning(delta)
+                if thought:
+                    events += self._thinking(thought)
             text = delta.get("content")
             if isinstance(text, str) and text:
                 events += self._text(text)

@@ -14,11 +14,15 @@ Mapping decisions, with the reasons:
   ``system``, and an unknown role either fails to render or is silently dropped by them.
   ``instructions`` becomes a leading system message for the same reason. Messages are
   never merged, so the rendered prompt follows the harness's item order one to one.
-* ``reasoning`` input items are dropped. They hold either ``encrypted_content`` that
-  only OpenAI can decrypt or summaries of another provider's hidden reasoning; this
-  proxy never emits reasoning items itself, and the chat templates of reasoning models
-  strip earlier turns' reasoning anyway. A dropped reasoning item does not break the
-  merge of an assistant message with the function calls that follow it.
+* The engine's reasoning (vLLM's reasoning parser) is returned as a ``reasoning`` item
+  before the answer, its text as ``reasoning_text`` content, the shape vLLM's own
+  Responses server gives it (streamed as ``response.reasoning_text.delta`` events). A
+  ``reasoning`` input item with such content goes back to the engine as the
+  ``reasoning`` of the assistant message that follows it, so the chat template renders
+  the model's thinking where it wrote it (see :mod:`proxy.reasoning`). Reasoning items
+  with no text content (OpenAI's, holding only ``encrypted_content`` and summaries) are
+  dropped: they are another model's. No reasoning item breaks the merge of an assistant
+  message with the function calls that follow it.
 * Custom (freeform) tools, which Codex uses for ``apply_patch``, become function tools
   with one string argument named ``input`` (:data:`CUSTOM_TOOL_ARGUMENT`). The grammar
   of a ``grammar`` format is put in that argument's description: the engine cannot
@@ -62,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+from proxy.reasoning import engine_reasoning
 
 __all__ = [
     "CUSTOM_TOOL_ARGUMENT",
@@ -263,6 +268,7 @@ def _translate_input(value: Any) -> list[dict[str, Any]]:
 
     messages: list[dict[str, Any]] = []
     called: set[str] = set()  # call ids so far
+    thought: str | None = None  # reasoning items' text, for the assistant message that follows
     for i, item in enumerate(value):
         path = f"input[{i}]"
         if not isinstance(item, dict):
@@ -275,11 +281,16 @@ def _translate_input(value: Any) -> list[dict[str, Any]]:
 
         if kind == "message":
             messages.append(_translate_message(item, path))
+            _give_reasoning(messages[-1], thought)
+            thought = None
         elif kind in ("function_call", "custom_tool_call"):
             call = (_translate_function_call if kind == "function_call" else _translate_custom_tool_call)(item, path)
             called.add(call["id"])
             _append_tool_call(messages, call)
+            _give_reasoning(messages[-1], thought)
+            thought = None
         elif kind in ("function_call_output", "custom_tool_call_output"):
+            thought = None  # reasoning with no answer of the model after it is not rendered
             output = _translate_tool_output(item, path)
             if output["tool_call_id"] not in called:
                 # OpenAI refuses an output with no call before it; a chat template would render
@@ -288,11 +299,39 @@ def _translate_input(value: Any) -> list[dict[str, Any]]:
                                           f"{output['tool_call_id']!r} comes before this output")
             messages.append(output)
         elif kind == "reasoning":
-            continue  # See the module docstring: reasoning is never sent back to the engine.
+            text = _reasoning_text(item, path)
+            if text:
+                thought = text if thought is None else f"{thought}\n{text}"
         else:
             detail = _UNSUPPORTED_ITEMS.get(kind, f"input items of type {kind!r} cannot be translated")
             raise UnsupportedFeatureError(f"{path}.type", detail)
     return messages
+
+
+def _reasoning_text(item: dict[str, Any], path: str) -> str:
+    """The text a ``reasoning`` item's content holds, parts joined by newlines as vLLM joins them.
+
+    Summaries and ``encrypted_content`` are not this model's tokens and are left out.
+    """
+    content = item.get("content")
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"{path}.content must be a list of reasoning text parts")
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            raise InvalidRequestError(f"{path}.content[{j}] must be an object with a string text")
+        if part.get("type") in ("reasoning_text", "text"):
+            texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _give_reasoning(message: dict[str, Any], thought: str | None) -> None:
+    """Put the reasoning items' text on ``message`` if it is the model's; others drop it."""
+    if thought and message["role"] == "assistant":
+        earlier = message.get("reasoning")
+        message["reasoning"] = f"{earlier}\n{thought}" if earlier else thought
 
 
 def _translate_message(item: dict[str, Any], path: str) -> dict[str, Any]:
@@ -601,8 +640,7 @@ def from_chat_response(
 
     Item ids derive from the chat completion's id, so a retried translation of the same
     completion (and the streamed translation, see :class:`StreamTranslator`) yields the
-    same ids. The engine's ``reasoning_content``, if any, is not returned: reasoning
-    items would be sent back on the next turn only to be dropped.
+    same ids. The engine's reasoning, if any, comes first as a ``reasoning`` item.
 
     Args:
         chat: The engine's chat-completion body.
@@ -631,6 +669,9 @@ def from_chat_response(
     custom_tools = _tool_names(request)
 
     output: list[dict[str, Any]] = []
+    thought = engine_reasoning(message)
+    if thought:
+        output.append(_reasoning_item(ids.reasoning(0), thought, status))
     text = message.get("content")
     if isinstance(text, str) and text:
         output.append(_message_item(ids.message(0), text, status))
@@ -685,6 +726,9 @@ class _Ids:
 
     def function_call(self, index: int) -> str:
         return f"fc_{self.base}_{index}"
+
+    def reasoning(self, n: int) -> str:
+        return f"rs_{self.base}" if n == 0 else f"rs_{self.base}_{n}"
 
     def custom_tool_call(self, index: int) -> str:
         return f"ctc_{self.base}_{index}"
@@ -772,6 +816,14 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": [_reasoning_part(text)], "status": status}
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _tool_call_item(
@@ -895,11 +947,11 @@ def _response_object(
 class _Item:
     """One output item of a streamed response, from its announcement to its end."""
 
-    kind: Literal["message", "function_call", "custom_tool_call"]
+    kind: Literal["message", "reasoning", "function_call", "custom_tool_call"]
     item_id: str = ""
     index: int = 0  # the engine's tool-call index
     output_index: int = -1
-    text: str = ""  # the message text, or the tool call's arguments so far
+    text: str = ""  # the message or reasoning text, or the tool call's arguments so far
     call_id: str = ""
     name: str = ""
     status: str = "in_progress"
@@ -915,12 +967,16 @@ class _Item:
         """The item as ``response.output_item.added`` shows it: nothing generated yet."""
         if self.kind == "message":
             return _message_item(self.item_id, "", "in_progress") | {"content": []}
+        if self.kind == "reasoning":
+            return _reasoning_item(self.item_id, "", "in_progress") | {"content": []}
         return _tool_call_item(self.item_id, self.call_id, self.name, "", "in_progress", custom_tools)
 
     def snapshot(self, custom_tools: _ToolNames) -> dict[str, Any]:
         """The item with everything generated so far, as final events show it."""
         if self.kind == "message":
             return _message_item(self.item_id, self.text, self.status)
+        if self.kind == "reasoning":
+            return _reasoning_item(self.item_id, self.text, self.status)
         return _tool_call_item(self.item_id, self.call_id, self.name, self.text, self.status, custom_tools)
 
 
@@ -938,7 +994,8 @@ class StreamTranslator:
     finish reason, so a harness can act on a finished tool call before the stream ends.
     The terminal event needs the token counts, which the engine sends in a last chunk
     without choices; it is produced on that chunk, or by :meth:`finish` when none comes.
-    Reasoning deltas from the engine are not forwarded.
+    The engine's reasoning is forwarded delta by delta as a ``reasoning`` item's
+    ``response.reasoning_text.delta`` events.
     """
 
     def __init__(self, *, request: dict[str, Any], response_id: str | None = None) -> None:
@@ -951,7 +1008,9 @@ class StreamTranslator:
         self._sequence = 0
         self._items: list[_Item] = []  # announced items, by output index
         self._messages = 0
+        self._reasonings = 0
         self._text: _Item | None = None
+        self._thought: _Item | None = None
         self._tool: _Item | None = None
         self._tools: dict[int, _Item] = {}
         self._finish_reason: str | None = None
@@ -1023,6 +1082,9 @@ class StreamTranslator:
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
                 raise UpstreamFormatError("a stream chunk's delta is not an object")
+            thought = engine_reasoning(delta)
+            if thought:
+                self._reasoning_delta(thought, events)
             content = delta.get("content")
             if isinstance(content, str) and content:
                 self._text_delta(content, events)
@@ -1068,9 +1130,9 @@ class StreamTranslator:
     def keepalive(self) -> list[Event]:
         """A ``response.in_progress`` event, to tell the harness the answer is still coming.
 
-        For a long stretch of engine chunks that make no event (the engine's reasoning, which
-        Responses streams here do not carry): Codex aborts a stream after five minutes without an
-        event and sends the call again. The event is the API's own and says nothing new, so
+        For a long stretch of engine chunks that make no event (a tool call's arguments held
+        until its name comes, an engine that sends empty deltas): Codex aborts a stream after
+        five minutes without an event and sends the call again. The event is the API's own and says nothing new, so
         clients that do not act on it (Codex, the SDKs) skip it. None before the response is
         opened or after it ended.
         """
@@ -1126,8 +1188,8 @@ class StreamTranslator:
         self._terminated = False
         if held_from == 0:  # nothing was sent: open the response afresh
             self._ids = None
-            self._messages = 0
-            self._text = self._tool = None
+            self._messages = self._reasonings = 0
+            self._text = self._thought = self._tool = None
             self._tools = {}
         self._items = [item for item in self._items if item.added_at < held_from]
         for item in self._items:
@@ -1173,7 +1235,7 @@ class StreamTranslator:
 
     def _announce(self, item: _Item, events: list[Event]) -> None:
         """Give the item its output index and send ``response.output_item.added``."""
-        if item.kind != "message":
+        if item.kind in ("function_call", "custom_tool_call"):
             assert self._ids is not None
             if item.name in self._custom_tools.custom:
                 item.kind = "custom_tool_call"
@@ -1189,9 +1251,27 @@ class StreamTranslator:
         if item.kind == "function_call" and item.text:
             self._emit_arguments(item, item.text, events)
 
+    def _reasoning_delta(self, text: str, events: list[Event]) -> None:
+        for other in (self._text, self._tool):
+            if other is not None:
+                self._close(other, events, "completed")
+        item = self._thought
+        if item is None:
+            assert self._ids is not None
+            item = _Item(kind="reasoning", item_id=self._ids.reasoning(self._reasonings))
+            self._reasonings += 1
+            self._thought = item
+            self._announce(item, events)
+            self._emit(events, "response.content_part.added", item_id=item.item_id, output_index=item.output_index,
+                       content_index=0, part=_reasoning_part(""))
+        item.text += text
+        self._emit(events, "response.reasoning_text.delta", item_id=item.item_id, output_index=item.output_index,
+                   content_index=0, delta=text)
+
     def _text_delta(self, text: str, events: list[Event]) -> None:
-        if self._tool is not None:
-            self._close(self._tool, events, "completed")
+        for other in (self._thought, self._tool):
+            if other is not None:
+                self._close(other, events, "completed")
         item = self._text
         if item is None:
             assert self._ids is not None
@@ -1233,10 +1313,9 @@ class StreamTranslator:
 
         item = self._tools.get(index)
         if item is None:
-            if self._text is not None:
-                self._close(self._text, events, "completed")
-            if self._tool is not None:
-                self._close(self._tool, events, "completed")
+            for other in (self._thought, self._text, self._tool):
+                if other is not None:
+                    self._close(other, events, "completed")
             assert self._ids is not None
             item = _Item(kind="function_call", index=index, call_id=self._ids.call(index))
             self._tools[index] = item
@@ -1275,7 +1354,7 @@ class StreamTranslator:
         """
         if item.closed:
             return
-        if item.kind != "message" and not item.name:
+        if item.kind not in ("message", "reasoning") and not item.name:
             raise UpstreamFormatError(f"the engine's tool call {item.index} has no name")
         if not item.announced:
             self._announce(item, events)
@@ -1286,6 +1365,11 @@ class StreamTranslator:
             self._emit(events, "response.output_text.done", **where, content_index=0, text=item.text, logprobs=[])
             self._emit(events, "response.content_part.done", **where, content_index=0, part=_text_part(item.text))
             self._text = None
+        elif item.kind == "reasoning":
+            self._emit(events, "response.reasoning_text.done", **where, content_index=0, text=item.text)
+            self._emit(events, "response.content_part.done", **where, content_index=0,
+                       part=_reasoning_part(item.text))
+            self._thought = None
         else:
             if item.kind == "custom_tool_call":
                 text = _custom_input(item.text)
@@ -1303,7 +1387,7 @@ class StreamTranslator:
         )
 
     def _close_all(self, events: list[Event], status: str) -> None:
-        for item in (self._text, self._tool):
+        for item in (self._thought, self._text, self._tool):
             if item is not None:
                 self._close(item, events, status)
 

@@ -46,6 +46,8 @@ MODEL = "openforge-scripted"
 VOCAB = 151_000
 EOS_ID = 2
 WEIGHT_VERSION = "scripted-v1"
+THOUGHT = "Let me think. "
+"""One chunk of the engine's reasoning, when it is asked to think (``ScriptedEngine(reasoning=...)``)."""
 _PIECE = re.compile(r"\w+|[^\w\s]|\s+")
 
 #: Tool names that run a shell command, in the order a harness's tools are searched.
@@ -197,9 +199,9 @@ class ScriptedEngine:
             faults: Faults to inject.
             final_prefix: What the final answer starts with.
             chunk_pieces: Word pieces per streamed chunk.
-            reasoning: Chunks of reasoning (``reasoning_content``, as vLLM's reasoning parser
-                sends it) streamed before each streamed answer, and the seconds between them: a
-                model that thinks for a while before it says anything.
+            reasoning: Chunks of reasoning (:data:`THOUGHT` in ``reasoning``, as vLLM's reasoning
+                parser sends it) before each answer, and the seconds between them when streamed:
+                a model that thinks for a while before it says anything.
         """
         self.command = command
         self.reasoning = reasoning
@@ -282,9 +284,9 @@ class ScriptedEngine:
         kind, text, call = self.answer(body)
         prompt_ids = tokenize(render_prompt(body))
         pieces = self._pieces(text, call)
-        if streamed and self.reasoning[0]:
-            thought = ({"role": "assistant", "reasoning_content": "Let me think. "}, tokenize("Let me think. "))
-            pieces = [thought] * self.reasoning[0] + pieces
+        thought = THOUGHT * self.reasoning[0]
+        if thought:  # a whole answer holds the same thinking in one field
+            pieces = [({"role": "assistant", "reasoning": THOUGHT}, tokenize(THOUGHT))] * self.reasoning[0] + pieces
         completion_ids = [t for _, ids in pieces for t in ids] + [EOS_ID]
         finish = "tool_calls" if call else "stop"
         if fault is not None and fault.abort_after is not None:  # the engine aborted it after a few pieces
@@ -305,7 +307,7 @@ class ScriptedEngine:
         chat_id = f"chatcmpl-{uuid.uuid4().hex}"
         if not streamed:
             message: dict[str, Any] = {"role": "assistant", "content": text or None, "tool_calls": [call] if call
-                                       else [], "reasoning_content": None}
+                                       else [], "reasoning": thought or None}
             return _json({
                 "id": chat_id, "object": "chat.completion", "created": int(time.time()), "model": MODEL,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "stop_reason": None,
@@ -360,7 +362,7 @@ class ScriptedEngine:
                       "finish_reason": None, "token_ids": ids}
             extra = {"prompt_token_ids": prompt_ids} if i == 0 else {}
             yield chunk([choice], **extra)
-            await asyncio.sleep(self.reasoning[1] if "reasoning_content" in delta else 0)
+            await asyncio.sleep(self.reasoning[1] if "reasoning" in delta else 0)
         if cut:  # the engine "died": no finish reason, no usage, and [DONE] only if asked
             if error is not None:  # vLLM's streaming error response, then its [DONE]
                 yield b"data: " + orjson.dumps({"error": {"message": error, "type": "InternalServerError",

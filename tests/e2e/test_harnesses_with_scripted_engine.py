@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from netutil import free_port
 from proxy_helpers import RunningProxy, proxy_in_front_of, read_events
-from scripted_engine import MODEL, WEIGHT_VERSION, Fault, ScriptedEngine, SeenCall, first_turn
+from scripted_engine import MODEL, THOUGHT, WEIGHT_VERSION, Fault, ScriptedEngine, SeenCall, first_turn
 
 from proxy.anthropic.translate import BILLING_LINE
 from schemas import ModelCallV1
@@ -447,3 +447,26 @@ def _tail(text: Any, limit: int = 4000) -> str:
         text = text.decode(errors="replace")
     text = str(text or "")
     return text if len(text) <= limit else "..." + text[-limit:]
+
+
+@pytest.mark.parametrize("harness", [h for h in HARNESSES if h.protocol is not ApiProtocol.OPENAI_CHAT],
+                         ids=lambda h: h.name)
+async def test_a_thinking_models_reasoning_comes_back_to_the_engine_on_the_next_turn(
+        harness: Harness, harness_bin: Path, kafka_settings: KafkaSettings, topics: TopicRegistry,
+        tmp_path: Path) -> None:
+    # The model thinks before each answer. The harness gets that thinking in its API's own place
+    # (a thinking block, a reasoning item), keeps it in its history, and sends it back: the engine
+    # must see it on the assistant turn that made the tool call, as the chat template renders it.
+    engine = ScriptedEngine(command=COMMAND, reasoning=(2, 0.0))
+    rollout_id = f"e2e-think-{harness.name}-{uuid.uuid4().hex[:8]}"
+    async with engine.running(free_port()) as engine_url, \
+            proxy_in_front_of(engine_url, kafka_settings, topics, tmp_path) as proxy:
+        run = Run(harness_bin, tmp_path / harness.name, proxy.base(rollout_id), proxy.token(rollout_id))
+        await run_harness(harness, run)
+    assert run.exit_code == 0, run.describe()
+    assert EXPECTED_OUTPUT in harness.final_answer(run), run.describe()
+    final = next(c for c in engine.seen if c.kind == "final")
+    turns = [m for m in final.body["messages"] if m.get("role") == "assistant" and m.get("tool_calls")]
+    assert [m.get("reasoning") for m in turns] == [THOUGHT * 2], final.body["messages"]
+    events = await captured_calls(proxy, expect=len(engine.seen))
+    check_capture(harness, rollout_id, engine.seen, events)

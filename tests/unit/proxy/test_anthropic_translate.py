@@ -22,9 +22,11 @@ from proxy.anthropic.translate import (
     error_event,
     from_chat_response,
     sse_encode,
+    thinking_requested,
     to_chat_request,
 )
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+from proxy.reasoning import signature
 
 try:  # the SDK brings its own HTTP library (a fork of httpx) in recent versions and refuses httpx objects
     import httpx2 as sdk_http
@@ -674,8 +676,8 @@ def sdk_client(handler: Any) -> anthropic.Anthropic:
                                http_client=sdk_http.Client(transport=sdk_http.MockTransport(handler)))
 
 
-def sse_response(chunks: list[dict[str, Any]], model: str) -> sdk_http.Response:
-    translator = StreamTranslator(model=model)
+def sse_response(chunks: list[dict[str, Any]], model: str, thinking: bool = False) -> sdk_http.Response:
+    translator = StreamTranslator(model=model, thinking=thinking)
     events = [event for c in chunks for event in translator.feed(c)] + translator.finish()
     body = b"".join(sse_encode(name, data) for name, data in events)
     return sdk_http.Response(200, headers={"content-type": "text/event-stream"}, content=body)
@@ -879,3 +881,107 @@ def test_an_error_in_a_combined_turn_names_the_message_it_is_in() -> None:
     ]}
     with pytest.raises(InvalidRequestError, match=r"messages\[1\]\.content\[1\]\.text"):
         to_chat_request(body)
+
+
+# ---------------------------------------------------------------------------------------- reasoning
+
+THOUGHT = ["The user wants", " the files listed."]
+
+
+def thinking_chunks(field: str = "reasoning") -> list[dict[str, Any]]:
+    """vLLM's stream for a reasoning model: its thinking (vLLM's reasoning parser), then text and calls."""
+    return [chunk({"role": "assistant", "content": ""}),
+            *(chunk({field: piece}) for piece in THOUGHT),
+            *tool_call_chunks()[1:]]
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])  # vLLM's name now, and before
+def test_a_thinking_models_stream_gives_a_signed_thinking_block_that_goes_back_as_reasoning_against_sdk_parser(
+        field: str) -> None:
+    requests: list[dict[str, Any]] = []
+
+    def handler(request: sdk_http.Request) -> sdk_http.Response:
+        body = json.loads(request.content)
+        requests.append(to_chat_request(body))
+        return sse_response(thinking_chunks(field), model=body["model"], thinking=True)
+
+    client = sdk_client(handler)
+    asked: list[Any] = [{"role": "user", "content": "List the files, then read the README."}]
+    with client.messages.stream(model="m", max_tokens=1024, messages=asked,
+                                thinking={"type": "enabled", "budget_tokens": 512},
+                                tools=[{"name": "Bash", "input_schema": BASH_SCHEMA},
+                                       {"name": "Read", "input_schema": READ_SCHEMA}]) as stream:
+        final = stream.get_final_message()
+    assert [block.type for block in final.content] == ["thinking", "text", "tool_use", "tool_use"]
+    thinking = final.content[0]
+    assert isinstance(thinking, anthropic.types.ThinkingBlock)
+    assert thinking.thinking == "".join(THOUGHT) and thinking.signature.startswith("openforge-1.")
+
+    # The harness sends the turn back as it got it: the engine sees its own thinking where it wrote it.
+    history = [block.model_dump(exclude_none=True) for block in final.content]
+    results = [{"type": "tool_result", "tool_use_id": block.id, "content": "ok"}
+               for block in final.content if isinstance(block, anthropic.types.ToolUseBlock)]
+    client.messages.create(model="m", max_tokens=64, thinking={"type": "enabled", "budget_tokens": 512},
+                           messages=[*asked, {"role": "assistant", "content": history},
+                                     {"role": "user", "content": results}],
+                           tools=[{"name": "Bash", "input_schema": BASH_SCHEMA},
+                                  {"name": "Read", "input_schema": READ_SCHEMA}], stream=True).close()
+    turn = requests[1]["messages"][1]
+    assert turn["role"] == "assistant" and turn["reasoning"] == "".join(THOUGHT)
+    assert turn["content"] == "I'll list the files." and len(turn["tool_calls"]) == 2
+
+
+def test_a_thinking_block_whose_text_was_changed_or_signed_elsewhere_is_dropped() -> None:
+    thought = "".join(THOUGHT)
+
+    def turn(*blocks: dict[str, Any]) -> dict[str, Any]:
+        chat = to_chat_request({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": [*blocks, {"type": "text", "text": "Hello!"}]},
+            {"role": "user", "content": "bye"}]})
+        return chat["messages"][1]  # type: ignore[no-any-return]
+
+    assert turn({"type": "thinking", "thinking": thought, "signature": signature(thought)})["reasoning"] == thought
+    assert "reasoning" not in turn({"type": "thinking", "thinking": thought + " (edited)", "signature": signature(thought)})
+    assert "reasoning" not in turn({"type": "thinking", "thinking": thought, "signature": "EqQBCkgIARABGAIiQL"})
+    two = turn({"type": "thinking", "thinking": "first", "signature": signature("first")},
+               {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+               {"type": "thinking", "thinking": "second", "signature": signature("second")})
+    assert two["reasoning"] == "first\nsecond"
+
+
+def test_reasoning_is_left_out_when_the_request_did_not_turn_thinking_on_against_sdk_parser() -> None:
+    client = sdk_client(lambda request: sse_response(thinking_chunks(), model="m",
+                                                     thinking=thinking_requested(json.loads(request.content))))
+    for thinking in ({"type": "disabled"}, None):
+        extra = {"thinking": thinking} if thinking else {}
+        with client.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}],
+                                    **extra) as stream:  # type: ignore[arg-type]
+            final = stream.get_final_message()
+        assert [block.type for block in final.content] == ["text", "tool_use", "tool_use"]
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_a_whole_answers_reasoning_is_a_thinking_block_first_against_sdk_parser(thinking: bool) -> None:
+    answer = vllm_completion({"reasoning": "Where? pwd says.", "content": "Let me check.", "tool_calls": [
+        {"id": "chatcmpl-tool-9", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"pwd"}'}},
+    ]}, "tool_calls")
+    client = sdk_client(lambda request: sdk_http.Response(200, json=from_chat_response(answer, model="m",
+                                                                                      thinking=thinking)))
+    message = client.messages.create(model="m", max_tokens=256, messages=[{"role": "user", "content": "where am I?"}])
+    kinds = [block.type for block in message.content]
+    assert kinds == (["thinking", "text", "tool_use"] if thinking else ["text", "tool_use"])
+    if thinking:
+        block = message.content[0]
+        assert isinstance(block, anthropic.types.ThinkingBlock) and block.thinking == "Where? pwd says."
+
+
+def test_the_adapter_turns_thinking_on_from_the_request() -> None:
+    adapter = AnthropicAdapter()
+    answer = vllm_completion({"reasoning": "hmm", "content": "Hi."}, "stop")
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    assert [b["type"] for b in adapter.from_chat(answer, body | {"thinking": {"type": "adaptive"}}, {})["content"]] \
+        == ["thinking", "text"]
+    assert [b["type"] for b in adapter.from_chat(answer, body, {})["content"]] == ["text"]
+    stream = adapter.stream(body | {"thinking": {"type": "enabled", "budget_tokens": 64}}, {})
+    out = stream.feed(chunk({"role": "assistant", "content": ""})) + stream.feed(chunk({"reasoning": "hmm"}))
+    assert b'"thinking_delta"' in out

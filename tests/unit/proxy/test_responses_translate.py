@@ -937,3 +937,95 @@ def test_an_output_with_no_call_before_it_is_refused_by_name() -> None:
         to_chat_request(body)
     body["input"] = body["input"][:3]
     assert [m["role"] for m in to_chat_request(body)["messages"]] == ["user", "assistant", "tool"]
+
+
+# --------------------------------------------------------------------------- reasoning
+
+THOUGHT = ["The user wants ", "a listing."]
+
+
+def thinking_chunks(field: str = "reasoning") -> list[dict[str, Any]]:
+    """A reasoning model's stream: its thinking (vLLM's reasoning parser), then text and a tool call."""
+    return [chunk({"role": "assistant", "content": ""}), *(chunk({field: piece}) for piece in THOUGHT),
+            *tool_call_chunks()[1:]]
+
+
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])  # vLLM's name now, and before
+def test_a_thinking_models_stream_gives_a_reasoning_item_that_goes_back_to_the_engine_against_sdk_parser(
+        field: str) -> None:
+    seen: list[dict[str, Any]] = []
+    client = sdk_client(thinking_chunks(field), seen)
+    with client.responses.stream(model="qwen-tiny", input="List files", tools=[SHELL_TOOL]) as stream:  # type: ignore[list-item]
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:7] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added", "response.reasoning_text.delta",
+                         "response.reasoning_text.delta", "response.reasoning_text.done"], kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [item.type for item in final.output] == ["reasoning", "message", "function_call"]
+    reasoning = final.output[0]
+    assert reasoning.type == "reasoning" and reasoning.id == "rs_9b1c" and reasoning.status == "completed"
+    assert [(part.type, part.text) for part in reasoning.content or []] == [("reasoning_text", "".join(THOUGHT))]
+    assert final.output_text == "Let me check."
+
+    # Codex keeps the items and sends them back after the tool's output: the engine sees its thinking
+    # on the assistant turn it belongs to.
+    history = [item.model_dump(exclude_none=True) for item in final.output]
+    client.responses.create(model="qwen-tiny", tools=[SHELL_TOOL], stream=True, input=[  # type: ignore[list-item]
+        {"role": "user", "content": "List files"}, *history,
+        {"type": "function_call_output", "call_id": "chatcmpl-tool-5", "output": "README.md"}]).close()
+    client.close()
+    turn = seen[1]["messages"][1]
+    assert turn["role"] == "assistant" and turn["reasoning"] == "".join(THOUGHT)
+    assert turn["content"] == "Let me check." and turn["tool_calls"][0]["id"] == "chatcmpl-tool-5"
+
+
+def test_streamed_and_unstreamed_reasoning_agree_and_validate() -> None:
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    events = translate(thinking_chunks(), codex_request())
+    adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    for name, data in events:
+        assert adapter.validate_python(data).type == name
+    message = {"role": "assistant", "reasoning": "".join(THOUGHT), "content": "Let me check.", "tool_calls": [
+        {"id": "chatcmpl-tool-5", "type": "function", "function": {"name": "shell", "arguments": SHELL_ARGS}}]}
+    chat = chat_completion(message, "tool_calls") | {"id": "chatcmpl-9b1c", "created": 1_700_000_001}
+    unstreamed = from_chat_response(chat, request=codex_request())
+    assert events[-1][1]["response"]["output"] == unstreamed["output"]
+    assert Response.model_validate(unstreamed).output[0].type == "reasoning"
+
+
+def test_reasoning_items_reach_the_engine_only_with_their_text_and_only_on_the_models_turn() -> None:
+    def turn(*items: dict[str, Any]) -> list[dict[str, Any]]:
+        messages = to_chat_request(codex_request(input=[{"role": "user", "content": "go"}, *items]))["messages"]
+        return messages[2:]  # after the instructions and the user's message
+
+    def thinking(text: str) -> dict[str, Any]:
+        return {"type": "reasoning", "id": "rs_x", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+    call = {"type": "function_call", "name": "shell", "arguments": SHELL_ARGS, "call_id": "c1"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+    # Before a call, and again before the next call after its output: each on its own turn.
+    assert [m.get("reasoning") for m in turn(thinking("one"), call, output, thinking("two"),
+                                             call | {"call_id": "c2"})] == ["one", None, "two"]
+    # OpenAI's own reasoning (a summary and encrypted content, no text) is another model's: dropped.
+    foreign = {"type": "reasoning", "id": "rs_o", "summary": [{"type": "summary_text", "text": "Listing."}],
+               "encrypted_content": "gAAAA-opaque"}
+    assert "reasoning" not in turn(foreign, call)[0]
+    # Reasoning with no answer of the model after it (the harness cut the turn) is not rendered anywhere.
+    assert all("reasoning" not in m for m in turn(thinking("lost"), {"role": "user", "content": "again"}))
+    # Two reasoning items before one answer are joined as vLLM joins a reasoning item's parts.
+    assert turn(thinking("a"), thinking("b"), {"role": "assistant", "content": "Hi."})[0]["reasoning"] == "a\nb"
+    with pytest.raises(InvalidRequestError, match=r"input\[1\]\.content\[0\]"):
+        turn({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": 3}]})
+
+
+def test_a_lost_record_after_a_think_shows_the_reasoning_the_harness_saw_end() -> None:
+    events = sdk_events(relay_with_a_lost_record(thinking_chunks()))
+    assert events[-1].type == "response.failed"
+    output = events[-1].response.output  # type: ignore[union-attr]
+    assert [(item.type, item.status) for item in output] == [("reasoning", "completed"), ("message", "completed"),
+                                                             ("function_call", "incomplete")]
+    assert output[0].content[0].text == "".join(THOUGHT)
