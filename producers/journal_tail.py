@@ -18,10 +18,12 @@ file :data:`LOCK_NAME`, held by the reader for its whole life).
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import itertools
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -44,11 +46,12 @@ LOCK_WAIT_S = 60.0
 """How long a new shipper waits for an old one (draining as its proxy exits) to let go."""
 
 
-def lock_shipping(directory: Path, timeout_s: float) -> int:
+def lock_shipping(directory: Path, timeout_s: float, abandon: threading.Event | None = None) -> int:
     """An exclusive lock on the journal's shipper lock file (a descriptor to close to release it).
 
     Raises:
         TimeoutError: another shipper held it for ``timeout_s``.
+        InterruptedError: ``abandon`` was set before the lock was taken.
     """
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
@@ -58,10 +61,35 @@ def lock_shipping(directory: Path, timeout_s: float) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except BlockingIOError:
+            if abandon is not None and abandon.is_set():
+                os.close(fd)
+                raise InterruptedError(f"waiting for {directory / LOCK_NAME} was given up") from None
             if time.monotonic() > deadline:
                 os.close(fd)
                 raise TimeoutError(f"another shipper has held {directory / LOCK_NAME} for {timeout_s:.0f}s") from None
             time.sleep(0.05)
+
+
+async def lock_shipping_async(directory: Path, timeout_s: float) -> int:
+    """:func:`lock_shipping` waited for in a thread; a cancelled wait leaves no lock behind.
+
+    A plain ``asyncio.to_thread`` would go on waiting in its thread after the caller was
+    cancelled (a proxy stopped while an old one drains), then take the lock with nobody left to
+    close it, so every later shipper on the folder would wait for this process to exit.
+    """
+    abandon = threading.Event()
+    taken = asyncio.get_running_loop().run_in_executor(None, lock_shipping, directory, timeout_s, abandon)
+    try:
+        return await asyncio.shield(taken)
+    except asyncio.CancelledError:
+        abandon.set()
+        taken.add_done_callback(_close_taken_lock)
+        raise
+
+
+def _close_taken_lock(taken: asyncio.Future[int]) -> None:
+    if not taken.cancelled() and taken.exception() is None:
+        os.close(taken.result())
 
 
 class JournalTail:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import orjson
 
-from producers.journal_tail import LOCK_WAIT_S, JournalTail, lock_shipping
+from producers.journal_tail import LOCK_WAIT_S, JournalTail, lock_shipping_async
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class ShipperProcess:
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
         """Hold the shipper lock (no worker reads the journal meanwhile), e.g. to recover the journal."""
-        fd = await asyncio.to_thread(lock_shipping, self.directory, LOCK_WAIT_S)
+        fd = await lock_shipping_async(self.directory, LOCK_WAIT_S)
         try:
             yield
         finally:
@@ -235,7 +235,7 @@ async def _work(directory: Path) -> int:
     kafka = KafkaSettings.model_validate(spec.kafka)
     registry = TopicRegistry.from_settings(kafka)
     report = _Reporter()
-    lock = await asyncio.to_thread(lock_shipping, directory, LOCK_WAIT_S)
+    lock = await lock_shipping_async(directory, LOCK_WAIT_S)
     tail = JournalTail(directory)
     try:
         try:

@@ -31,7 +31,7 @@ import aiokafka.errors as kafka_errors
 from producers.capture import CallCapture
 from producers.durable import Outcome, connect_producer
 from producers.journal import Journal, JournalCorruptError, JournalRecord
-from producers.journal_tail import LOCK_WAIT_S, lock_shipping
+from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
 from producers.raw_calls import (
     NATIVE,
     EngineExchange,
@@ -458,7 +458,7 @@ class JournalPublisher:
             # As a shipping process does: a worker of an earlier proxy (in process mode) may still
             # drain this folder, and two shippers would both send and delete segments.
             await asyncio.to_thread(self.journal.lock)
-            self._inline_lock = await asyncio.to_thread(lock_shipping, self.journal.directory, LOCK_WAIT_S)
+            self._inline_lock = await lock_shipping_async(self.journal.directory, LOCK_WAIT_S)
             try:
                 await self._open()
             except BaseException:

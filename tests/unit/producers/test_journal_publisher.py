@@ -133,6 +133,24 @@ async def test_an_inline_shipper_waits_for_a_worker_of_an_earlier_proxy_still_dr
     os.close(lock_shipping(tmp_path, 0.2))  # and let go at stop
 
 
+async def test_a_start_stopped_while_it_waits_for_the_shipper_lock_leaves_no_lock_behind(tmp_path: Path) -> None:
+    """The proxy is stopped (its start cancelled) while an earlier proxy's worker still holds
+    the shipper lock. The wait went on in its thread and took the lock once the old worker let
+    go, with nobody left to close it: every later shipper on the folder waited for this process
+    to exit."""
+    draining = lock_shipping(tmp_path, 1.0)
+    publisher = _publisher(_journal(tmp_path, "inline"))
+    starting = asyncio.create_task(publisher.start())
+    await asyncio.sleep(0.3)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    os.close(draining)
+    await asyncio.sleep(0.3)  # the abandoned wait has seen the lock free by now
+    os.close(lock_shipping(tmp_path, 0.2))  # nobody holds it
+    await publisher.stop()
+
+
 async def test_a_shipping_worker_that_cannot_be_started_again_at_once_is_tried_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker died, and starting another fails once (injected: no process can be made, as
