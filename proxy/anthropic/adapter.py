@@ -12,7 +12,7 @@ from proxy.anthropic.translate import (
     error_event,
     from_chat_response,
     sse_encode,
-    thinking_requested,
+    thinking_display,
     to_chat_request,
 )
 from proxy.errors import context_overflow
@@ -34,12 +34,12 @@ class AnthropicAdapter:
         """Chat completion → Message, under the model name the harness asked for."""
         return from_chat_response(chat, model=str(body.get("model") or chat.get("model") or ""),
                                   max_tokens=body.get("max_tokens"), context=context,
-                                  thinking=thinking_requested(body))
+                                  thinking=thinking_display(body))
 
     def stream(self, body: dict[str, Any], asked: dict[str, Any], *, context: int | None = None) -> StreamSession:
         """Chat chunks → Messages stream events."""
         return _AnthropicStream(StreamTranslator(model=str(body.get("model") or ""), max_tokens=body.get("max_tokens"),
-                                                 context=context, thinking=thinking_requested(body)))
+                                                 context=context, thinking=thinking_display(body)))
 
     def error(self, status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
         """Anthropic's error shape; a prompt over the engine's context in Anthropic's words.

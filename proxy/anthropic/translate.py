@@ -13,10 +13,11 @@ what to turn off.
 
 Decisions worth knowing (each is explained where it is made):
 
-* The engine's reasoning becomes a ``thinking`` block when the request turned thinking on, and the
-  harness's thinking blocks that this proxy made go back to the engine as the assistant message's
-  ``reasoning`` (:mod:`proxy.reasoning`); other thinking and ``redacted_thinking`` blocks are
-  dropped. The ``thinking`` configuration itself changes nothing upstream.
+* The engine's reasoning becomes a ``thinking`` block when the request turned thinking on (its
+  text left out with ``display: "omitted"``), and the harness's thinking blocks that this proxy
+  made go back to the engine as the assistant message's ``reasoning`` (:mod:`proxy.reasoning`);
+  other thinking and ``redacted_thinking`` blocks are dropped. The ``thinking`` configuration
+  itself changes nothing upstream.
 * ``tool_result`` blocks become ``role: tool`` messages; ``is_error`` leaves the text unchanged.
 * Tool-call arguments from the engine that are not valid JSON objects are handed to the harness as
   ``{"_raw": "<arguments>"}``.
@@ -29,12 +30,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
-from proxy.reasoning import engine_reasoning, signature, signed_here
+from proxy.reasoning import engine_reasoning, signature, signed_thought
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ __all__ = [
     "error_event",
     "from_chat_response",
     "sse_encode",
-    "thinking_requested",
+    "thinking_display",
     "to_chat_request",
 ]
 
@@ -281,12 +282,11 @@ def _tool_call(block: dict[str, Any], path: str) -> dict[str, Any]:
 def _assistant_message(blocks: list[tuple[Any, str]]) -> dict[str, Any]:
     """An assistant turn as one chat message with text, ``tool_calls`` and ``reasoning``.
 
-    A ``thinking`` block this proxy made (its signature says so) is the engine's own reasoning and
-    goes back as the message's ``reasoning``, which the chat template renders where the model wrote
-    it (see :mod:`proxy.reasoning`). Other ``thinking`` and all ``redacted_thinking`` blocks were
-    written by another model (they carry Anthropic's signatures, or are encrypted) and are dropped:
-    they are not this model's tokens, and open models' chat templates drop earlier turns'
-    reasoning anyway.
+    A ``thinking`` block this proxy made (its signature says so, and carries the text) is the
+    engine's own reasoning and goes back as the message's ``reasoning``, which the chat template
+    renders where the model wrote it (see :mod:`proxy.reasoning`). Other ``thinking`` and all
+    ``redacted_thinking`` blocks were written by another model (they carry Anthropic's signatures,
+    or are encrypted) and are dropped: they are not this model's tokens.
 
     Text and tool calls go into separate fields of the chat message, so text written after a tool
     call is moved before it. The engine's tool-call parsers produce that order in the first place.
@@ -301,8 +301,8 @@ def _assistant_message(blocks: list[tuple[Any, str]]) -> dict[str, Any]:
         elif kind == "tool_use":
             tool_calls.append(_tool_call(block, block_path))
         elif kind == "thinking":
-            thought = block.get("thinking")
-            if isinstance(thought, str) and thought and signed_here(thought, block.get("signature")):
+            thought = signed_thought(block.get("signature"))
+            if thought:
                 thoughts.append(thought)
         elif kind in _THINKING_BLOCKS:
             continue
@@ -501,14 +501,26 @@ def _max_tokens(body: dict[str, Any]) -> int:
     return value
 
 
-def thinking_requested(body: dict[str, Any]) -> bool:
-    """Whether the request turned thinking on, so that the answer may hold thinking blocks.
+ThinkingDisplay = Literal["summarized", "omitted"]
+"""How thinking blocks show their text: in full (this proxy has no summaries), or not at all."""
 
-    Anthropic's API answers with thinking blocks only then, and a client that did not ask may not
-    expect them; the engine's reasoning is then left out, as its tokens are still captured.
+
+def thinking_display(body: dict[str, Any]) -> ThinkingDisplay | None:
+    """How the answer shows thinking blocks; None when the request did not turn thinking on.
+
+    Anthropic's API answers with thinking blocks only when thinking is on, and a client that did
+    not ask may not expect them; the engine's reasoning is then left out, as its tokens are still
+    captured. With ``display: "omitted"`` a block's text is empty and only its signature carries
+    the thinking, to be sent back (Claude Code asks for that on most calls).
     """
     thinking = body.get("thinking")
-    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return None
+    return "omitted" if thinking.get("display") == "omitted" else "summarized"
+
+
+def _thinking_block(thought: str, display: ThinkingDisplay) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": thought if display == "summarized" else "", "signature": signature(thought)}
 
 
 def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -519,11 +531,12 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     * ``thinking``: the engine has no thinking budget, and whether a model reasons is set by how it
       is served (vLLM's reasoning parser, the chat template). Recent Claude Code versions send a
       ``thinking`` configuration (``adaptive`` or ``enabled``) on every call by default, so refusing
-      it would make the harness unusable. It only decides whether the engine's reasoning comes back
-      as a thinking block (:func:`thinking_requested`).
-    * ``context_management``: Claude Code sends it to have old thinking blocks cleared, which this
-      translation does anyway; other edits (clearing old tool results) only save Anthropic-side
-      context, and the engine is given the full history the harness sent.
+      it would make the harness unusable. It only decides whether and how the engine's reasoning
+      comes back as a thinking block (:func:`thinking_display`).
+    * ``context_management``: Claude Code sends it to have old thinking blocks cleared (or kept);
+      the engine gets the thinking of every turn the harness sent back and its chat template
+      decides which turns' thinking to render; other edits (clearing old tool results) only save
+      Anthropic-side context, and the engine is given the full history the harness sent.
     * ``metadata``, ``service_tier``, ``cache_control``, ``output_config.effort`` and any unknown
       field: accounting and hints with no effect on the answer.
 
@@ -699,7 +712,7 @@ def _message_id(chat_id: Any) -> str:
 
 
 def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | None = None,
-                       context: int | None = None, thinking: bool = False) -> dict[str, Any]:
+                       context: int | None = None, thinking: ThinkingDisplay | None = None) -> dict[str, Any]:
     """Translate a (non-streaming) chat completion into an Anthropic Message.
 
     The message id is ``"msg_" + chat id``, so the Message can be matched to the engine's record.
@@ -713,7 +726,7 @@ def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | No
         max_tokens: The harness's ``max_tokens``; with ``context``, tells a full context from a
             spent budget (:func:`_context_full`).
         context: The engine's context length, when known.
-        thinking: Whether the request turned thinking on (:func:`thinking_requested`).
+        thinking: How the request asked for thinking blocks; None for none (:func:`thinking_display`).
 
     Returns:
         The Message JSON.
@@ -732,8 +745,8 @@ def from_chat_response(chat: dict[str, Any], *, model: str, max_tokens: int | No
 
     content: list[dict[str, Any]] = []
     thought = engine_reasoning(message) if thinking else ""
-    if thought:
-        content.append({"type": "thinking", "thinking": thought, "signature": signature(thought)})
+    if thought and thinking:
+        content.append(_thinking_block(thought, thinking))
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
@@ -830,10 +843,11 @@ class StreamTranslator:
     """Turns the engine's chat-completion chunks into Anthropic's Messages stream events.
 
     Anthropic streams ``message_start``; then per content block ``content_block_start``,
-    ``content_block_delta`` events and ``content_block_stop`` (text first, then one block per tool call);
-    then ``message_delta`` with the stop reason and output token count; then ``message_stop``. Feed
-    every parsed ``data:`` chunk to :meth:`feed` and call :meth:`finish` when the upstream stream ends
-    (after ``[DONE]`` or early); each returns the events to send, in order.
+    ``content_block_delta`` events and ``content_block_stop`` (a thinking block when asked for,
+    text, then one block per tool call); then ``message_delta`` with the stop reason and output
+    token count; then ``message_stop``. Feed every parsed ``data:`` chunk to :meth:`feed` and call
+    :meth:`finish` when the upstream stream ends (after ``[DONE]`` or early); each returns the
+    events to send, in order.
 
     vLLM sends the finish reason in one chunk and the token counts in a last chunk with no choices,
     so ``message_delta`` waits for that usage chunk (or for :meth:`finish`) to carry both.
@@ -845,14 +859,15 @@ class StreamTranslator:
     fragment that cannot be JSON, so arguments that are not a JSON object go out as
     ``{"_raw": "<arguments>"}``, as in a whole answer (:func:`_parse_arguments`).
     With ``thinking`` on, the engine's reasoning streams as a thinking block (``thinking_delta``
-    events, then its ``signature_delta`` when it ends); otherwise it is not forwarded.
+    events unless its display is ``omitted``, then its ``signature_delta`` when it ends); otherwise
+    it is not forwarded. Reasoning that resumes after text or a tool call opens another block.
     """
 
     def __init__(self, *, model: str, message_id: str | None = None, max_tokens: int | None = None,
-                 context: int | None = None, thinking: bool = False) -> None:
+                 context: int | None = None, thinking: ThinkingDisplay | None = None) -> None:
         self.model = model
         self.thinking = thinking
-        """Whether reasoning goes out as a thinking block (:func:`thinking_requested`)."""
+        """How reasoning goes out as a thinking block; None for not at all (:func:`thinking_display`)."""
         self.message_id = message_id
         self.max_tokens = max_tokens
         """The harness's ``max_tokens`` (with :attr:`context`, see :func:`_context_full`)."""
@@ -923,8 +938,8 @@ class StreamTranslator:
         events: list[SSEEvent] = []
         thought, self._thought = self._thought, None
         if thought is not None:
-            # Anthropic sends a thinking block's signature as its last delta; this one is a digest
-            # of the whole text, known only now.
+            # Anthropic sends a thinking block's signature as its last delta; this one carries
+            # the whole text, known only now.
             delta = {"type": "signature_delta", "signature": signature("".join(thought))}
             events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
         tool, self._open_tool = self._open_tool, None
@@ -968,10 +983,11 @@ class StreamTranslator:
             self._thought = []
         assert self._open is not None
         self._thought.append(text)
-        delta = {"type": "thinking_delta", "thinking": text}
-        events.append(
-            ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
-        )
+        if self.thinking == "summarized":
+            delta = {"type": "thinking_delta", "thinking": text}
+            events.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
+            )
         return events
 
     @staticmethod

@@ -18,11 +18,12 @@ from proxy.anthropic.adapter import AnthropicAdapter
 from proxy.anthropic.translate import (
     EMPTY_ERROR_RESULT_TEXT,
     StreamTranslator,
+    ThinkingDisplay,
     error_body,
     error_event,
     from_chat_response,
     sse_encode,
-    thinking_requested,
+    thinking_display,
     to_chat_request,
 )
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
@@ -676,7 +677,7 @@ def sdk_client(handler: Any) -> anthropic.Anthropic:
                                http_client=sdk_http.Client(transport=sdk_http.MockTransport(handler)))
 
 
-def sse_response(chunks: list[dict[str, Any]], model: str, thinking: bool = False) -> sdk_http.Response:
+def sse_response(chunks: list[dict[str, Any]], model: str, thinking: ThinkingDisplay | None = None) -> sdk_http.Response:
     translator = StreamTranslator(model=model, thinking=thinking)
     events = [event for c in chunks for event in translator.feed(c)] + translator.finish()
     body = b"".join(sse_encode(name, data) for name, data in events)
@@ -895,43 +896,45 @@ def thinking_chunks(field: str = "reasoning") -> list[dict[str, Any]]:
             *tool_call_chunks()[1:]]
 
 
-@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])  # vLLM's name now, and before
+@pytest.mark.parametrize(("field", "thinking"), [
+    ("reasoning", {"type": "enabled", "budget_tokens": 512}),
+    ("reasoning_content", {"type": "enabled", "budget_tokens": 512}),  # vLLM's name before it renamed it
+    ("reasoning", {"type": "adaptive", "display": "omitted"}),  # as Claude Code asks on most calls
+])
 def test_a_thinking_models_stream_gives_a_signed_thinking_block_that_goes_back_as_reasoning_against_sdk_parser(
-        field: str) -> None:
+        field: str, thinking: dict[str, Any]) -> None:
     requests: list[dict[str, Any]] = []
 
     def handler(request: sdk_http.Request) -> sdk_http.Response:
         body = json.loads(request.content)
         requests.append(to_chat_request(body))
-        return sse_response(thinking_chunks(field), model=body["model"], thinking=True)
+        return sse_response(thinking_chunks(field), model=body["model"], thinking=thinking_display(body))
 
     client = sdk_client(handler)
     asked: list[Any] = [{"role": "user", "content": "List the files, then read the README."}]
-    with client.messages.stream(model="m", max_tokens=1024, messages=asked,
-                                thinking={"type": "enabled", "budget_tokens": 512},
-                                tools=[{"name": "Bash", "input_schema": BASH_SCHEMA},
-                                       {"name": "Read", "input_schema": READ_SCHEMA}]) as stream:
+    tools: list[Any] = [{"name": "Bash", "input_schema": BASH_SCHEMA}, {"name": "Read", "input_schema": READ_SCHEMA}]
+    with client.messages.stream(model="m", max_tokens=1024, messages=asked, thinking=thinking,  # type: ignore[arg-type]
+                                tools=tools) as stream:
         final = stream.get_final_message()
     assert [block.type for block in final.content] == ["thinking", "text", "tool_use", "tool_use"]
-    thinking = final.content[0]
-    assert isinstance(thinking, anthropic.types.ThinkingBlock)
-    assert thinking.thinking == "".join(THOUGHT) and thinking.signature.startswith("openforge-1.")
+    block = final.content[0]
+    assert isinstance(block, anthropic.types.ThinkingBlock) and block.signature.startswith("openforge-1.")
+    # Shown, or left out as Anthropic leaves it out for "omitted" (the signature still carries it).
+    assert block.thinking == ("" if thinking.get("display") == "omitted" else "".join(THOUGHT))
 
     # The harness sends the turn back as it got it: the engine sees its own thinking where it wrote it.
-    history = [block.model_dump(exclude_none=True) for block in final.content]
-    results = [{"type": "tool_result", "tool_use_id": block.id, "content": "ok"}
-               for block in final.content if isinstance(block, anthropic.types.ToolUseBlock)]
-    client.messages.create(model="m", max_tokens=64, thinking={"type": "enabled", "budget_tokens": 512},
+    history = [b.model_dump(exclude_none=True) for b in final.content]
+    results = [{"type": "tool_result", "tool_use_id": b.id, "content": "ok"}
+               for b in final.content if isinstance(b, anthropic.types.ToolUseBlock)]
+    client.messages.create(model="m", max_tokens=64, thinking=thinking,  # type: ignore[arg-type]
                            messages=[*asked, {"role": "assistant", "content": history},
-                                     {"role": "user", "content": results}],
-                           tools=[{"name": "Bash", "input_schema": BASH_SCHEMA},
-                                  {"name": "Read", "input_schema": READ_SCHEMA}], stream=True).close()
+                                     {"role": "user", "content": results}], tools=tools, stream=True).close()
     turn = requests[1]["messages"][1]
     assert turn["role"] == "assistant" and turn["reasoning"] == "".join(THOUGHT)
     assert turn["content"] == "I'll list the files." and len(turn["tool_calls"]) == 2
 
 
-def test_a_thinking_block_whose_text_was_changed_or_signed_elsewhere_is_dropped() -> None:
+def test_the_engine_gets_its_thinking_back_from_the_signature_and_never_another_models() -> None:
     thought = "".join(THOUGHT)
 
     def turn(*blocks: dict[str, Any]) -> dict[str, Any]:
@@ -941,17 +944,22 @@ def test_a_thinking_block_whose_text_was_changed_or_signed_elsewhere_is_dropped(
         return chat["messages"][1]  # type: ignore[no-any-return]
 
     assert turn({"type": "thinking", "thinking": thought, "signature": signature(thought)})["reasoning"] == thought
-    assert "reasoning" not in turn({"type": "thinking", "thinking": thought + " (edited)", "signature": signature(thought)})
-    assert "reasoning" not in turn({"type": "thinking", "thinking": thought, "signature": "EqQBCkgIARABGAIiQL"})
+    # Exactly as the engine wrote it, whatever a client did to the shown text.
+    assert turn({"type": "thinking", "thinking": thought.strip() + " (edited)",
+                 "signature": signature(thought)})["reasoning"] == thought
+    assert turn({"type": "thinking", "thinking": "", "signature": signature("é\n ")})["reasoning"] == "é\n "
+    # Claude's own thinking, a mangled signature, redacted thinking: not this model's tokens.
+    for foreign in ("EqQBCkgIARABGAIiQL", "openforge-1.%%%", "openforge-1.__8", None):
+        assert "reasoning" not in turn({"type": "thinking", "thinking": thought, "signature": foreign}), foreign
     two = turn({"type": "thinking", "thinking": "first", "signature": signature("first")},
                {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
-               {"type": "thinking", "thinking": "second", "signature": signature("second")})
+               {"type": "thinking", "thinking": "", "signature": signature("second")})
     assert two["reasoning"] == "first\nsecond"
 
 
 def test_reasoning_is_left_out_when_the_request_did_not_turn_thinking_on_against_sdk_parser() -> None:
     client = sdk_client(lambda request: sse_response(thinking_chunks(), model="m",
-                                                     thinking=thinking_requested(json.loads(request.content))))
+                                                     thinking=thinking_display(json.loads(request.content))))
     for thinking in ({"type": "disabled"}, None):
         extra = {"thinking": thinking} if thinking else {}
         with client.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}],
@@ -960,8 +968,8 @@ def test_reasoning_is_left_out_when_the_request_did_not_turn_thinking_on_against
         assert [block.type for block in final.content] == ["text", "tool_use", "tool_use"]
 
 
-@pytest.mark.parametrize("thinking", [True, False])
-def test_a_whole_answers_reasoning_is_a_thinking_block_first_against_sdk_parser(thinking: bool) -> None:
+@pytest.mark.parametrize("thinking", ["summarized", "omitted", None])
+def test_a_whole_answers_reasoning_is_a_thinking_block_first_against_sdk_parser(thinking: ThinkingDisplay | None) -> None:
     answer = vllm_completion({"reasoning": "Where? pwd says.", "content": "Let me check.", "tool_calls": [
         {"id": "chatcmpl-tool-9", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"pwd"}'}},
     ]}, "tool_calls")
@@ -972,7 +980,9 @@ def test_a_whole_answers_reasoning_is_a_thinking_block_first_against_sdk_parser(
     assert kinds == (["thinking", "text", "tool_use"] if thinking else ["text", "tool_use"])
     if thinking:
         block = message.content[0]
-        assert isinstance(block, anthropic.types.ThinkingBlock) and block.thinking == "Where? pwd says."
+        assert isinstance(block, anthropic.types.ThinkingBlock)
+        assert block.thinking == ("Where? pwd says." if thinking == "summarized" else "")
+        assert block.signature == signature("Where? pwd says.")
 
 
 def test_the_adapter_turns_thinking_on_from_the_request() -> None:
@@ -985,3 +995,7 @@ def test_the_adapter_turns_thinking_on_from_the_request() -> None:
     stream = adapter.stream(body | {"thinking": {"type": "enabled", "budget_tokens": 64}}, {})
     out = stream.feed(chunk({"role": "assistant", "content": ""})) + stream.feed(chunk({"reasoning": "hmm"}))
     assert b'"thinking_delta"' in out
+    omitted = adapter.stream(body | {"thinking": {"type": "adaptive", "display": "omitted"}}, {})
+    out = omitted.feed(chunk({"role": "assistant", "content": ""})) + omitted.feed(chunk({"reasoning": "hmm"}))
+    assert b'"thinking"' in out and b'"thinking_delta"' not in out
+    assert signature("hmm").encode() in omitted.finish()
