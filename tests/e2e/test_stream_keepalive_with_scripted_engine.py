@@ -36,20 +36,32 @@ async def test_a_long_think_reaches_the_harness_as_thinking_or_as_keepalives_and
             proxy_in_front_of(engine_url, kafka_settings, topics, tmp_path, stream_keepalive_s=KEEPALIVE_S) as proxy:
         token = proxy.token("r-think")
         # The SDKs skip Anthropic's pings, so the stream is read raw first, as a harness's socket sees it.
-        body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-        async with httpx.AsyncClient(timeout=30) as client, \
-                client.stream("POST", f"{proxy.base('r-think')}/v1/messages", json=body,
-                              headers={"x-api-key": token}) as raw:
-            # Each event's name and when it arrived.
-            kinds = [(line[6:].strip(), time.monotonic()) async for line in raw.aiter_lines()
-                     if line.startswith("event:")]
-        pings = [at for kind, at in kinds if kind == "ping"]
-        first_block = next(at for kind, at in kinds if kind == "content_block_start")
-        # Two seconds of thinking, pings at most 0.4 s apart while it lasted, none once the answer began.
-        assert kinds[0][0] == "message_start" and kinds[-1][0] == "message_stop"
-        assert len(pings) >= 3 and all(at < first_block for at in pings), kinds
-        gaps = [b - a for a, b in zip([kinds[0][1], *pings], [*pings, first_block], strict=True)]
-        assert max(gaps) < KEEPALIVE_S + THINKING[1] + 0.3, gaps
+        async def raw_events(**extra: object) -> list[tuple[str, float]]:
+            """Each event's name and when it arrived."""
+            body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}],
+                    **extra}
+            async with httpx.AsyncClient(timeout=30) as client, \
+                    client.stream("POST", f"{proxy.base('r-think')}/v1/messages", json=body,
+                                  headers={"x-api-key": token}) as raw:
+                return [(line[6:].strip(), time.monotonic()) async for line in raw.aiter_lines()
+                        if line.startswith("event:")]
+
+        def pinged_until(kinds: list[tuple[str, float]], until: str) -> None:
+            """Two seconds of thinking: pings at most 0.4 s apart while it lasted, none after ``until``."""
+            assert kinds[0][0] == "message_start" and kinds[-1][0] == "message_stop"
+            pings = [at for kind, at in kinds if kind == "ping"]
+            end = next(at for kind, at in kinds if kind == until)
+            assert len(pings) >= 3 and all(at < end for at in pings), kinds
+            gaps = [b - a for a, b in zip([kinds[0][1], *pings], [*pings, end], strict=True)]
+            assert max(gaps) < KEEPALIVE_S + THINKING[1] + 0.3, gaps
+
+        pinged_until(await raw_events(), "content_block_start")  # thinking off: nothing of it is sent
+        # Thinking on but its text omitted (as Claude Code asks): the block opens, and only its
+        # signature comes when the thinking ends; pings fill the silence in between.
+        omitted = await raw_events(thinking={"type": "adaptive", "display": "omitted"})
+        assert [kind for kind, _ in omitted if kind != "ping"][:3] == [
+            "message_start", "content_block_start", "content_block_delta"], omitted
+        pinged_until(omitted, "content_block_delta")
         # And the SDK reads the same stream into the answer the engine gave.
         async with anthropic.AsyncAnthropic(base_url=proxy.base("r-think"), api_key=token, max_retries=0) as claude, \
                 claude.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
@@ -91,7 +103,7 @@ async def test_a_long_think_reaches_the_harness_as_thinking_or_as_keepalives_and
         assert len(thought) == THINKING[0]  # chat completions pass the reasoning on as the engine sent it
 
     # Capture is token-exact whatever the harness saw: the reasoning's tokens are the answer's first.
-    events = sorted(await read_events(kafka_settings, topics, CALLS, expect=5), key=lambda e: e.timings.started_at)
+    events = sorted(await read_events(kafka_settings, topics, CALLS, expect=6), key=lambda e: e.timings.started_at)
     for event, seen in zip(events, engine.seen, strict=True):
         ids = list(event.choices[0].completion_token_ids)
         assert ids == seen.completion_token_ids and ids[:len(tokenize(THOUGHT))] == tokenize(THOUGHT)

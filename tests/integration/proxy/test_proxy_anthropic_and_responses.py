@@ -15,6 +15,7 @@ import pytest
 from proxy_helpers import calls_of
 from test_proxy_openai_chat import tokenize
 
+from proxy.reasoning import signature
 from proxy.service import ENGINE_UNFINISHED, UNFINISHED
 from schemas.call.v1 import ApiProtocol, CallStatus
 
@@ -301,3 +302,28 @@ async def test_an_answer_the_engine_aborts_before_its_first_token_is_a_retryable
                                        else UNFINISHED)
         assert len(event.prompt_token_ids) > 0
         assert all(list(c.completion_token_ids) == [] for c in event.choices)
+
+
+async def test_reasoning_sent_back_reaches_real_vllm_on_the_assistant_turn(proxy, vllm_url) -> None:
+    # The thinking a harness sends back (a thinking block the proxy signed, a reasoning item with
+    # text) goes to the engine as the assistant message's ``reasoning``, which vLLM takes and hands
+    # to the chat template; the prompt recorded is the engine's own for those messages.
+    thought = "The user greets me; greet back."
+    async with anthropic_client(proxy, "r-think-a") as client:
+        await client.messages.create(model="m", max_tokens=4, thinking={"type": "adaptive"}, messages=[
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": signature(thought)},
+                                              {"type": "text", "text": "Hi!"}]},
+            {"role": "user", "content": "How are you?"}])
+    async with openai.AsyncOpenAI(base_url=f"{proxy.base('r-think-r')}/v1", api_key=proxy.token("r-think-r"),
+                                  max_retries=0) as client:
+        await client.responses.create(model="m", max_output_tokens=4, input=[
+            {"role": "user", "content": "Hello"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": thought}]},
+            {"role": "assistant", "content": "Hi!"},
+            {"role": "user", "content": "How are you?"}])
+    events = await calls_of(proxy, 2)
+    for event in events:
+        assert event.status is CallStatus.OK, event.error_message
+        assert event.request.messages[1] == {"role": "assistant", "content": "Hi!", "reasoning": thought}
+        assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, event.request.messages)
