@@ -457,16 +457,19 @@ async def test_a_thinking_models_reasoning_comes_back_to_the_engine_on_the_next_
     # The model thinks before each answer. The harness gets that thinking in its API's own place
     # (a thinking block, a reasoning item), keeps it in its history, and sends it back: the engine
     # must see it on the assistant turn that made the tool call, as the chat template renders it.
-    engine = ScriptedEngine(command=COMMAND, reasoning=(2, 0.0))
+    # It thinks for a second, with a short keep-alive: Claude Code asks for its thinking omitted
+    # (display "omitted"), so it hears pings meanwhile (test_stream_keepalive_with_scripted_engine
+    # shows they are sent), and must read past them.
+    engine = ScriptedEngine(command=COMMAND, reasoning=(3, 0.35))
     rollout_id = f"e2e-think-{harness.name}-{uuid.uuid4().hex[:8]}"
     async with engine.running(free_port()) as engine_url, \
-            proxy_in_front_of(engine_url, kafka_settings, topics, tmp_path) as proxy:
+            proxy_in_front_of(engine_url, kafka_settings, topics, tmp_path, stream_keepalive_s=0.25) as proxy:
         run = Run(harness_bin, tmp_path / harness.name, proxy.base(rollout_id), proxy.token(rollout_id))
         await run_harness(harness, run)
     assert run.exit_code == 0, run.describe()
     assert EXPECTED_OUTPUT in harness.final_answer(run), run.describe()
     final = next(c for c in engine.seen if c.kind == "final")
     turns = [m for m in final.body["messages"] if m.get("role") == "assistant" and m.get("tool_calls")]
-    assert [m.get("reasoning") for m in turns] == [THOUGHT * 2], final.body["messages"]
+    assert [m.get("reasoning") for m in turns] == [THOUGHT * 3], final.body["messages"]
     events = await captured_calls(proxy, expect=len(engine.seen))
     check_capture(harness, rollout_id, engine.seen, events)
