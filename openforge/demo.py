@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import signal
 import time
@@ -29,6 +30,7 @@ from openforge.demo_report import Curve, RewardPoint, Summary, summarize, write_
 from openforge.engine import LocalEngine, install_vllm, make_tiny_model
 from openforge.toy import toy_tasks
 from openforge.toy.scoring import MAX_REWARD as TOY_MAX_REWARD
+from proxy.settings import POLICY_SAMPLING
 from schemas import CheckpointAppliedV1, CheckpointV1, TrajectoryV1
 from stream import (
     CHECKPOINTS,
@@ -204,7 +206,8 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     return [
         ("proxy", ["proxy", "--port", str(proxy_port), "--upstream", engine_url],
-         {**base, "OPENFORGE_PROXY_SPOOL_DIR": str(out / "spool"), "OPENFORGE_PROXY_SERVED_MODEL": str(model_dir)}),
+         {**base, "OPENFORGE_PROXY_SPOOL_DIR": str(out / "spool"), "OPENFORGE_PROXY_SERVED_MODEL": str(model_dir),
+          "OPENFORGE_PROXY_SAMPLING": json.dumps(POLICY_SAMPLING)}),
         ("assembler", ["assembler"], {**base}),
         ("learner", ["learner"],
          {**base, "OPENFORGE_LEARNER_MODEL_NAME": MODEL_NAME, "OPENFORGE_LEARNER_MODEL_DIR": str(model_dir),

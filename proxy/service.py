@@ -179,6 +179,8 @@ class CallService:
             param = error.field if isinstance(error, UnsupportedFeatureError) else None
             return _json(adapter.error(error.status_code, error.message, error.error_type, param), error.status_code)
 
+        if self.settings.sampling:
+            chat.update(self.settings.sampling)  # before the capture, which records what the engine gets
         asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
         streamed = bool(chat.get("stream"))
         # A re-send of the same conversation is a retry even if transport details differ:

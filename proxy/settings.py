@@ -5,10 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, StrictFloat, StrictInt, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stream import KafkaSettings
+
+FORCEABLE_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                                "frequency_penalty", "repetition_penalty"})
+"""What :attr:`ProxySettings.sampling` may set: how tokens are drawn, not what the answer must be
+(its length, stop strings, a seed stay the harness's)."""
+
+POLICY_SAMPLING: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+"""The policy's own distribution, which the learner scores tokens under: what the demo and the
+Helm chart set :attr:`ProxySettings.sampling` to."""
 
 
 class ProxySettings(BaseSettings):
@@ -42,6 +51,16 @@ class ProxySettings(BaseSettings):
     without a credential key (one-machine experiments): with a key, tokens are what keeps one
     rollout's agent out of another's data, so the proxy refuses to start with both. Without a key
     no verifier can prove itself, so rewards cannot be posted."""
+
+    sampling: dict[str, StrictFloat | StrictInt] = Field(default_factory=dict)
+    """Sampling parameters every call reaches the engine with, whatever the harness asked (a
+    JSON object in the environment, e.g. ``{"temperature": 1.0, "top_p": 1.0, "top_k": -1,
+    "min_p": 0.0}``); empty (the default) sends what each harness asked. For on-policy rollouts:
+    the learner scores tokens under the policy's own distribution (temperature 1, nothing cut),
+    while the engine samples with what the harness sent or, for what it left out, the model's
+    ``generation_config.json`` defaults (Qwen3's are temperature 0.6, top_p 0.95, top_k 20);
+    the logprobs it reports are of that distribution, so every importance ratio would be off by
+    the difference. The event records what the engine got. Keys: :data:`FORCEABLE_SAMPLING`."""
 
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     """Longest an engine call may take, end to end."""
@@ -122,6 +141,26 @@ class ProxySettings(BaseSettings):
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     """Kafka connection (``OPENFORGE_KAFKA_*``)."""
+
+    @field_validator("sampling", mode="before")
+    @classmethod
+    def _sampling_keys(cls, value: object) -> object:
+        # Before the values' types, so a key it may not set is named as such, not as a bad number.
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - FORCEABLE_SAMPLING)
+            if unknown:
+                allowed = ", ".join(sorted(FORCEABLE_SAMPLING))
+                raise ValueError(f"sampling cannot set {', '.join(map(str, unknown))}; it sets {allowed}")
+        return value
+
+    @field_validator("sampling")
+    @classmethod
+    def _whole_top_k(cls, value: dict[str, float | int]) -> dict[str, float | int]:
+        if "top_k" in value:
+            if value["top_k"] != int(value["top_k"]):
+                raise ValueError(f"sampling top_k must be a whole number, got {value['top_k']}")
+            value["top_k"] = int(value["top_k"])  # vLLM refuses -1.0 where it wants an integer
+        return value
 
     @field_validator("upstreams", mode="before")
     @classmethod

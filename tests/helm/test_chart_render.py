@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -332,6 +333,8 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"proxy": {"spoolVolume": "hostPath"}}, "at '/proxy/spoolVolume': value must be one of"),
     ({"proxy": {"spoolSizeLimit": "1500Mi"}}, "at '/proxy/spoolSizeLimit': '1500Mi' does not match pattern"),
     ({"proxy": {"spoolSizeLimit": "9999999Ti"}}, "at '/proxy/spoolSizeLimit': '9999999Ti' does not match pattern"),
+    ({"proxy": {"sampling": {"seed": 1}}}, "additional properties 'seed' not allowed"),  # the harness's, not forced
+    ({"proxy": {"sampling": {"temperature": "hot"}}}, "at '/proxy/sampling/temperature'"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)
@@ -395,3 +398,16 @@ def test_drain_seconds_reach_the_processes_and_the_grace_period_covers_the_proxy
     from proxy.settings import ProxySettings
     assert "drain_s" in ProxySettings.model_fields and "publish_timeout_s" in ProxySettings.model_fields
     assert "drain_timeout_s" in AssemblerSettings.model_fields and "drain_timeout_s" in LearnerSettings.model_fields
+
+
+def test_the_proxy_samples_as_the_policy_unless_told_otherwise(default_objects: list[dict[str, Any]], helm: Helm,
+                                                               helm_tmp: Path) -> None:
+    from proxy.settings import POLICY_SAMPLING, ProxySettings
+
+    def sampling(objects: list[dict[str, Any]]) -> dict[str, Any]:
+        value = env_of(one(objects, "Deployment", "-proxy"))["OPENFORGE_PROXY_SAMPLING"]
+        return ProxySettings(sampling=json.loads(value)).sampling  # what the proxy will read
+
+    assert sampling(default_objects) == POLICY_SAMPLING
+    # null, not {} (which Helm merges into the default): each harness's own sampling.
+    assert sampling(helm.render({"proxy": {"sampling": None}}, helm_tmp)) == {}

@@ -7,10 +7,11 @@ import asyncio
 import httpx
 import openai
 import pytest
-from proxy_helpers import calls_of
+from proxy_helpers import KEY, RunningProxy, calls_of, serve, shutdown
 
 import proxy.service as proxy_service
 from schemas.call.v1 import ApiProtocol, CallStatus
+from schemas.credentials import Role, mint_token
 
 pytestmark = pytest.mark.kafka
 
@@ -164,3 +165,24 @@ async def test_calls_carry_the_weight_version_the_engine_serves(proxy, vllm_url)
             await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
     [event] = await calls_of(proxy, 1)
     assert [v.version for v in event.choices[0].weight_versions] == ["41"]
+
+
+async def test_forced_sampling_reaches_the_engine_whatever_the_harness_asked(proxy_settings_factory, topics) -> None:
+    # The harness asks for greedy answers; the proxy is set to sample as the policy does
+    # (temperature 1, nothing cut). A greedy tiny model answers the same prompt the same way every
+    # time; at temperature 1 over its 4,096 tokens, eight tokens repeat only by a tiny chance.
+    forced = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+    settings = proxy_settings_factory(sampling=forced)
+    server, task = await serve(settings)
+    try:
+        async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{settings.port}/rollouts/r-policy/v1",
+                                      api_key=mint_token(KEY, "r-policy", Role.AGENT, 60), max_retries=0) as client:
+            answers = [await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Say something"}], max_tokens=8, temperature=0,
+                top_p=0.5, seed=7 + i) for i in range(4)]
+    finally:
+        await shutdown(server, task)
+    assert len({a.choices[0].message.content for a in answers}) > 1, [a.choices[0].message.content for a in answers]
+    events = await calls_of(RunningProxy("", settings, topics), 4)
+    # The event records what the engine got; what sampling does not force stays the harness's.
+    assert [e.request.sampling for e in events] == [{**forced, "max_tokens": 8, "seed": 7 + i} for i in range(4)]

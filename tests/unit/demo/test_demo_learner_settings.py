@@ -52,3 +52,13 @@ def test_the_cli_keeping_alike_groups_puts_the_bonus_everywhere(monkeypatch: pyt
     result = CliRunner().invoke(cli.main, ["demo", "--keep-alike-groups"])
     assert result.exit_code == 0, result.output
     assert seen[0].bonus_scope == "all" and not seen[0].filter_alike_groups
+
+
+def test_the_demos_proxy_samples_as_the_policy_the_learner_scores(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    from proxy.settings import POLICY_SAMPLING, ProxySettings
+
+    components = _components(DemoOptions(), tmp_path, {}, "http://127.0.0.1:1", 1, tmp_path / "model")
+    for name, value in next(env for name, _, env in components if name == "proxy").items():
+        monkeypatch.setenv(name, value)
+    assert ProxySettings().sampling == POLICY_SAMPLING
