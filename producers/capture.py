@@ -120,7 +120,10 @@ def _leading_zero(numbers: bytes) -> bool:
 
 
 def normalize_request(chat: dict[str, Any], asked: dict[str, Any]) -> NormalizedRequest:
-    """The chat-form request as the harness meant it (without what the proxy added).
+    """The chat-form request as the engine got it, without the fields the proxy adds for capture.
+
+    Sampling the proxy forces (``OPENFORGE_PROXY_SAMPLING``) is in ``chat`` already: the event
+    records what the engine sampled with.
 
     Args:
         chat: The chat-completions body sent upstream.

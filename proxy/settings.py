@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -10,14 +11,24 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stream import KafkaSettings
 
-FORCEABLE_SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                                "frequency_penalty", "repetition_penalty"})
+_SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
+    # key: (lowest, highest, lowest excluded), as vLLM checks them
+    "temperature": (0.0, 1e6, False), "top_p": (0.0, 1.0, True), "top_k": (-1, 1e9, False),
+    "min_p": (0.0, 1.0, False), "repetition_penalty": (0.0, 1e6, True),
+    "presence_penalty": (-2.0, 2.0, False), "frequency_penalty": (-2.0, 2.0, False),
+}
+
+FORCEABLE_SAMPLING = frozenset(_SAMPLING_RANGES)
 """What :attr:`ProxySettings.sampling` may set: how tokens are drawn, not what the answer must be
 (its length, stop strings, a seed stay the harness's)."""
 
-POLICY_SAMPLING: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
+POLICY_SAMPLING: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                                           "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                                           "frequency_penalty": 0.0}
 """The policy's own distribution, which the learner scores tokens under: what the demo and the
-Helm chart set :attr:`ProxySettings.sampling` to."""
+Helm chart set :attr:`ProxySettings.sampling` to. The penalties too, as vLLM takes them from a
+model's ``generation_config.json`` as well (Qwen2.5's instruct models ask ``repetition_penalty``
+1.05)."""
 
 
 class ProxySettings(BaseSettings):
@@ -54,13 +65,18 @@ class ProxySettings(BaseSettings):
 
     sampling: dict[str, StrictFloat | StrictInt] = Field(default_factory=dict)
     """Sampling parameters every call reaches the engine with, whatever the harness asked (a
-    JSON object in the environment, e.g. ``{"temperature": 1.0, "top_p": 1.0, "top_k": -1,
-    "min_p": 0.0}``); empty (the default) sends what each harness asked. For on-policy rollouts:
-    the learner scores tokens under the policy's own distribution (temperature 1, nothing cut),
-    while the engine samples with what the harness sent or, for what it left out, the model's
-    ``generation_config.json`` defaults (Qwen3's are temperature 0.6, top_p 0.95, top_k 20);
-    the logprobs it reports are of that distribution, so every importance ratio would be off by
-    the difference. The event records what the engine got. Keys: :data:`FORCEABLE_SAMPLING`."""
+    JSON object in the environment, e.g. :data:`POLICY_SAMPLING`); empty (the default) sends what
+    each harness asked. For on-policy rollouts: the learner scores tokens under the policy's own
+    distribution (temperature 1, nothing cut, no penalty), while the engine samples with what the
+    harness sent or, for what it left out, the model's ``generation_config.json`` defaults
+    (Qwen3's are temperature 0.6, top_p 0.95, top_k 20). The tokens then come from another
+    distribution: with vLLM's ``processed_logprobs`` (the Helm chart's) the recorded logprobs are
+    of it and every importance ratio is off by the difference; with its default ``raw_logprobs``
+    (the local engine's) they are the model's own at temperature 1, so the ratios look right
+    and the bias goes unseen. The event records the forced values (what the engine got; the
+    harness's values they replaced are not kept). Keys and ranges:
+    :data:`FORCEABLE_SAMPLING`; a ``logit_bias`` or a structured-output grammar the harness sends
+    still applies."""
 
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     """Longest an engine call may take, end to end."""
@@ -155,7 +171,13 @@ class ProxySettings(BaseSettings):
 
     @field_validator("sampling")
     @classmethod
-    def _whole_top_k(cls, value: dict[str, float | int]) -> dict[str, float | int]:
+    def _sampling_values(cls, value: dict[str, float | int]) -> dict[str, float | int]:
+        # Checked here, once, rather than refused by the engine on every call.
+        for key, number in value.items():
+            low, high, low_excluded = _SAMPLING_RANGES[key]
+            if not math.isfinite(number) or number < low or number > high or (low_excluded and number == low):
+                bound = f"over {low:g}" if low_excluded else f"at least {low:g}"
+                raise ValueError(f"sampling {key} must be {bound} and at most {high:g}, got {number}")
         if "top_k" in value:
             if value["top_k"] != int(value["top_k"]):
                 raise ValueError(f"sampling top_k must be a whole number, got {value['top_k']}")

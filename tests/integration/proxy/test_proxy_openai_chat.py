@@ -10,6 +10,7 @@ import pytest
 from proxy_helpers import KEY, RunningProxy, calls_of, serve, shutdown
 
 import proxy.service as proxy_service
+from proxy.settings import POLICY_SAMPLING
 from schemas.call.v1 import ApiProtocol, CallStatus
 from schemas.credentials import Role, mint_token
 
@@ -171,8 +172,7 @@ async def test_forced_sampling_reaches_the_engine_whatever_the_harness_asked(pro
     # The harness asks for greedy answers; the proxy is set to sample as the policy does
     # (temperature 1, nothing cut). A greedy tiny model answers the same prompt the same way every
     # time; at temperature 1 over its 4,096 tokens, eight tokens repeat only by a tiny chance.
-    forced = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
-    settings = proxy_settings_factory(sampling=forced)
+    settings = proxy_settings_factory(sampling=POLICY_SAMPLING)
     server, task = await serve(settings)
     try:
         async with openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{settings.port}/rollouts/r-policy/v1",
@@ -185,4 +185,5 @@ async def test_forced_sampling_reaches_the_engine_whatever_the_harness_asked(pro
     assert len({a.choices[0].message.content for a in answers}) > 1, [a.choices[0].message.content for a in answers]
     events = await calls_of(RunningProxy("", settings, topics), 4)
     # The event records what the engine got; what sampling does not force stays the harness's.
-    assert [e.request.sampling for e in events] == [{**forced, "max_tokens": 8, "seed": 7 + i} for i in range(4)]
+    assert [e.request.sampling for e in events] == [{**POLICY_SAMPLING, "max_tokens": 8, "seed": 7 + i}
+                                                    for i in range(4)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from proxy.settings import ProxySettings
+from proxy.settings import POLICY_SAMPLING, ProxySettings
 
 
 def test_the_policys_sampling_is_read_from_the_environment_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -15,6 +15,7 @@ def test_the_policys_sampling_is_read_from_the_environment_as_json(monkeypatch: 
     assert type(sampling["top_k"]) is int  # vLLM refuses -1.0 where it wants an integer
     monkeypatch.delenv("OPENFORGE_PROXY_SAMPLING")
     assert ProxySettings().sampling == {}  # by default each harness's own sampling goes through
+    assert ProxySettings(sampling=POLICY_SAMPLING).sampling == POLICY_SAMPLING  # the demo's and the chart's
 
 
 @pytest.mark.parametrize(("value", "says"), [
@@ -23,6 +24,12 @@ def test_the_policys_sampling_is_read_from_the_environment_as_json(monkeypatch: 
     ({"temperature": True}, "temperature"),  # not a number, though Python would take it as 1
     ({"temperature": "1.0"}, "temperature"),
     ({"top_k": 2.5}, "top_k must be a whole number"),
+    ({"top_k": float("inf")}, "top_k must be at least -1"),  # not an overflow from int()
+    ({"temperature": float("nan")}, "temperature must be at least 0"),
+    ({"temperature": -3}, "temperature must be at least 0"),
+    ({"top_p": 0}, "top_p must be over 0 and at most 1"),
+    ({"top_p": 7}, "top_p must be over 0 and at most 1"),
+    ({"presence_penalty": 2.5}, "presence_penalty must be at least -2 and at most 2"),
 ])
 def test_what_sampling_cannot_force_is_refused_by_name(value: dict[str, object], says: str) -> None:
     with pytest.raises(ValidationError, match=says):
