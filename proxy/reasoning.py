@@ -3,9 +3,9 @@
 vLLM's reasoning parser splits a reasoning model's thinking from its answer into a field of the
 message (or of each streamed delta): ``reasoning`` since vLLM renamed it, ``reasoning_content``
 before; the proxy reads both, and gives it back to the engine as ``reasoning`` on the assistant
-message, which vLLM hands to the chat template. The translated APIs
-have their own place for it: an Anthropic ``thinking`` block, an OpenAI Responses ``reasoning``
-item with ``reasoning_text`` content (the shape vLLM's own Responses server uses).
+message, which vLLM hands to the chat template. The translated APIs have their own place for
+it: an Anthropic ``thinking`` block, an OpenAI Responses ``reasoning`` item with
+``reasoning_text`` content (the shape vLLM's own Responses server uses).
 
 Why it must come back on the next call: reasoning models' chat templates keep the thinking of the
 assistant turns after the last user message (Qwen3 renders it through a whole tool loop, gpt-oss
