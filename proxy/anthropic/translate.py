@@ -569,6 +569,12 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
 
     last = messages[-1]
+    if last["role"] == "assistant" and "tool_calls" not in last and not last["content"] \
+            and not last.get("reasoning") and len(messages) > 1:
+        # An empty final assistant turn asks for no prefill (the API ignores it); rendered, it
+        # would be a closed turn the model never wrote, before the one it is asked for.
+        messages.pop()
+        last = messages[-1]
     if last["role"] == "assistant" and "tool_calls" not in last and last["content"]:
         chat["add_generation_prompt"] = False
         chat["continue_final_message"] = True

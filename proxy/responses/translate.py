@@ -1013,6 +1013,7 @@ class StreamTranslator:
         self._thought: _Item | None = None
         self._tool: _Item | None = None
         self._tools: dict[int, _Item] = {}
+        self._between_calls = ""  # whitespace after a tool call, held (see _text_delta)
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._terminated = False
@@ -1269,6 +1270,16 @@ class StreamTranslator:
                    content_index=0, delta=text)
 
     def _text_delta(self, text: str, events: list[Event]) -> None:
+        if self._text is None and self._tools:
+            # Parsers stream what a model writes between two calls of one turn ("</tool_call>\n
+            # <tool_call>") as text. A message item of it would split the turn in two when the
+            # harness sends its history back; whitespace after a call is held until text follows,
+            # and dropped if none does, as vLLM drops it from a whole answer.
+            text = self._between_calls + text
+            if text.isspace():
+                self._between_calls = text
+                return
+            self._between_calls = ""
         for other in (self._thought, self._tool):
             if other is not None:
                 self._close(other, events, "completed")

@@ -235,6 +235,14 @@ def test_assistant_prefill_continues_the_final_message() -> None:
     assert "continue_final_message" not in to_chat_request(claude_code_request())
 
 
+def test_an_empty_final_assistant_turn_asks_for_no_prefill_and_is_not_rendered() -> None:
+    for empty in ("", [], [{"type": "redacted_thinking", "data": "x"}]):
+        chat = to_chat_request({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Hi"}, {"role": "assistant", "content": empty}]})
+        assert chat["messages"] == [{"role": "user", "content": "Hi"}], empty
+        assert "continue_final_message" not in chat
+
+
 def test_structured_output_becomes_response_format() -> None:
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     chat = to_chat_request(claude_code_request(output_config={"effort": "high",

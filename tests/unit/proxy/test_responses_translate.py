@@ -498,6 +498,25 @@ def test_stream_event_order_and_sequence_numbers() -> None:
     assert translator.terminated and translator.finish() == []
 
 
+def test_whitespace_between_two_tool_calls_of_one_turn_makes_no_message_item() -> None:
+    # What parsers stream between "</tool_call>" and the next "<tool_call>": as a message item
+    # it would split the turn in two when the harness sends its history back. Whitespace with
+    # text after it is still the model's text.
+    def call(index: int, name: str) -> list[dict[str, Any]]:
+        return [chunk({"tool_calls": [{"index": index, "id": f"t{index}", "type": "function",
+                                        "function": {"name": name, "arguments": "{}"}}]})]
+
+    chunks = [*call(0, "shell"), chunk({"content": "\n"}), chunk({"content": " "}), *call(1, "read"),
+              chunk({"content": "\n"}), chunk({}, "tool_calls"), usage_chunk()]
+    final = translate(chunks, codex_request())[-1][1]["response"]
+    assert [item["type"] for item in final["output"]] == ["function_call", "function_call"]
+    chunks = [*call(0, "shell"), chunk({"content": "\n"}), chunk({"content": "Done."}), chunk({}, "stop"),
+              usage_chunk()]
+    final = translate(chunks, codex_request())[-1][1]["response"]
+    assert [item["type"] for item in final["output"]] == ["function_call", "message"]
+    assert final["output"][1]["content"][0]["text"] == "\nDone."
+
+
 def test_streamed_and_unstreamed_answers_agree() -> None:
     events = translate(tool_call_chunks(), codex_request())
     streamed = events[-1][1]["response"]
