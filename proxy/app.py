@@ -184,8 +184,11 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
                 body.setdefault("max_tokens", 1)
                 chat = adapter.to_chat(body)
                 replica = st.upstream.order(rollout_id or "count")[0]
-                payload: dict[str, Any] = {"model": await st.calls.served_model(replica),
-                                           "messages": chat["messages"], "add_generation_prompt": True}
+                # The prompt the call itself would render: a prefill continues the last turn.
+                payload: dict[str, Any] = {"model": await _served_model(st, replica), "messages": chat["messages"],
+                                           "add_generation_prompt": chat.get("add_generation_prompt", True)}
+                if chat.get("continue_final_message"):
+                    payload["continue_final_message"] = True
                 if chat.get("tools"):
                     payload["tools"] = chat["tools"]
                 try:
@@ -203,7 +206,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
                 st = state(request)
                 st.auth.authenticate(request, rollout_id)
                 replica = st.upstream.order(rollout_id or "models")[0]
-                name = await st.calls.served_model(replica)
+                name = await _served_model(st, replica)
                 if "anthropic-version" in request.headers:
                     body: dict[str, Any] = {
                         "data": [{"type": "model", "id": name, "display_name": name,
@@ -338,6 +341,14 @@ class UpstreamFailedError(ProxyError):
 
     status_code = 502
     error_type = "api_error"
+
+
+async def _served_model(st: AppState, replica: str) -> str:
+    """The engine's model name for a helper route; an engine that cannot say is a 502, not the proxy's 500."""
+    try:
+        return await st.calls.served_model(replica)
+    except EngineError as exc:
+        raise UpstreamFailedError(f"the engine could not be asked for its model: {exc}") from exc
 
 
 __all__ = ["AppState", "UnauthorizedError", "build_app"]

@@ -75,9 +75,16 @@ async def test_anthropic_count_tokens_matches_the_engine(proxy, vllm_url) -> Non
     async with anthropic_client(proxy, "r-count") as client:
         counted = await client.messages.count_tokens(model="claude-opus-4-7",
                                                      messages=[{"role": "user", "content": "Count me"}])
+        # A prefill is counted as the call renders it: the last turn continued, not closed.
+        prefilled = await client.messages.count_tokens(model="claude-opus-4-7", messages=[
+            {"role": "user", "content": "Count me"}, {"role": "assistant", "content": "I count"}])
     async with httpx.AsyncClient() as http:
         models = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]["id"]
+        continued = (await http.post(f"{vllm_url}/tokenize", json={
+            "model": models, "add_generation_prompt": False, "continue_final_message": True,
+            "messages": [{"role": "user", "content": "Count me"}, {"role": "assistant", "content": "I count"}]})).json()
     assert counted.input_tokens == len(await tokenize(vllm_url, models, [{"role": "user", "content": "Count me"}]))
+    assert prefilled.input_tokens == continued["count"]
 
 
 async def test_unsupported_anthropic_feature_gets_400_naming_the_field(proxy) -> None:

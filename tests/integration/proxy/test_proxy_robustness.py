@@ -39,9 +39,9 @@ def auth(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
-async def get(url: str) -> httpx.Response:
+async def get(url: str, *, token: str | None = None) -> httpx.Response:
     async with httpx.AsyncClient(timeout=30) as client:
-        return await client.get(url)
+        return await client.get(url, headers=auth(token) if token else None)
 
 
 async def post(url: str, *, token: str | None = None, json: object = None, content: bytes | None = None,
@@ -164,6 +164,23 @@ async def test_engine_down_gets_502_and_is_recorded(proxy_settings_factory, topi
         await shutdown(server, task)
     [event] = await calls_of(RunningProxy("", settings, topics), 1)
     assert event.status is CallStatus.UPSTREAM_UNREACHABLE and event.request.messages == CHAT["messages"]
+
+
+async def test_helper_routes_answer_502_when_the_engine_cannot_name_its_model(proxy_settings_factory) -> None:
+    # The model list and token counting ask the engine for its model name first: an engine that
+    # cannot be reached is the engine's failure (502), not an unhandled error of the proxy (500).
+    settings = proxy_settings_factory(upstreams=[f"http://127.0.0.1:{free_port()}"])
+    server, task = await serve(settings)
+    try:
+        token = mint_token(KEY, "r-down", Role.AGENT, 60)
+        models = await get(f"http://127.0.0.1:{settings.port}/rollouts/r-down/v1/models", token=token)
+        counted = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-down/v1/messages/count_tokens",
+                             token=token, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        await shutdown(server, task)
+    for answer in (models, counted):
+        assert answer.status_code == 502, answer.text
+        assert "could not be asked for its model" in answer.text
 
 
 async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(proxy: RunningProxy) -> None:
