@@ -201,6 +201,8 @@ class CallCapture:
         self.headers = headers or {}
         self.started_at = datetime.now(UTC)
         self._t0 = time.perf_counter()
+        self.recording = False
+        """Set when the proxy begins to record the call: one call, one event, whatever interrupts it."""
         self.first_token_s: float | None = None
         self._prompt_ids: list[int] = []
         self.prompt_ids_json: bytes | None = None

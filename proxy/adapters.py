@@ -55,6 +55,14 @@ class StreamSession(Protocol):
     def keepalive(self) -> bytes:
         """An event that only says the answer is still coming (may be empty: none needed or possible yet)."""
 
+    @property
+    def ended(self) -> bool:
+        """Whether what the session made so far already ends the harness's answer (its terminal event).
+
+        Translated streams end on the engine's usage chunk, before its ``[DONE]``: an engine
+        stream that breaks after that has delivered a whole answer, and is recorded as one.
+        """
+
 
 class Adapter(Protocol):
     """One harness protocol."""
@@ -161,3 +169,8 @@ class _ChatStream:
     def keepalive(self) -> bytes:
         """Never needed: every engine chunk, reasoning included, goes to the harness."""
         return b""
+
+    @property
+    def ended(self) -> bool:
+        """A chat stream ends with the ``[DONE]`` only :meth:`finish` sends."""
+        return False

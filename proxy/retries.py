@@ -22,6 +22,7 @@ class _Attempt:
     attempt: int
     finished_ok: bool | None  # None while in flight
     at: float
+    before: _Attempt | None = None  # the attempt this one replaced, while it is in flight
 
 
 class RetryTracker:
@@ -47,7 +48,7 @@ class RetryTracker:
             attempt, retry_of = previous.attempt + 1, previous.call_id
         else:
             attempt, retry_of = 0, None
-        self._attempts[key] = _Attempt(call_id, attempt, None, now)
+        self._attempts[key] = _Attempt(call_id, attempt, None, now, previous)
         self._attempts.move_to_end(key)
         while len(self._attempts) > self.max_entries:
             self._attempts.popitem(last=False)
@@ -59,3 +60,18 @@ class RetryTracker:
         if entry is not None and entry.call_id == call_id:
             entry.finished_ok = ok
             entry.at = time.monotonic()
+            entry.before = None
+
+    def forget(self, rollout_id: str, fingerprint: bytes, call_id: str) -> None:
+        """Take back an attempt that left no record (its journal write failed).
+
+        A re-send must not be linked to a call id no event carries: it retries the attempt
+        before this one, if any, as if this one had never begun.
+        """
+        key = (rollout_id, fingerprint)
+        entry = self._attempts.get(key)
+        if entry is not None and entry.call_id == call_id:
+            if entry.before is None:
+                del self._attempts[key]
+            else:
+                self._attempts[key] = entry.before

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 _ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
 
+PROXY_STOPPED = "the proxy stopped before the engine's answer was complete"
 ENGINE_ABORTED = "the engine aborted this answer before it was finished (finish_reason 'abort')"
 """How a call whose answer the engine aborted is recorded when the harness got the answer as it was."""
 ABORTED = (f"{ENGINE_ABORTED}, as a replica paused in vLLM's default mode or shutting down does; "
@@ -168,12 +169,13 @@ class CallService:
                 raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
         except (orjson.JSONDecodeError, ProxyError) as exc:
             error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
+            refused = self.retries.fingerprint(raw)
             capture = CallCapture(rollout_id=caller.rollout_id, call_id=self.retries.begin(
-                caller.rollout_id, self.retries.fingerprint(raw))[0], protocol=adapter.protocol,
+                caller.rollout_id, refused)[0], protocol=adapter.protocol,
                 model=str(self._served_model or "unknown"), request=_untranslated(body),
                 streamed=False, task_id=caller.task_id, headers=headers)
             await self._record(capture, CallStatus.INVALID_REQUEST, error_message=error.message,
-                               upstream_status_code=None)
+                               upstream_status_code=None, fingerprint=refused)
             span.set_status(Status(StatusCode.ERROR, error.message))
             span.end()
             param = error.field if isinstance(error, UnsupportedFeatureError) else None
@@ -181,6 +183,8 @@ class CallService:
 
         if self.settings.sampling:
             chat.update(self.settings.sampling)  # before the capture, which records what the engine gets
+            # Answers that echo the request's sampling (Responses) show what the engine got.
+            body = {**body, **self.settings.sampling}
         asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
         streamed = bool(chat.get("stream"))
         # A re-send of the same conversation is a retry even if transport details differ:
@@ -248,7 +252,8 @@ class CallService:
                                             _engine_message(detail), replica)
                 if streamed:
                     return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
-                                        client_span, fingerprint, version_before, upstream_t0)
+                                        client_span, fingerprint, version_before, upstream_t0,
+                                        choices=_choices(chat.get("n")))
                 finished = False
                 try:
                     with watch.armed():
@@ -257,6 +262,10 @@ class CallService:
                     payload = orjson.loads(parsed)
                     capture.prompt_ids_json = prompt_ids  # only a readable answer's
                     finished = True
+                except EngineTimeoutError as exc:  # the answer began and did not end in time
+                    client_span.end()
+                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 504,
+                                            CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}", replica)
                 except (EngineError, orjson.JSONDecodeError) as exc:
                     client_span.end()
                     return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
@@ -296,17 +305,17 @@ class CallService:
                 gone = watch.gone or harness_gone(request.receive)
                 if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
                     await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
-                                       upstream_status_code=engine_status, replica=replica)
+                                       upstream_status_code=engine_status, replica=replica, fingerprint=fingerprint)
                     span.set_status(Status(StatusCode.ERROR, ENGINE_ABORTED))
                 elif gone:
                     # Nobody takes this answer: a harness that timed out sends the call again, and
                     # that must be linked to this one as its retry, not counted as the next turn.
                     await self._record(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=engine_status,
-                                       replica=replica)
+                                       replica=replica, fingerprint=fingerprint)
                     span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
                 else:
-                    await self._record(capture, CallStatus.OK, upstream_status_code=engine_status,
-                                       replica=replica, exchange=EngineExchange(sent, answer_bytes, asked))
+                    await self._record(capture, CallStatus.OK, upstream_status_code=engine_status, replica=replica,
+                                       exchange=EngineExchange(sent, answer_bytes, asked), fingerprint=fingerprint)
                 self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not (aborted or gone))
                 if not (aborted or gone):  # as for streams and refusals: only answers that served the harness
                     telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
@@ -320,7 +329,12 @@ class CallService:
             if isinstance(exc, asyncio.CancelledError):
                 task = asyncio.current_task()
                 if not watch.cancelled or task is None or task.uncancel() > 0:
-                    raise  # not (only) the watch's: the server is stopping, say
+                    # Not (only) the watch's: the server is stopping, past its drain time. The call
+                    # is still recorded, as a stream cut off the same way is.
+                    if not capture.recording:
+                        self._record_in_background(capture, CallStatus.INTERNAL_ERROR, PROXY_STOPPED, replica,
+                                                   span, fingerprint)
+                    raise
             # Either way it came from an armed block, which runs inside the engine call's span.
             client_span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
             client_span.end()
@@ -332,7 +346,13 @@ class CallService:
 
     def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
                 upstream: EngineResponse, replica: str, span: trace.Span, client_span: trace.Span,
-                fingerprint: bytes, version_before: str | None, upstream_t0: float) -> StreamingResponse:
+                fingerprint: bytes, version_before: str | None, upstream_t0: float, *,
+                choices: int = 1) -> StreamingResponse:
+        """Relay the engine's stream as it comes; only its end waits for the call's record.
+
+        ``choices`` is how many answers the engine samples (``n``): what follows the end of
+        one choice still streams while another goes on.
+        """
         session = adapter.stream(body, asked, context=self._context.get(replica))
 
         async def relay() -> AsyncIterator[bytes]:
@@ -345,7 +365,9 @@ class CallService:
                     session.hold()
                 held.append(out)
 
-            finished = False
+            finished = False  # every choice has its finish reason: what comes now is the end
+            ended: set[Any] = set()  # the indexes of the choices that have
+            broken = False  # the engine's stream failed: its connection is not reused
             cut: str | None = None  # why a chat answer relayed as the engine sent it is not whole
             first = True
             status = CallStatus.CLIENT_DISCONNECTED
@@ -365,6 +387,9 @@ class CallService:
                         first = False
                         data, prompt_ids = _without_prompt_ids(data, asked)
                     chunk = orjson.loads(data)
+                    if type(chunk) is not dict or type(chunk.get("choices") or []) is not list \
+                            or any(type(c) is not dict for c in chunk.get("choices") or ()):
+                        raise _ChunkShapeError(f"an engine chunk that is not a chat completion chunk: {data[:200]!r}")
                     if prompt_ids is not None:  # only a readable chunk's
                         capture.prompt_ids_json = prompt_ids
                     if "error" in chunk and not chunk.get("choices"):
@@ -373,17 +398,24 @@ class CallService:
                         status = CallStatus.UPSTREAM_ERROR
                         hold(session.fail(_engine_message(error)))
                         break
-                    capture.on_chunk(chunk)
+                    try:
+                        capture.on_chunk(chunk)
+                    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+                        raise _ChunkShapeError(f"an engine chunk not understood: {exc!r}") from exc
                     if opening and capture.prompt_token_count:
                         session.prompt_length(capture.prompt_token_count)
-                    ends = any(c.get("finish_reason") for c in chunk.get("choices") or ())
+                    ends = False
+                    for c in chunk.get("choices") or ():
+                        if c.get("finish_reason"):
+                            ends = True
+                            ended.add(c.get("index", 0))
                     if ends and _aborted(chunk["choices"]):  # looked for only in the chunk that ends a choice
                         if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
                             status, error = CallStatus.UPSTREAM_ERROR, ABORTED
                             hold(session.fail(error))
                             break
                         cut = ENGINE_ABORTED
-                    finished = finished or ends
+                    finished = finished or len(ended) >= choices
                     out = session.feed(chunk)
                     if session.failure is not None:  # the translator refused the chunk and ended the stream
                         status, error = CallStatus.UPSTREAM_ERROR, session.failure
@@ -418,9 +450,17 @@ class CallService:
                     hold(session.finish())
                     if session.failure is not None:  # e.g. a Responses answer without an end
                         status, error = CallStatus.UPSTREAM_ERROR, session.failure
-            except (EngineError, orjson.JSONDecodeError) as exc:
-                status, error = CallStatus.UPSTREAM_ERROR, f"engine stream broke: {exc!r}"
-                hold(session.fail(error))
+            except (EngineError, orjson.JSONDecodeError, _ChunkShapeError) as exc:
+                broken = True
+                if error is None and session.ended and session.failure is None:
+                    # Only the engine's [DONE] was missing: the harness's answer is whole and
+                    # ends as it would have, and the call is recorded as what it served.
+                    status, error = (CallStatus.OK, None) if cut is None else (CallStatus.UPSTREAM_ERROR, cut)
+                else:
+                    timed_out = isinstance(exc, EngineTimeoutError)
+                    status = CallStatus.UPSTREAM_TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
+                    error = f"engine {'timed out' if timed_out else 'stream broke'}: {exc!r}"
+                    hold(session.fail(error))
             except BaseException as exc:
                 # The harness went away (the task is cancelled or the generator closed): cancel
                 # the engine request by closing it, and still record what was sampled. Anything
@@ -434,7 +474,8 @@ class CallService:
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
                 raise
-            upstream.close(finished=status is CallStatus.OK or cut is not None or error == UNFINISHED)
+            upstream.close(finished=not broken and (status is CallStatus.OK or cut is not None
+                                                     or error == UNFINISHED))
             client_span.end()
             upstream_s = time.perf_counter() - upstream_t0
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
@@ -461,14 +502,33 @@ class CallService:
         with trace.use_span(span, end_on_exit=True):
             try:
                 await self._record(capture, status, error_message=error, upstream_status_code=200,
-                                   replica=replica)
+                                   replica=replica, fingerprint=fingerprint)
             except CallLogUnavailableError as exc:  # the answer's headers are long gone: no 503 now
                 unrecorded = exc.message
+            else:
+                self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=status is CallStatus.OK)
             ok = status is CallStatus.OK and unrecorded is None
-            self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=ok)
             if not ok:
                 span.set_status(Status(StatusCode.ERROR, unrecorded or status.value))
         return unrecorded
+
+    def _record_in_background(self, capture: CallCapture, status: CallStatus, message: str, replica: str | None,
+                              span: trace.Span, fingerprint: bytes) -> None:
+        """Record a call whose handler is being cancelled; the server drains these before the journal closes."""
+        span.set_status(Status(StatusCode.ERROR, message))  # the handler ends the span as it unwinds
+
+        async def record() -> None:
+            with trace.use_span(span, end_on_exit=False):  # the event carries the call's trace
+                try:
+                    await self._record(capture, status, error_message=message, replica=replica,
+                                       fingerprint=fingerprint)
+                except CallLogUnavailableError:
+                    return  # logged where it failed; nobody is left to answer
+                self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
+
+        task = asyncio.create_task(record())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _fail(self, adapter: Adapter, capture: CallCapture, span: trace.Span, retries: RetryTracker,
                     fingerprint: bytes, http_status: int, status: CallStatus, message: str,
@@ -481,7 +541,7 @@ class CallService:
         if upstream_status is None and status is CallStatus.UPSTREAM_ERROR:
             upstream_status = http_status
         await self._record(capture, status, error_message=message, upstream_status_code=upstream_status,
-                           replica=replica)
+                           replica=replica, fingerprint=fingerprint)
         retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
         span.set_status(Status(StatusCode.ERROR, message))
         span.end()
@@ -490,15 +550,18 @@ class CallService:
 
     async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,
                       upstream_status_code: int | None = None, replica: str | None = None,
-                      exchange: EngineExchange | None = None) -> None:
+                      exchange: EngineExchange | None = None, fingerprint: bytes | None = None) -> None:
         # With capture off the call is still counted: the metrics are the operator's view of the
         # proxy, and the benchmark's capture-off baseline must differ from capture on by capture alone.
+        capture.recording = True
         if self.settings.capture:
             try:
                 await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
                                                   error_message=error_message, upstream_replica=replica,
                                                   exchange=exchange)
             except OSError as exc:  # the journal's disk; nothing half-written is left behind
+                if fingerprint is not None:  # a re-send is not a retry of a call no event carries
+                    self.retries.forget(capture.rollout_id, fingerprint, capture.call_id)
                 logger.error("call %s of rollout %s could not be recorded: %s", capture.call_id,
                              capture.rollout_id, exc)
                 raise CallLogUnavailableError(f"the call could not be recorded ({exc}); retry later") from exc
@@ -535,6 +598,15 @@ def _context_length(models: object) -> int | None:
         if type(value) is int and value > 0:
             return value
     return None
+
+
+class _ChunkShapeError(Exception):
+    """A stream chunk that is JSON but not a chat completion chunk: the engine's fault, as broken JSON is."""
+
+
+def _choices(n: Any) -> int:
+    """How many choices a request's ``n`` asks the engine for (the engine refuses what is not a count)."""
+    return n if type(n) is int and n > 1 else 1
 
 
 def _same(before: str | None, after: str | None) -> str | None:

@@ -83,3 +83,7 @@ class _AnthropicStream:
 
     def keepalive(self) -> bytes:
         return sse_encode(*PING) if self.translator.started and not self.translator.done else b""
+
+    @property
+    def ended(self) -> bool:
+        return self.translator.done

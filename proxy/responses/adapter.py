@@ -101,3 +101,7 @@ class _ResponsesStream:
     def keepalive(self) -> bytes:
         self._call_mark = self.translator.next_sequence
         return b"".join(sse_encode(name, data) for name, data in self.translator.keepalive())
+
+    @property
+    def ended(self) -> bool:
+        return self.translator.terminated

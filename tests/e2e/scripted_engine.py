@@ -101,7 +101,9 @@ class Fault:
     default mode. With ``body`` set, a whole request is answered with ``status`` and exactly these
     bytes, as a server that breaks the contract would. With ``drop_after`` and ``error_chunk`` set,
     the cut stream goes on with an error chunk (``message``) and ``[DONE]``, as vLLM ends a stream
-    whose generation raised.
+    whose generation raised. With ``stream`` set, a request (streamed or not) is answered 200 with
+    exactly these ``data:`` payloads (bytes) and pauses (seconds, as floats), in order, and the
+    connection then closes: ``[DONE]`` only if it is listed.
     """
 
     match: Callable[[dict[str, Any]], bool]
@@ -113,6 +115,7 @@ class Fault:
     abort_after: int | None = None
     body: bytes | None = None
     error_chunk: bool = False
+    stream: list[bytes | float] | None = None
     fired: int = 0
 
 
@@ -277,6 +280,9 @@ class ScriptedEngine:
         if fault is not None and fault.body is not None:
             self.seen.append(SeenCall(index, body, fault.status, "fault", streamed))
             return Response(fault.body, status_code=fault.status, media_type="application/json")
+        if fault is not None and fault.stream is not None:
+            self.seen.append(SeenCall(index, body, 200, "fault", streamed))
+            return StreamingResponse(_scripted(fault.stream), media_type="text/event-stream")
         if fault is not None and fault.drop_after is None and fault.abort_after is None:
             self.seen.append(SeenCall(index, body, fault.status, "fault", streamed))
             return _json({"error": {"message": fault.message, "type": "ServiceUnavailable",
@@ -404,6 +410,14 @@ class ScriptedEngine:
         finally:
             server.should_exit = True
             await asyncio.wait_for(task, 30)
+
+
+async def _scripted(script: list[bytes | float]) -> AsyncIterator[bytes]:
+    for step in script:
+        if isinstance(step, float):
+            await asyncio.sleep(step)
+        else:
+            yield b"data: " + step + b"\n\n"
 
 
 def _logprob_item(token_id: int) -> dict[str, Any]:

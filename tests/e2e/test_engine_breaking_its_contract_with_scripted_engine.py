@@ -1,6 +1,7 @@
 """An engine that answers 200 with something that is not a chat completion, or whose stream ends
-in an error: the harness gets a clear error in its own API's shape, and the call is still
-recorded, as an engine error.
+in an error or breaks: the harness gets a clear error in its own API's shape, and the call is
+still recorded, as an engine error. Also the stream shapes real vLLM sends only rarely (two
+choices; a break after the answer's end), which the proxy must neither hold back nor fail.
 
 The engine is the scripted one (:mod:`scripted_engine`) because real vLLM never sends such an
 answer; every other part is real (the proxy on uvicorn, the broker).
@@ -8,15 +9,23 @@ answer; every other part is real (the proxy on uvicorn, the broker).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
 import pytest
+import uvicorn
+from inloop_server import InLoopServer
 from netutil import free_port
 from proxy_helpers import KEY, read_events, serve, shutdown
 from scripted_engine import Fault, ScriptedEngine
 
+from proxy.app import build_app
+from proxy.service import PROXY_STOPPED
 from proxy.settings import ProxySettings
 from schemas.call.v1 import CallStatus
 from schemas.credentials import Role, mint_token
@@ -29,11 +38,11 @@ BROKEN = [b'["not", "an", "object"]', b'{"choices": [7]}', b'{"choices": [{"mess
 
 
 async def _calls_through_proxy(engine: ScriptedEngine, kafka: KafkaSettings, tmp_path: Path, path: str,
-                              bodies: list[dict[str, object]]) -> list[httpx.Response]:
+                              bodies: list[dict[str, object]], **extra: Any) -> list[httpx.Response]:
     """``bodies`` posted one after another to ``path`` of a proxy in front of ``engine``."""
     async with engine.running(free_port()) as engine_url:
         settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
-                                 spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=5.0)
+                                 spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=5.0, **extra)
         server, task = await serve(settings)
         try:
             token = mint_token(KEY, "r-broken", Role.AGENT, 600)
@@ -86,3 +95,155 @@ async def test_a_stream_the_engine_ends_in_an_error_tells_the_harness_its_messag
     [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
     assert event.status is CallStatus.UPSTREAM_ERROR and message in (event.error_message or "")
     assert len(event.choices[0].completion_token_ids) > 0  # what was sampled before the error
+
+
+def _chunk(choices: list[dict[str, object]], **extra: object) -> bytes:
+    return orjson.dumps({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                         "choices": choices, **extra})
+
+
+def _piece(text: str, token: int, *, index: int = 0, finish: str | None = None) -> dict[str, object]:
+    return {"index": index, "delta": {"role": "assistant", "content": text} if text else {},
+            "logprobs": {"content": [{"token": text, "logprob": -0.5, "bytes": None, "top_logprobs": []}]},
+            "finish_reason": finish, "token_ids": [token]}
+
+
+def _data(answer: httpx.Response) -> list[dict[str, object]]:
+    return [orjson.loads(line[5:]) for line in answer.content.splitlines()
+            if line.startswith(b"data:") and line[5:].strip() != b"[DONE]"]
+
+
+STREAMED = [
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+    ("/v1/responses", {"model": "m", "input": "hi", "stream": True}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), STREAMED)
+async def test_a_stream_chunk_that_is_not_a_chat_completion_chunk_is_an_engine_error_the_harness_is_told(
+        path: str, body: dict[str, object], kafka_settings: KafkaSettings, topics: TopicRegistry,
+        tmp_path: Path) -> None:
+    """JSON of the wrong shape mid-stream is the engine's fault, as broken JSON is: the harness
+    gets its protocol's error event at the end of a well-formed stream, and the call is recorded
+    as an engine error (before the fix: a cut connection, and the proxy's own fault)."""
+    opening = _chunk([_piece("Hel", 11)], prompt_token_ids=[1, 2, 3])
+    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, stream=[opening, broken])
+                                                    for broken in (b"null", b"[1, 2]", b'{"choices": [7]}')])
+    answers = await _calls_through_proxy(engine, kafka_settings, tmp_path, path, [body] * 3)
+    for answer in answers:
+        assert answer.status_code == 200
+        last = _data(answer)[-1]
+        failure = last["response"]["error"] if path == "/v1/responses" else last["error"]  # type: ignore[index]
+        assert "not a chat completion chunk" in failure["message"], answer.text  # type: ignore[index]
+    events = await read_events(kafka_settings, topics, CALLS, expect=3)
+    assert [e.status for e in events] == [CallStatus.UPSTREAM_ERROR] * 3
+    assert all("not a chat completion chunk" in (e.error_message or "") for e in events)
+    assert all(e.choices[0].completion_token_ids == [11] for e in events)  # what came before the break
+
+
+@pytest.mark.parametrize(("path", "body"), STREAMED[1:])
+async def test_a_translated_stream_whose_engine_breaks_after_its_usage_chunk_is_a_whole_answer(
+        path: str, body: dict[str, object], kafka_settings: KafkaSettings, topics: TopicRegistry,
+        tmp_path: Path) -> None:
+    """Anthropic and Responses streams end on the engine's usage chunk; a stream that breaks
+    after it (here a line that is not JSON, where ``[DONE]`` belongs) takes nothing from the
+    harness, whose answer already ended: no error event after the end, and the call is recorded
+    as the ok answer it was."""
+    script: list[bytes | float] = [
+        _chunk([_piece("Hello", 11)], prompt_token_ids=[1, 2, 3]), _chunk([_piece("", 12, finish="stop")]),
+        _chunk([], usage={"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}), b"not json"]
+    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, stream=script)])
+    [answer] = await _calls_through_proxy(engine, kafka_settings, tmp_path, path, [body])
+    assert answer.status_code == 200
+    types = [d["type"] for d in _data(answer)]
+    assert types[-1] == ("message_stop" if path == "/v1/messages" else "response.completed"), types
+    assert "error" not in types and "response.failed" not in types
+    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
+    assert event.status is CallStatus.OK, event.error_message
+    assert event.choices[0].completion_token_ids == [11, 12] and event.usage is not None
+
+
+async def test_a_stream_of_two_choices_goes_on_streaming_after_the_first_ends(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """With ``n: 2`` the second choice's tokens stream as they come after the first has ended;
+    only the stream's end waits for the call's record (before the fix, all of it was held)."""
+    pause = 1.5
+    script: list[bytes | float] = [
+        _chunk([_piece("a", 11, index=0)], prompt_token_ids=[1, 2, 3]), _chunk([_piece("", 12, index=0, finish="stop")]),
+        _chunk([_piece("b", 13, index=1)]), pause, _chunk([_piece("", 14, index=1, finish="stop")]),
+        _chunk([], usage={"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}), b"[DONE]"]
+    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, stream=script)])
+    async with engine.running(free_port()) as engine_url:
+        settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
+                                 spool_dir=tmp_path / "spool", kafka=kafka_settings, publish_timeout_s=5.0)
+        server, task = await serve(settings)
+        try:
+            token = mint_token(KEY, "r-two", Role.AGENT, 600)
+            arrived: list[tuple[float, bytes]] = []  # each data line, when it came
+            async with httpx.AsyncClient(timeout=30) as client, client.stream(
+                    "POST", f"http://127.0.0.1:{settings.port}/rollouts/r-two/v1/chat/completions",
+                    headers={"authorization": f"Bearer {token}"},
+                    json={"model": "m", "n": 2, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            ) as answer:
+                arrived.extend([(time.monotonic(), line.encode()) async for line in answer.aiter_lines()
+                                if line.startswith("data:")])
+        finally:
+            await shutdown(server, task)
+    second = next(t for t, line in arrived if b'"content":"b"' in line)
+    assert arrived[-1][1] == b"data: [DONE]"
+    assert arrived[-1][0] - second > pause / 2, [(round(t - second, 2), line[:60]) for t, line in arrived]
+    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
+    assert event.status is CallStatus.OK
+    assert [c.completion_token_ids for c in sorted(event.choices, key=lambda c: c.index)] == [[11, 12], [13, 14]]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_answer_the_engine_began_and_did_not_end_in_time_is_a_timeout(
+        streamed: bool, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """The engine's deadline covers the whole answer: one that stalls after its first bytes is a
+    504 (a whole answer) or the stream's error event, and is recorded as a timeout, not as an
+    engine that broke its contract."""
+    script: list[bytes | float] = [_chunk([_piece("Hel", 11)], prompt_token_ids=[1, 2, 3]), 5.0, b"[DONE]"]
+    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, stream=script)])
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": streamed}
+    [answer] = await _calls_through_proxy(engine, kafka_settings, tmp_path, "/v1/chat/completions", [body],
+                                          upstream_timeout_s=1.0)
+    if streamed:
+        assert answer.status_code == 200 and "timed out" in _data(answer)[-1]["error"]["message"]  # type: ignore[index]
+    else:
+        assert answer.status_code == 504, answer.text
+    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
+    assert event.status is CallStatus.UPSTREAM_TIMEOUT, (event.status, event.error_message)
+
+
+async def test_a_whole_answer_still_waited_for_when_the_proxy_stops_is_recorded(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """A proxy told to stop waits for the answers in flight for its drain time, then cuts them:
+    a whole answer cut so is still recorded (before the fix it left no event), as a stream is."""
+    script: list[bytes | float] = [_chunk([_piece("Hel", 11)], prompt_token_ids=[1, 2, 3]), 30.0, b"[DONE]"]
+    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, stream=script)])
+    async with engine.running(free_port()) as engine_url:
+        settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
+                                 spool_dir=tmp_path / "spool", kafka=kafka_settings, drain_s=1)
+        server = InLoopServer(uvicorn.Config(build_app(settings), host="127.0.0.1", port=settings.port,
+                                             log_level="warning", lifespan="on",
+                                             timeout_graceful_shutdown=settings.drain_s))
+        serving = asyncio.create_task(server.serve())
+        token = mint_token(KEY, "r-stop", Role.AGENT, 600)
+        async with httpx.AsyncClient(timeout=60) as client:
+            while not server.started:
+                await asyncio.sleep(0.05)
+            waiting = asyncio.create_task(client.post(
+                f"http://127.0.0.1:{settings.port}/rollouts/r-stop/v1/chat/completions",
+                headers={"authorization": f"Bearer {token}"},
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            while not engine.seen:  # the engine has the call
+                await asyncio.sleep(0.05)
+            server.should_exit = True
+            await asyncio.wait_for(serving, 30)
+            with contextlib.suppress(httpx.HTTPError):  # cut: the connection closed, or a bare 500
+                assert (await waiting).status_code == 500
+    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
+    assert event.status is CallStatus.INTERNAL_ERROR and event.error_message == PROXY_STOPPED
+    assert event.rollout_id == "r-stop"

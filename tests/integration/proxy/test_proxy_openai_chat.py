@@ -180,10 +180,15 @@ async def test_forced_sampling_reaches_the_engine_whatever_the_harness_asked(pro
             answers = [await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "Say something"}], max_tokens=8, temperature=0,
                 top_p=0.5, seed=7 + i) for i in range(4)]
+            # A Responses answer echoes its sampling: the values the engine got, not the harness's.
+            echoed = await client.responses.create(model="m", input="Say something", max_output_tokens=16,
+                                                   temperature=0, top_p=0.5)
     finally:
         await shutdown(server, task)
     assert len({a.choices[0].message.content for a in answers}) > 1, [a.choices[0].message.content for a in answers]
-    events = await calls_of(RunningProxy("", settings, topics), 4)
+    assert (echoed.temperature, echoed.top_p) == (POLICY_SAMPLING["temperature"], POLICY_SAMPLING["top_p"])
+    events = await calls_of(RunningProxy("", settings, topics), 5)
     # The event records what the engine got; what sampling does not force stays the harness's.
-    assert [e.request.sampling for e in events] == [{**POLICY_SAMPLING, "max_tokens": 8, "seed": 7 + i}
-                                                    for i in range(4)]
+    assert [e.request.sampling for e in events[:4]] == [{**POLICY_SAMPLING, "max_tokens": 8, "seed": 7 + i}
+                                                        for i in range(4)]
+    assert events[4].request.sampling["temperature"] == POLICY_SAMPLING["temperature"]

@@ -591,7 +591,8 @@ async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_cal
     Retry-After, so the harness sends it again, the half-written record is taken back, and the
     calls before and after it all reach Kafka. A stream, whose headers went out long before its
     record, ends in its protocol's error instead of its end: for Responses a ``response.failed``
-    numbered on from the last event sent, in place of the ``response.completed`` held back."""
+    numbered on from the last event sent, in place of the ``response.completed`` held back. A
+    call sent again after a refusal is not linked to the attempt that left no record."""
     broker, kafka, registry = await _private_broker(own_broker)
     proxy_port = free_port()
     process = await _proxy_process(vllm_url, tmp_path / "spool", broker.bootstrap, proxy_port)
@@ -631,6 +632,9 @@ async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_cal
         assert after.status_code == 200
         events = await read_events(kafka, registry, expect=3)
         assert sorted(e.request.sampling["seed"] for e in events) == [0, 1, 3]
+        # The same conversation sent again is not linked to the refused attempts: no event
+        # carries their call ids.
+        assert [(e.attempt, e.retry_of) for e in events] == [(0, None)] * 3
     finally:
         process.send_signal(signal.SIGTERM)
         await process.wait()
