@@ -15,7 +15,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +77,7 @@ class CallService:
         self._background: set[asyncio.Task[Any]] = set()
 
     async def drain(self, timeout_s: float) -> None:
-        """Wait for events still being recorded (of disconnected streams) at shutdown."""
+        """Wait for events still being recorded (of cut streams and answers) at shutdown."""
         if self._background:
             await asyncio.wait(self._background, timeout=timeout_s)
 
@@ -468,11 +468,9 @@ class CallService:
                 disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
                 upstream.close(finished=False)
                 client_span.end()
-                task = asyncio.create_task(self._finish_stream(
+                self._in_background(self._finish_stream(
                     capture, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
                     None if disconnected else f"proxy failed mid-stream: {exc!r}", replica, span, fingerprint))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
                 raise
             upstream.close(finished=not broken and (status is CallStatus.OK or cut is not None
                                                      or error == UNFINISHED))
@@ -526,7 +524,11 @@ class CallService:
                     return  # logged where it failed; nobody is left to answer
                 self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
 
-        task = asyncio.create_task(record())
+        self._in_background(record())
+
+    def _in_background(self, recording: Coroutine[Any, Any, Any]) -> None:
+        """Run the recording of a call whose handler is unwinding; :meth:`drain` waits for it."""
+        task = asyncio.create_task(recording)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
