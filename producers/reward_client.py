@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import AliasChoices, Field, SecretStr
@@ -75,7 +76,7 @@ class RewardClientSettings(BaseSettings):
             if self.rollout_id is None:
                 missing.append(ENV_ROLLOUT_ID)
             if self.proxy_url is not None and self.rollout_id is not None:
-                url = f"{self.proxy_url.rstrip('/')}/rollouts/{self.rollout_id}/reward"
+                url = f"{self.proxy_url.rstrip('/')}/rollouts/{quote(self.rollout_id, safe='')}/reward"
         if self.verifier_token is None or not self.verifier_token.get_secret_value():
             missing.append(ENV_VERIFIER_TOKEN)
         if missing or url is None:

@@ -27,14 +27,14 @@ from proxy.anthropic.adapter import AnthropicAdapter
 from proxy.anthropic.translate import error_body as anthropic_error_body
 from proxy.auth import Authenticator, UnauthorizedError
 from proxy.engine_client import EngineError
-from proxy.errors import InvalidRequestError, ProxyError
+from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError
 from proxy.responses.adapter import ResponsesAdapter
 from proxy.service import Caller, CallService
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
 from schemas import RewardV1
 from schemas.credentials import Role
-from stream import REWARDS, EventProducer, KafkaSettings, TopicRegistry
+from stream import REWARDS, EventProducer, EventTooLargeError, KafkaSettings, TopicRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -233,9 +233,14 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             if unknown:
                 raise InvalidRequestError(f"unknown field(s) {', '.join(unknown)}: a reward takes value and info")
             if type(body.get("value")) not in (int, float):
-                raise InvalidRequestError(f"value must be a JSON number, got {body.get('value')!r}")
+                shown = orjson.dumps(body.get("value")).decode() if "value" in body else "nothing"
+                raise InvalidRequestError(f"value must be a JSON number, got {_clipped(shown)}")
+            info = body.get("info")
+            if info is not None and not isinstance(info, dict):
+                # Checked here: an empty list or string would otherwise be stored as {} unsaid.
+                raise InvalidRequestError(f"info must be a JSON object, got {_clipped(orjson.dumps(info).decode())}")
             event = RewardV1(rollout_id=credential.rollout_id, task_id=credential.task_id,
-                             value=body.get("value"), info=body.get("info") or {},
+                             value=body.get("value"), info=info or {},
                              verifier_id=f"verifier:{credential.rollout_id}")
         except orjson.JSONDecodeError as exc:
             raise InvalidRequestError(f"malformed JSON: {exc}") from exc
@@ -246,7 +251,16 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             telemetry.refused.add(1, {"status": 503})
             return Response(b'{"error":{"message":"event log is full; retry later"}}', status_code=503,
                             media_type="application/json", headers={"retry-after": "5"})
-        outcome = await st.publisher.publish(REWARDS, event, wait_for_kafka=True)
+        try:
+            outcome = await st.publisher.publish(REWARDS, event, wait_for_kafka=True)
+        except EventTooLargeError as exc:
+            # A body within the route's limit grows as an event (its envelope, numbers written
+            # out in full): too large is the verifier's to fix, not a server error it would retry.
+            raise PayloadTooLargeError(f"the reward's event would be too large for its topic: {exc}; "
+                                       "keep info smaller") from exc
+        except OSError as exc:  # the disk that keeps events: as for a call, retry later
+            logger.error("the reward of rollout %s could not be kept: %s", credential.rollout_id, exc)
+            raise CallLogUnavailableError(f"the reward could not be recorded ({exc}); retry later") from exc
         return Response(orjson.dumps({"event_id": event.event_id, "stored": outcome}), status_code=202,
                         media_type="application/json")
 
@@ -280,6 +294,11 @@ def _freeze_startup_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 20, 100)
+
+
+def _clipped(text: str, limit: int = 80) -> str:
+    """``text`` as shown in an error message: a rejected value may be most of a megabyte."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _error_response(path: str, exc: ProxyError) -> Response:

@@ -22,6 +22,7 @@ class UnauthorizedError(ProxyError):
 
     status_code = 401
     error_type = "authentication_error"
+    headers = {"www-authenticate": 'Bearer realm="openforge"'}  # HTTP asks a 401 to name its scheme
 
 
 class ForbiddenError(ProxyError):
@@ -80,6 +81,13 @@ class Authenticator:
                 verifier making a model call).
         """
         header_rollout = request.headers.get(ROLLOUT_HEADER)
+        if header_rollout is not None and not header_rollout.isascii():
+            # HTTP headers arrive as latin-1 text; a client sends a rollout id as UTF-8, as the
+            # path (percent-decoded as UTF-8) reads it, so the same id must compare equal either way.
+            try:
+                header_rollout = header_rollout.encode("latin-1").decode("utf-8")
+            except UnicodeError as exc:
+                raise UnauthorizedError(f"the {ROLLOUT_HEADER} header is not UTF-8 text") from exc
         if path_rollout is not None and header_rollout is not None and header_rollout != path_rollout:
             # Both are recorded with the call; one of them would be a lie.
             raise UnauthorizedError(f"the {ROLLOUT_HEADER} header names another rollout than the path")

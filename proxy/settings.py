@@ -194,7 +194,14 @@ class ProxySettings(BaseSettings):
     def signing_key(self) -> bytes | None:
         """The credential key's bytes, from the setting or the file."""
         if self.credential_key is not None:
-            return self.credential_key.get_secret_value().encode()
+            key = self.credential_key.get_secret_value()
+            if key or self.credential_key_file is None:
+                return key.encode()
+            # Set but empty (an unfilled template's ``KEY=``) does not hide the file beside it.
         if self.credential_key_file is not None:
-            return self.credential_key_file.read_bytes().strip()
+            try:
+                return self.credential_key_file.read_bytes().strip()
+            except OSError as exc:
+                raise ValueError(f"the credential key file (OPENFORGE_PROXY_CREDENTIAL_KEY_FILE) cannot be read: "
+                                 f"{exc.strerror or exc} ({self.credential_key_file})") from exc
         return None

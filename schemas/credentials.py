@@ -30,6 +30,9 @@ MIN_KEY_BYTES = 16
 """Shortest signing key accepted: 128 bits."""
 _MAX_TOKEN_CHARS = 4096
 """Longer tokens are refused unread: a minted one is a few hundred characters."""
+_MAX_TTL_S = 100 * 365 * 86_400
+"""A century: longer lifetimes overflow the claims' integer, and no rollout runs that long."""
+_CLAIM_NAMES = {"r": "rollout_id", "t": "task_id", "exp": "expiry", "role": "role"}
 
 
 class Role(StrEnum):
@@ -46,13 +49,13 @@ class Credential(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rollout_id: str = Field(min_length=1, max_length=200, alias="r")
-    """The only rollout this token may act for."""
+    rollout_id: str = Field(min_length=1, max_length=200, pattern=r"^[^/]+$", alias="r")
+    """The only rollout this token may act for (a path segment of its URLs, so without ``/``)."""
     role: Role = Field(alias="role")
     """Agent or verifier."""
     expires_at: int = Field(alias="exp")
     """Unix time (seconds) after which the token is refused."""
-    task_id: str | None = Field(default=None, alias="t")
+    task_id: str | None = Field(default=None, min_length=1, max_length=256, alias="t")
     """Task of the rollout, so the proxy can stamp it on events without a lookup."""
 
 
@@ -78,15 +81,25 @@ def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id
     """Sign a token for ``rollout_id`` and ``role`` valid for ``ttl_s`` seconds.
 
     Raises:
-        ValueError: a weak key, a lifetime that is not a positive finite number of seconds, or
-            claims too long for a token.
+        ValueError: a weak key, a lifetime that is not a positive finite number of seconds (up to
+            a century), claims the proxy would refuse (an empty or too long rollout or task id,
+            a rollout id with ``/``), or claims too long for a token.
     """
     _check_key(key)
-    if not (math.isfinite(ttl_s) and ttl_s > 0):
-        raise ValueError(f"a token's lifetime must be a positive number of seconds, not {ttl_s!r}")
-    claims = {"r": rollout_id, "role": role.value, "exp": int((time.time() if now is None else now) + ttl_s)}
+    if not (math.isfinite(ttl_s) and 0 < ttl_s <= _MAX_TTL_S):
+        raise ValueError(f"a token's lifetime must be a positive number of seconds up to {_MAX_TTL_S:,}, "
+                         f"not {ttl_s!r}")
+    claims: dict[str, str | int] = {"r": rollout_id, "role": role.value,
+                                    "exp": int((time.time() if now is None else now) + ttl_s)}
     if task_id is not None:
         claims["t"] = task_id
+    try:
+        # Checked as the proxy will check them: a token it would refuse on every call (or whose
+        # verifier it would refuse its reward) is better refused to whoever mints it.
+        Credential.model_validate(claims)
+    except ValidationError as exc:
+        problems = "; ".join(f"{_CLAIM_NAMES.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"these claims would be refused by the proxy: {problems}") from None
     body = _PREFIX + _b64(orjson.dumps(claims))
     signature = hmac.new(key, body.encode(), hashlib.sha256).digest()
     token = f"{body}.{_b64(signature)}"

@@ -97,13 +97,26 @@ async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
     denied = await post(url, json={"value": 1.0}, token=proxy.token("r-v", Role.AGENT))
     assert denied.status_code == 403
     other = await post(url, json={"value": 1.0}, token=proxy.token("r-w", Role.VERIFIER))
-    assert other.status_code == 401
+    assert other.status_code == 401 and other.headers["www-authenticate"].startswith("Bearer")
     bad = await post(url, json={"value": "high"}, token=proxy.token("r-v", Role.VERIFIER))
     assert bad.status_code == 400 and "value" in bad.text
     # Strict: numbers in strings and booleans are a verifier's bug, a misspelt field would be lost.
     for loose in ({"value": "0.5"}, {"value": True}, {"value": None}):
         refused = await post(url, json=loose, token=proxy.token("r-v", Role.VERIFIER))
         assert refused.status_code == 400 and "JSON number" in refused.text, (loose, refused.text)
+    shown = await post(url, json={"value": True}, token=proxy.token("r-v", Role.VERIFIER))
+    assert "got true" in shown.text  # as the verifier wrote it, not as Python spells it
+    # Info is an object or absent: an empty list or string is not quietly stored as {}.
+    for not_object in ([], "", 0, [1]):
+        refused = await post(url, json={"value": 1, "info": not_object}, token=proxy.token("r-v", Role.VERIFIER))
+        assert refused.status_code == 400 and "info must be a JSON object" in refused.text, (not_object, refused.text)
+    # A body within the route's 1 MiB whose event is over the topic's (the envelope, and numbers
+    # written out in full): the verifier's to fix, so a 413 it does not retry, not a 500 it does.
+    big = b'{"value":1,"info":{"x":[' + b",".join([b"1e9"] * 120_000) + b"]}}"
+    assert len(big) < 1024 * 1024
+    too_large = await post(url, content=big, token=proxy.token("r-v", Role.VERIFIER),
+                           headers={"content-type": "application/json"})
+    assert too_large.status_code == 413 and "too large for its topic" in too_large.text, too_large.text
     misspelt = await post(url, json={"value": 1, "infos": {"passed": 3}}, token=proxy.token("r-v", Role.VERIFIER))
     assert misspelt.status_code == 400 and "infos" in misspelt.text
     nan = await post(url, content=b'{"value": NaN}', token=proxy.token("r-v", Role.VERIFIER),

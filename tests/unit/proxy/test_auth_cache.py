@@ -73,7 +73,7 @@ def test_an_overlong_token_is_refused_unread() -> None:
     body, _, signature = token.rpartition(".")
     with pytest.raises(UnauthorizedError, match="longer than"):
         auth.authenticate(_request(f"{body}.{signature}{'A' * 10_000}"), "r-1")
-    with pytest.raises(ValueError, match="longer than"):
+    with pytest.raises(ValueError, match="task_id"):  # claims that long are refused before
         mint_token(KEY.encode(), "r-1", Role.AGENT, 60.0, task_id="t" * 5000)
 
 
@@ -114,3 +114,45 @@ def test_a_rollout_header_that_disagrees_with_the_path_is_refused() -> None:
 def test_a_token_lifetime_must_be_a_positive_number_of_seconds(ttl_s: float) -> None:
     with pytest.raises(ValueError, match="positive number of seconds"):
         mint_token(KEY.encode(), "r-1", Role.AGENT, ttl_s)
+
+
+@pytest.mark.parametrize(("rollout_id", "task_id", "named"), [
+    ("", None, "rollout_id"), ("r" * 201, None, "rollout_id"), ("a/b", None, "rollout_id"),
+    ("r-1", "", "task_id"), ("r-1", "t" * 257, "task_id"),
+])
+def test_claims_the_proxy_would_refuse_are_refused_when_minted(rollout_id: str, task_id: str | None,
+                                                              named: str) -> None:
+    # Minted, such a token would fail every call (401) or every reward (400) of its rollout.
+    with pytest.raises(ValueError, match=f"refused by the proxy: {named}"):
+        mint_token(KEY.encode(), rollout_id, Role.AGENT, 60, task_id=task_id)
+
+
+def test_a_lifetime_past_a_century_is_refused_as_a_value_error() -> None:
+    with pytest.raises(ValueError, match="up to 3,153,600,000"):  # before, a TypeError from the encoder
+        mint_token(KEY.encode(), "r-1", Role.AGENT, 1e20)
+
+
+def test_a_utf8_rollout_header_names_the_same_rollout_as_the_path() -> None:
+    # Headers arrive as latin-1 text, the path as UTF-8: the same id must match either way.
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    token = mint_token(KEY.encode(), "r-é", Role.AGENT, 60)
+    headers = [(b"authorization", f"Bearer {token}".encode()), (b"x-openforge-rollout-id", "r-é".encode())]
+    by_header = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers})
+    assert auth.authenticate(by_header, None).rollout_id == "r-é"
+    assert auth.authenticate(by_header, "r-é").rollout_id == "r-é"  # and agrees with the path
+    garbled = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                       "headers": [headers[0], (b"x-openforge-rollout-id", b"r-\xe9")]})
+    with pytest.raises(UnauthorizedError, match="not UTF-8"):
+        auth.authenticate(garbled, None)
+
+
+def test_an_unreadable_key_file_is_a_clear_error_and_an_empty_key_does_not_hide_it(tmp_path) -> None:
+    with pytest.raises(ValueError, match="key file .* cannot be read: No such file"):
+        Authenticator(ProxySettings(credential_key_file=tmp_path / "missing"))
+    (tmp_path / "key").write_text(KEY + "\n")
+    auth = Authenticator(ProxySettings(credential_key="", credential_key_file=tmp_path / "key"))
+    assert auth.key == KEY.encode()
+
+
+def test_a_401_names_its_scheme() -> None:
+    assert UnauthorizedError("no").headers["www-authenticate"].startswith("Bearer")
