@@ -19,7 +19,10 @@ Layout of the folder:
   atomically. Segments wholly below it are deleted.
 
 A crash can leave the active segment ending in a torn frame; opening the journal truncates it
-there (that record's call was never answered, so it was never promised). Everything after the
+there (that record's call was never answered, so it was never promised). Damage anywhere else
+in it is not cut silently: the segment is copied aside and the good records after the damage
+are journalled again (:meth:`Journal._cut_damage`); in an older segment it stops the journal
+(:class:`JournalCorruptError`). Everything after the
 ``shipped`` mark is sent again after a restart: a record sent but not yet marked is then in Kafka
 twice with the same ``event_id``, which the assembler drops. Duplicates are recoverable; a lost
 call is not.
@@ -159,7 +162,11 @@ def frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, se
     """
     if len(body) != length or zlib.crc32(body) != crc or seq != expected_seq:
         raise JournalCorruptError(f"{path} is damaged at byte {offset:,}")
-    record = unpack_record(path, bytes(body))
+    try:
+        record = unpack_record(path, bytes(body))
+    except ValueError as exc:  # whole and checked, but not a record this version writes
+        raise JournalCorruptError(f"{path} holds a frame at byte {offset:,} that is not a journal record: "
+                                  f"{exc}") from exc
     return JournalRecord(seq, record.topic, record.key, record.value, record.headers, _FRAME.size + length)
 
 
@@ -254,6 +261,7 @@ class Journal:
         self._shipped = self._mark.read()
         paths = sorted(self.directory.glob("*.log"))
         last_seq = self._shipped
+        salvaged: list[tuple[int, bytes]] = []
         for number, path in enumerate(paths):
             first_seq = int(path.stem)
             size, records, unshipped_bytes, end_seq = self._scan(path, first_seq)
@@ -261,7 +269,7 @@ class Journal:
                 if number != len(paths) - 1:
                     raise JournalCorruptError(
                         f"{path} is damaged at byte {size:,} of {path.stat().st_size:,}, before newer segments")
-                logger.warning("journal %s ends in a torn record at byte %d; cutting it off", path, size)
+                salvaged = self._cut_damage(path, size, end_seq)
                 os.truncate(path, size)
             if records == 0:
                 path.unlink()
@@ -279,6 +287,11 @@ class Journal:
         self._pending = self._next_seq - 1 - self._shipped
         self._drop_shipped_segments()
         self._new_segment()
+        for _, body in salvaged:  # written again, in their order, as the newest records
+            record = unpack_record(paths[-1], body)
+            self.append(record.topic, record.key, record.value, record.headers)
+        if salvaged:
+            self.sync()
         self._seek(self._shipped + 1)
         if self._pending:
             logger.info("journal holds %d records (%d bytes) not yet in Kafka", self._pending,
@@ -350,6 +363,32 @@ class Journal:
                     self._unshipped.append((seq, _FRAME.size + length))
             offset += _FRAME.size + length
         return offset, records, unshipped, seq
+
+    def _cut_damage(self, path: Path, size: int, last_seq: int) -> list[tuple[int, bytes]]:
+        """What the newest segment holds after its last good frame, before it is cut there.
+
+        A crash while appending leaves a torn last frame (it runs past the end of the file) or
+        a zero-filled tail: nothing after it was ever written, and the record in it was never
+        answered, so it is cut. Anything else after a bad frame (a flipped bit, a block lost
+        by the disk) is damage with answered records behind it: the segment is copied aside
+        whole for an operator (``<segment>.damaged``, which no reader opens), and the frames
+        after the damage that still pass their checks are returned, those not yet shipped, to
+        be journalled again rather than cut off with it.
+        """
+        data = path.read_bytes()
+        later = _later_frames(data, size, last_seq)
+        torn = not later and (len(data) - size < _FRAME.size or size + _FRAME.size + _FRAME.unpack_from(data, size)[0]
+                              > len(data) or not data[size:].strip(b"\x00"))
+        if torn:
+            logger.warning("journal %s ends in a torn record at byte %d; cutting it off", path, size)
+            return []
+        aside = path.with_name(path.name + ".damaged")
+        aside.write_bytes(data)
+        kept = [(seq, body) for seq, body in later if seq > self._shipped]
+        logger.error("journal %s is damaged at byte %d of %d: the segment is kept whole as %s; %d later record(s) "
+                     "still readable are journalled again (%d already in Kafka); the rest of the segment after "
+                     "the damage is cut off", path, size, len(data), aside, len(kept), len(later) - len(kept))
+        return kept
 
     def _close_active(self) -> None:
         """Flush and close the active segment, under the lock a concurrent flush takes."""
@@ -586,6 +625,56 @@ class Journal:
                 self._read_index -= 1
             else:  # the cursor sat at the end of the deleted segment
                 self._read_offset = 0
+
+
+_SEARCHED_SEQS = 256
+"""How many sequence numbers past a damaged frame recovery looks for (a damaged stretch of up to
+that many records, about 1.5 MiB of whole answers)."""
+
+
+def _later_frames(data: bytes, start: int, last_seq: int) -> list[tuple[int, bytes]]:
+    """Good frames after a bad one at ``start``: ``(seq, body)``, in order.
+
+    Found by their sequence numbers (the next ones after ``last_seq``, the last good frame's),
+    searched for as bytes, and kept only if length and checksum check out and their numbers
+    run on from there; after further damage, searched for again.
+    """
+    found: list[tuple[int, bytes]] = []
+    position, seq = start, last_seq
+    while position < len(data):
+        for wanted in range(seq + 1, seq + 1 + _SEARCHED_SEQS):
+            frame = _frame_by_seq(data, position, wanted)
+            if frame is not None:
+                break
+        else:
+            return found
+        offset, length = frame
+        while True:  # the good frames that follow it
+            found.append((wanted, data[offset + _FRAME.size: offset + _FRAME.size + length]))
+            seq, position = wanted, offset + _FRAME.size + length
+            if position + _FRAME.size > len(data):
+                return found
+            length, crc, wanted = _FRAME.unpack_from(data, position)
+            body = data[position + _FRAME.size: position + _FRAME.size + length]
+            if length == 0 or len(body) != length or zlib.crc32(body) != crc or wanted != seq + 1:
+                position += 1
+                break
+            offset = position
+    return found
+
+
+def _frame_by_seq(data: bytes, position: int, seq: int) -> tuple[int, int] | None:
+    """Offset and body length of the first good frame numbered ``seq`` at or after ``position``."""
+    needle = struct.pack("<Q", seq)
+    at = data.find(needle, position + 8)
+    while at != -1:
+        offset = at - 8
+        length, crc, _ = _FRAME.unpack_from(data, offset)
+        end = offset + _FRAME.size + length
+        if length and end <= len(data) and zlib.crc32(data[offset + _FRAME.size:end]) == crc:
+            return offset, length
+        at = data.find(needle, at + 1)
+    return None
 
 
 def _remove_shipped(path: Path) -> bool:

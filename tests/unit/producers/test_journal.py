@@ -104,6 +104,80 @@ def test_a_torn_tail_is_cut_off_and_a_damaged_middle_is_refused(tmp_path: Path) 
         Journal(tmp_path, 1 << 20).open()
 
 
+def _frame_offsets(segment: Path) -> list[int]:
+    data, offsets, at = segment.read_bytes(), [], 0
+    while at < len(data):
+        offsets.append(at)
+        at += 16 + struct.unpack_from("<I", data, at)[0]
+    return offsets
+
+
+@pytest.mark.parametrize("damage", ["flipped bit", "zeroed block"])
+def test_damage_in_the_newest_segment_keeps_it_aside_and_journals_the_good_records_after_it_again(
+        tmp_path: Path, damage: str) -> None:
+    # Records 0-9 were answered; the mark says 0-1 are in Kafka. Record 4's frame is damaged on
+    # disk: cutting the segment there, as a torn tail is cut, would silently lose answered 5-9.
+    journal = Journal(tmp_path, 1 << 20, mark_interval_s=0)
+    journal.open()
+    _fill(journal, 10, size=200)
+    journal.mark_shipped(journal.read(2, 1 << 20))
+    journal.close()
+    [segment] = sorted(tmp_path.glob("*.log"))
+    offsets = _frame_offsets(segment)
+    data = bytearray(segment.read_bytes())
+    if damage == "flipped bit":
+        data[offsets[4] + 40] ^= 0x10
+    else:  # records 4 and 5 and part of 6, zeros where they were
+        data[offsets[4] + 3:offsets[6] + 30] = bytes(offsets[6] + 27 - offsets[4])
+    segment.write_bytes(bytes(data))
+    again = Journal(tmp_path, 1 << 20)
+    again.open()
+    assert segment.with_name(segment.name + ".damaged").read_bytes() == bytes(data)  # kept whole, as it was
+    expected = [2, 3, 5, 6, 7, 8, 9] if damage == "flipped bit" else [2, 3, 7, 8, 9]
+    assert _values(again.read(20, 1 << 20)) == expected  # only what the damage itself held is gone
+    assert len(again) == len(expected)
+    _fill(again, 1, start=10)
+    assert _values(again.read(20, 1 << 20)) == [10]
+    again.close()
+    reopened = Journal(tmp_path, 1 << 20)  # what was journalled again survives the next start as well
+    reopened.open()
+    assert _values(reopened.read(20, 1 << 20)) == [*expected, 10]
+
+
+def test_a_whole_frame_holding_no_record_this_version_reads_is_damage_not_a_crash(tmp_path: Path) -> None:
+    # Its length and checksum pass (written by another version, say): the reader stops there and
+    # says so, rather than raising an error the shipper does not expect and dying on it.
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    _fill(journal, 6)
+    journal.close()
+    [segment] = sorted(tmp_path.glob("*.log"))
+    original = segment.read_bytes()
+    offsets = _frame_offsets(segment)
+    forged = b"OTHERFMT" + original[offsets[4] + 24:offsets[5]]
+    frame = struct.pack("<IIQ", len(forged), zlib.crc32(forged), 4) + forged
+    segment.write_bytes(original[:offsets[4]] + frame + original[offsets[5]:])
+    again = Journal(tmp_path, 1 << 20)
+    again.open()
+    assert _values(again.read(4, 1 << 20)) == [0, 1, 2, 3]
+    with pytest.raises(JournalCorruptError, match="byte .* not a journal record"):
+        again.read(10, 1 << 20)
+
+
+def test_a_zero_filled_or_torn_tail_is_cut_without_a_copy(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    _fill(journal, 3)
+    journal.close()
+    [segment] = sorted(tmp_path.glob("*.log"))
+    with segment.open("ab") as handle:  # blocks allocated by a crash, never written
+        handle.write(bytes(4096))
+    again = Journal(tmp_path, 1 << 20)
+    again.open()
+    assert _values(again.read(10, 1 << 20)) == [0, 1, 2]
+    assert not list(tmp_path.glob("*.damaged"))
+
+
 def test_segments_roll_and_shipped_ones_are_deleted(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 1 << 30, segment_bytes=2000, mark_interval_s=0)
     journal.open()
