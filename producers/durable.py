@@ -20,10 +20,13 @@ import logging
 from collections.abc import Callable
 from typing import Literal, Protocol
 
+import aiokafka.errors as kafka_errors
+
 from producers.capture import CallCapture
-from producers.raw_calls import EngineExchange
-from producers.spool import DiskSpool
+from producers.raw_calls import EngineExchange, dead_letter, pack_raw_call
+from producers.spool import DiskSpool, SpooledRecord
 from schemas import EventBase
+from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
 from stream import CALLS, EventProducer, TopicRegistry, TopicSpec
 from stream.producer import encode_record
@@ -49,6 +52,15 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
             await producer.stop()
         return None
     return producer
+
+
+REFUSED: tuple[type[Exception], ...] = (
+    kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
+    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError, kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError,
+)
+"""Kafka's ways of refusing a record itself rather than the connection: sending it again cannot
+help, and every record behind it would wait for ever. Such a record goes to the dead-letter topic."""
 
 
 class EventLog(Protocol):
@@ -114,6 +126,8 @@ class DurablePublisher:
         self._stopped = False
         self.publish_errors = 0
         """Sends that failed or timed out and were spooled instead."""
+        self.refused = 0
+        """Spooled records Kafka refused, sent to the dead-letter topic instead."""
         self._keeping: set[asyncio.Future[Outcome]] = set()
 
     @property
@@ -166,10 +180,15 @@ class DurablePublisher:
         del wait_for_kafka
         resolved = self.registry[topic]
         key, value, headers = encode_record(resolved, event)
+        return await self._durably(resolved.name, key, value, headers, event.event_id)
+
+    async def _durably(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
+                       event_id: str) -> Outcome:
+        """Kafka's acknowledgement, or the spool's fsync, of one encoded record."""
         # A caller cancelled while this waits (a harness that left while its answer waited for
         # Kafka) must not take the event with it: the wait runs as a task of its own, which ends
         # in Kafka or the spool either way, and which stop() lets finish.
-        keeping = asyncio.ensure_future(self._keep(resolved.name, key, value, headers, event.event_id))
+        keeping = asyncio.ensure_future(self._keep(topic, key, value, headers, event_id))
         self._keeping.add(keeping)
         keeping.add_done_callback(self._kept)
         return await asyncio.shield(keeping)
@@ -202,11 +221,28 @@ class DurablePublisher:
     async def publish_call(self, capture: CallCapture, status: CallStatus, *, upstream_status_code: int | None,
                            error_message: str | None, upstream_replica: str | None,
                            exchange: EngineExchange | None = None) -> Outcome:
-        """Build the call's event and publish it (this mode waits for Kafka anyway)."""
+        """Build the call's event and publish it (this mode waits for Kafka anyway).
+
+        A capture that makes no event the calls topic takes (over its size limit, or not
+        valid) is kept as a dead letter holding its fields, as the journal's shipper keeps
+        one: the call was served, so its record must not be lost with a 500.
+        """
         del exchange
-        event = capture.build(status, upstream_status_code=upstream_status_code, error_message=error_message,
-                              upstream_replica=upstream_replica)
-        return await self.publish(CALLS, event)
+        try:
+            event = capture.build(status, upstream_status_code=upstream_status_code, error_message=error_message,
+                                  upstream_replica=upstream_replica)
+            resolved = self.registry[CALLS]
+            key, value, headers = encode_record(resolved, event)
+        except ValueError as exc:  # pydantic's ValidationError and EventTooLargeError are ValueErrors
+            logger.error("call %s of rollout %s made no valid event (%s); keeping it as a dead letter",
+                         capture.call_id, capture.rollout_id, exc)
+            raw = pack_raw_call(capture, status, upstream_status_code=upstream_status_code,
+                                error_message=error_message, upstream_replica=upstream_replica)
+            topic, letter_key, letter, letter_headers = dead_letter(
+                self.registry, raw, 0, DeadLetterErrorType.INVALID_EVENT, f"call capture made no valid event: {exc}",
+                exc)
+            return await self._durably(topic, letter_key, letter, list(letter_headers), capture.call_id)
+        return await self._durably(resolved.name, key, value, headers, event.event_id)
 
     async def _spool(self, topic: str, key: bytes | None, value: bytes,
                      headers: list[tuple[str, bytes]], *, force: bool) -> None:
@@ -226,6 +262,7 @@ class DurablePublisher:
                 drained = await self._drain_once()
             except Exception as exc:  # noqa: BLE001 - keep trying; Kafka may be restarting
                 logger.info("spool drain paused: %s", exc)
+                await self._drop_producer()  # a fresh one: an idempotent producer may be stuck in a bad sequence
                 backoff = min(backoff * 2, 30.0)
                 continue
             backoff = self.drain_interval_s
@@ -247,11 +284,57 @@ class DurablePublisher:
         futures = [
             await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers) for r in batch
         ]
-        await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout_s * 4)
-        for record in batch:
-            await asyncio.to_thread(self.spool.remove, record)
+        try:
+            await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout_s * 4)
+        except REFUSED as exc:
+            logger.warning("Kafka refused a spooled record of a batch of %d (%r); sending them one at a time",
+                           len(batch), exc)
+            await self._drop_producer()  # see _drain_one_by_one
+            if not await self._connect():
+                raise ConnectionError("Kafka unreachable") from exc
+            await self._drain_one_by_one(batch)
+        else:
+            for record in batch:
+                await asyncio.to_thread(self.spool.remove, record)
         logger.info("drained %d spooled records (%d left)", len(batch), len(self.spool))
         return len(batch)
+
+    async def _drain_one_by_one(self, batch: list[SpooledRecord]) -> None:
+        """Send ``batch`` record by record; one Kafka refuses goes to the dead-letter topic instead.
+
+        Without this the refused record would head the spool for ever: every drain would send
+        it again and fail, and every later event would wait behind it until the spool filled.
+        Records of the batch that had arrived are sent again (consumers drop the copy by id).
+        """
+        for record in batch:
+            assert self._producer is not None
+            try:
+                await asyncio.wait_for(await self._producer.send_raw(
+                    record.topic, record.value, key=record.key, headers=record.headers), self.ack_timeout_s * 4)
+            except REFUSED as exc:
+                topic, key, value, headers = dead_letter(
+                    self.registry, (record.topic, record.key, record.value, record.headers), 0,
+                    DeadLetterErrorType.REFUSED_BY_BROKER, f"Kafka refused the record: {exc!r}", exc)
+                await asyncio.wait_for(await self._producer.send_raw(topic, value, key=key, headers=list(headers)),
+                                       self.ack_timeout_s * 4)
+                self.refused += 1
+                logger.error("Kafka refused spooled record %s for %s (%r); it is on %s instead", record.path.name,
+                             record.topic, exc, topic)
+                # The refused batch took a sequence number the broker never stored: the same
+                # producer's next record for that partition would be refused as out of order.
+                await asyncio.to_thread(self.spool.remove, record)
+                await self._drop_producer()
+                if not await self._connect():
+                    raise ConnectionError("Kafka unreachable") from exc
+                continue
+            await asyncio.to_thread(self.spool.remove, record)
+
+    async def _drop_producer(self) -> None:
+        """Stop the producer; the next :meth:`_connect` starts a new one."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await producer.stop()
 
     async def stop(self) -> None:
         """Stop draining and flush Kafka; what is still spooled stays on disk. Idempotent."""

@@ -29,7 +29,7 @@ from typing import Protocol
 import aiokafka.errors as kafka_errors
 
 from producers.capture import CallCapture
-from producers.durable import Outcome, connect_producer
+from producers.durable import REFUSED, Outcome, connect_producer
 from producers.journal import Journal, JournalCorruptError, JournalRecord
 from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
 from producers.raw_calls import (
@@ -50,14 +50,6 @@ from stream import EventProducer, MissingTopicsError, TopicRegistry, TopicSpec
 from stream.producer import encode_record
 
 logger = logging.getLogger(__name__)
-
-# Kafka's ways of refusing a record itself rather than the connection: sending it again cannot
-# help, and every record behind it would wait for ever.
-_REFUSED: tuple[type[Exception], ...] = (
-    kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
-    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError, kafka_errors.TopicAuthorizationFailedError,
-    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError,
-)
 
 
 class JournalSource(Protocol):
@@ -213,7 +205,7 @@ class Shipper:
                             for r in records]
                 await self._send(outgoing)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
-                refused = isinstance(exc, _REFUSED)
+                refused = isinstance(exc, REFUSED)
                 if refused and len(records) == 1 and outgoing and await self._dead_letter(records[0], outgoing[0], exc):
                     continue
                 if not await self._rewind():

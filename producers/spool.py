@@ -10,11 +10,14 @@ keeps each rollout's events in the order they happened.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 _MAGIC = b"OFSPOOL1"
 _U32 = struct.Struct("<I")
@@ -102,6 +105,15 @@ def unpack_record(path: Path, blob: bytes) -> SpooledRecord:
     return SpooledRecord(path, topic, key if has_key else None, value, tuple(headers))
 
 
+def _sync_folder(directory: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class DiskSpool:
     """Append-and-drain spool in one folder, bounded by total bytes."""
 
@@ -109,8 +121,17 @@ class DiskSpool:
         self.directory = directory
         self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
-        for leftover in directory.glob("*.tmp"):  # a crash mid-write: never acknowledged
-            leftover.unlink(missing_ok=True)
+        for leftover in sorted(directory.glob("*.tmp")):
+            # A crash mid-write (never acknowledged) leaves a torn one: deleted. A whole one may be
+            # a record whose rename the disk lost (a power cut before the folder was flushed) and
+            # whose call was answered: kept. A whole one never answered is at worst sent twice,
+            # which consumers drop by event id.
+            try:
+                unpack_record(leftover, leftover.read_bytes())
+            except (ValueError, struct.error, OSError):
+                leftover.unlink(missing_ok=True)
+            else:
+                leftover.rename(leftover.with_suffix(".rec"))
         self._lock = threading.Lock()
         files = sorted(directory.glob("*.rec"))
         self._bytes = sum(f.stat().st_size for f in files)
@@ -155,11 +176,22 @@ class DiskSpool:
             self._count += 1
         final = self.directory / f"{seq:020d}.rec"
         tmp = final.with_suffix(".tmp")
-        with tmp.open("wb") as handle:
-            handle.write(blob)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.rename(final)
+        try:
+            with tmp.open("wb") as handle:
+                handle.write(blob)
+                handle.flush()
+                os.fsync(handle.fileno())
+            tmp.rename(final)
+        except BaseException:
+            # Nothing was kept: counted, it would hold the spool "not empty" (and its publisher
+            # off Kafka) for good, and fill the bound with bytes that are not there.
+            tmp.unlink(missing_ok=True)
+            self._forget(tmp, len(blob))
+            raise
+        try:
+            _sync_folder(self.directory)  # the rename itself survives a power cut
+        except OSError as exc:  # whole and in place; were the rename lost, a start recovers the .tmp
+            logger.warning("flushing the spool folder %s failed: %s", self.directory, exc)
         return final
 
     def oldest(self, limit: int) -> list[SpooledRecord]:

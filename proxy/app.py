@@ -8,6 +8,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -70,6 +71,29 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
                             before_start=lambda: import_spool(spool, journal), worker=worker)
 
 
+def _refuse_unshipped_journal(folder: Path) -> None:
+    """Refuse ``ack`` durability over a journal an earlier ``journal`` run left unshipped.
+
+    ``ack`` mode does not read the journal, so its records would wait on disk unseen for as
+    long as the setting stays. (The other way round, a spool is moved into the journal.)
+
+    Raises:
+        ValueError: the journal holds records not yet in Kafka.
+    """
+    if not any(folder.glob("*.log")):
+        return
+    journal = Journal(folder, 1 << 62)
+    journal.open()
+    try:
+        waiting = len(journal)
+    finally:
+        journal.close()
+    if waiting:
+        raise ValueError(f"the journal at {folder} holds {waiting:,} events not yet in Kafka, left by a run with "
+                         "OPENFORGE_PROXY_DURABILITY=journal, which ack durability does not ship: start with "
+                         "journal durability until /ready reports spooled 0, then switch")
+
+
 def _adapters() -> dict[str, Adapter]:
     return {"chat": ChatAdapter(), "messages": AnthropicAdapter(), "responses": ResponsesAdapter()}
 
@@ -85,6 +109,8 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     """
     settings = settings or ProxySettings()
     auth = Authenticator(settings)  # fails fast on a missing key
+    if settings.durability == "ack":
+        _refuse_unshipped_journal(spool_path(settings.spool_dir))
     registry = TopicRegistry.from_settings(settings.kafka)
 
     @contextlib.asynccontextmanager

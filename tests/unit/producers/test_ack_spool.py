@@ -1,0 +1,113 @@
+"""``ack`` durability's spool and publisher on the paths that need no broker: a disk that refuses a
+write, a rename lost by a power cut, and a call whose event the calls topic would not take."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producers.capture import CallCapture
+from producers.durable import DurablePublisher
+from producers.journal import Journal
+from producers.shipper import spool_path
+from producers.spool import DiskSpool, unpack_record
+from proxy.app import build_app
+from proxy.settings import ProxySettings
+from schemas import DeadLetterV1
+from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
+from stream import DEAD_LETTERS, EventProducer, KafkaSettings, TopicRegistry
+
+# Nothing listens here: the publisher keeps every event in its spool.
+UNREACHABLE = KafkaSettings(bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Let this process grow no file past ``limit`` bytes: the kernel refuses the write there."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_write_the_disk_refuses_is_not_counted_and_leaves_no_file(tmp_path: Path) -> None:
+    spool = DiskSpool(tmp_path, 1 << 20)
+    spool.append("t.calls", b"k", b"x" * 100, ())
+    with _file_size_limit(50), pytest.raises(OSError):
+        spool.append("t.calls", b"k", b"y" * 100, ())
+    # Counted, the record that is not there would keep the spool "not empty" (its publisher off
+    # Kafka until a restart) and fill the bound with bytes that are not on disk.
+    assert len(spool) == 1 and spool.size_bytes == (tmp_path / f"{0:020d}.rec").stat().st_size
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".rec"]
+    spool.remove(spool.oldest(10)[0])
+    assert len(spool) == 0 and spool.size_bytes == 0
+
+
+def test_a_whole_record_whose_rename_was_lost_is_kept_and_a_torn_one_dropped(tmp_path: Path) -> None:
+    spool = DiskSpool(tmp_path, 1 << 20)
+    kept = spool.append("t.calls", b"k", b"answered", ())
+    kept.rename(kept.with_suffix(".tmp"))  # what a power cut before the folder's flush can leave
+    (tmp_path / f"{7:020d}.tmp").write_bytes(kept.with_suffix(".tmp").read_bytes()[:20])  # a crash mid-write
+    again = DiskSpool(tmp_path, 1 << 20)
+    [record] = again.oldest(10)
+    assert (record.value, len(again)) == (b"answered", 1)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def _capture(text_bytes: int) -> CallCapture:
+    return CallCapture(rollout_id="r-big", call_id="c-big", protocol=ApiProtocol.OPENAI_CHAT, model="m",
+                       request=NormalizedRequest(messages=[{"role": "user", "content": "x" * text_bytes}]),
+                       streamed=False)
+
+
+async def test_a_call_whose_event_is_too_large_for_its_topic_is_kept_as_a_dead_letter(tmp_path: Path) -> None:
+    registry = TopicRegistry.from_settings(UNREACHABLE)
+    spool = DiskSpool(tmp_path, 1 << 30)
+    publisher = DurablePublisher(lambda: EventProducer(UNREACHABLE, registry=registry), spool, registry,
+                                 ack_timeout_s=0.5, drain_interval_s=60)
+    await publisher.start()
+    try:
+        # Over the calls topic's limit: before, a ValueError out of the record, a 500 to the
+        # harness, and no trace of the call anywhere.
+        outcome = await publisher.publish_call(_capture(17 * 1024 * 1024), CallStatus.OK, upstream_status_code=200,
+                                               error_message=None, upstream_replica="r0")
+    finally:
+        await publisher.stop()
+    assert outcome == "spool"
+    _assert_spooled_letter(tmp_path, registry[DEAD_LETTERS].name)
+
+
+def _assert_spooled_letter(folder: Path, letters: str) -> None:
+    [path] = folder.glob("*.rec")
+    record = unpack_record(path, path.read_bytes())
+    assert record.topic == letters
+    letter = DeadLetterV1.model_validate_json(record.value)
+    assert "exceeds" in letter.reason and letter.key == b"r-big"
+    assert b'"call_id":"c-big"' in letter.value and not letter.value_truncated
+
+
+def test_ack_durability_refuses_to_start_over_a_journal_left_unshipped(tmp_path: Path) -> None:
+    # Switched from journal durability with events still in the journal: ack mode does not read
+    # it, so they would wait on disk unseen for as long as the setting stays.
+    journal = Journal(spool_path(tmp_path), 1 << 20, mark_interval_s=0)
+    journal.open()
+    for i in range(3):
+        journal.append("t.calls", b"r-1", f"value-{i}".encode(), ())
+    journal.close()
+    settings = ProxySettings(credential_key="k" * 32, durability="ack", spool_dir=tmp_path)
+    with pytest.raises(ValueError, match="holds 3 events not yet in Kafka"):
+        build_app(settings)
+    journal = Journal(spool_path(tmp_path), 1 << 20, mark_interval_s=0)
+    journal.open()
+    journal.mark_shipped(journal.read(10, 1 << 20))
+    journal.close()
+    build_app(settings)  # all shipped: nothing is stranded
