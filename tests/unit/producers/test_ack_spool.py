@@ -3,13 +3,10 @@ write, a rename lost by a power cut, and a call whose event the calls topic woul
 
 from __future__ import annotations
 
-import contextlib
-import resource
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from disklimits import file_size_limit
 
 from producers.capture import CallCapture
 from producers.durable import DurablePublisher
@@ -26,23 +23,10 @@ from stream import DEAD_LETTERS, EventProducer, KafkaSettings, TopicRegistry
 UNREACHABLE = KafkaSettings(bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
 
 
-@contextlib.contextmanager
-def _file_size_limit(limit: int) -> Iterator[None]:
-    """Let this process grow no file past ``limit`` bytes: the kernel refuses the write there."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write, not a killed process
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
-
-
 def test_a_write_the_disk_refuses_is_not_counted_and_leaves_no_file(tmp_path: Path) -> None:
     spool = DiskSpool(tmp_path, 1 << 20)
     spool.append("t.calls", b"k", b"x" * 100, ())
-    with _file_size_limit(50), pytest.raises(OSError):
+    with file_size_limit(50), pytest.raises(OSError):
         spool.append("t.calls", b"k", b"y" * 100, ())
     # Counted, the record that is not there would keep the spool "not empty" (its publisher off
     # Kafka until a restart) and fill the bound with bytes that are not on disk.

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import resource
-import signal
 import struct
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from disklimits import file_size_limit
 
 import producers.journal as journal_module
 from producers.journal import Journal, JournalCorruptError, JournalLockedError
@@ -275,26 +273,13 @@ def test_flushing_from_another_thread_is_safe_while_segments_roll_and_the_journa
     assert _values(again.read(1000, 1 << 24)) == list(range(600))
 
 
-@contextlib.contextmanager
-def _file_size_limit(limit: int) -> Iterator[None]:
-    """Let this process grow no file past ``limit`` bytes: the kernel cuts a ``write`` short there."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an error from write, not a killed process
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
-
-
 def test_an_append_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 1 << 20)
     journal.open()
     _fill(journal, 2, size=100)
     [segment] = tmp_path.glob("*.log")
     size = segment.stat().st_size
-    with _file_size_limit(size + 50), pytest.raises(OSError):  # half of the next frame fits
+    with file_size_limit(size + 50), pytest.raises(OSError):  # half of the next frame fits
         _fill(journal, 1, start=2, size=100)
     assert segment.stat().st_size == size and not journal.full  # the half frame was taken back
     _fill(journal, 2, start=3, size=100)  # calls after the failed one are kept, in order
@@ -353,7 +338,7 @@ def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_p
     _fill(journal, 1, size=100)
     [segment] = tmp_path.glob("*.log")
     size = segment.stat().st_size
-    with _file_size_limit(size + 300), pytest.raises(OSError) as refused:  # the limit falls inside the third part
+    with file_size_limit(size + 300), pytest.raises(OSError) as refused:  # the limit falls inside the third part
         journal.append_parts("t.calls", b"r-1", (b"a" * 100, b"b" * 100, b"c" * 100), ())
     assert refused.value.errno == errno.EFBIG  # the kernel's reason, not a generic error
     assert segment.stat().st_size == size
@@ -452,7 +437,7 @@ def test_a_disk_too_full_for_the_mark_still_frees_shipped_segments_when_shipping
     journal.open()
     _fill(journal, 20, size=500)
     records = journal.read(15, 1 << 20)
-    with _file_size_limit(0):  # no file may grow: the mark cannot be written
+    with file_size_limit(0):  # no file may grow: the mark cannot be written
         journal.mark_shipped(records)  # before, the OSError ended the inline shipper
     assert len(journal) == 5 and min(int(p.stem) for p in tmp_path.glob("*.log")) > 0
     journal.close()
