@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal, Protocol
 
 import aiokafka.errors as kafka_errors
@@ -121,6 +124,8 @@ class DurablePublisher:
         self.drain_interval_s = drain_interval_s
         self._direct = False
         self._order = asyncio.Lock()  # spool appends vs. the switch back to direct mode
+        self._spooling = 0  # appends waiting for the spool (see _drain_once)
+        self._folder_lock: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -151,7 +156,12 @@ class DurablePublisher:
         return self._direct or not self.spool.full
 
     async def start(self) -> None:
-        """Connect to Kafka if it is there; either way begin draining any old spool."""
+        """Connect to Kafka if it is there; either way begin draining any old spool.
+
+        Raises:
+            SpoolLockedError: another process spools into the same folder.
+        """
+        self._folder_lock = lock_folder(self.spool.directory / SPOOL_LOCK, "spooling events")
         await self._connect()
         self._direct = self._producer is not None and len(self.spool) == 0
         if len(self.spool):
@@ -246,8 +256,12 @@ class DurablePublisher:
 
     async def _spool(self, topic: str, key: bytes | None, value: bytes,
                      headers: list[tuple[str, bytes]], *, force: bool) -> None:
-        async with self._order:
-            await asyncio.to_thread(self.spool.append, topic, key, value, tuple(headers), force=force)
+        self._spooling += 1  # the drainer must not go direct while this waits its turn
+        try:
+            async with self._order:
+                await asyncio.to_thread(self.spool.append, topic, key, value, tuple(headers), force=force)
+        finally:
+            self._spooling -= 1
         self._wake.set()
 
     async def _drain_forever(self) -> None:
@@ -276,7 +290,9 @@ class DurablePublisher:
         batch = await asyncio.to_thread(self.spool.oldest, 256)
         if not batch:
             async with self._order:
-                if len(self.spool) == 0:
+                # An event whose send failed may still be on its way into the spool: publishing
+                # directly now would put later events into Kafka before it.
+                if len(self.spool) == 0 and self._spooling == 0:
                     if not self._direct:
                         logger.info("spool drained; publishing directly again")
                     self._direct = True
@@ -357,6 +373,37 @@ class DurablePublisher:
             with contextlib.suppress(Exception):
                 await self._producer.abort(self.ack_timeout_s)
             self._producer = None
+        if self._folder_lock is not None:
+            os.close(self._folder_lock)
+            self._folder_lock = None
 
 
-__all__ = ["DurablePublisher", "EventLog", "Outcome", "connect_producer"]
+SPOOL_LOCK = "writer.lock"
+"""File in the spool's folder its one publisher holds a lock on while it runs."""
+
+
+class SpoolLockedError(RuntimeError):
+    """Another process spools events into this folder."""
+
+
+def lock_folder(path: Path, doing: str) -> int:
+    """An exclusive lock on ``path`` (created), held until its descriptor is closed.
+
+    Two proxies given one spool folder (the default is relative to where each starts) would
+    number their files alike and overwrite each other's records; the second is refused at start
+    instead. A process that died released its lock with it.
+
+    Raises:
+        SpoolLockedError: another process holds it.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SpoolLockedError(f"another process is {doing} in {path.parent}: give each proxy a spool folder of "
+                               "its own (OPENFORGE_PROXY_SPOOL_DIR)") from None
+    return fd
+
+
+__all__ = ["DurablePublisher", "EventLog", "Outcome", "SpoolLockedError", "connect_producer", "lock_folder"]

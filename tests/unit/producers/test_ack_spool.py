@@ -9,7 +9,7 @@ import pytest
 from disklimits import file_size_limit
 
 from producers.capture import CallCapture
-from producers.durable import DurablePublisher
+from producers.durable import DurablePublisher, SpoolLockedError
 from producers.journal import Journal
 from producers.shipper import spool_path
 from producers.spool import DiskSpool, unpack_record
@@ -95,3 +95,23 @@ def test_ack_durability_refuses_to_start_over_a_journal_left_unshipped(tmp_path:
     journal.mark_shipped(journal.read(10, 1 << 20))
     journal.close()
     build_app(settings)  # all shipped: nothing is stranded
+
+
+async def test_a_second_publisher_on_one_spool_folder_is_refused_at_start(tmp_path: Path) -> None:
+    # Both would number their files alike and overwrite each other's records.
+    registry = TopicRegistry.from_settings(UNREACHABLE)
+
+    def publisher() -> DurablePublisher:
+        return DurablePublisher(lambda: EventProducer(UNREACHABLE, registry=registry), DiskSpool(tmp_path, 1 << 20),
+                                registry, ack_timeout_s=0.5, drain_interval_s=60)
+
+    first = publisher()
+    await first.start()
+    try:
+        with pytest.raises(SpoolLockedError, match="give each proxy a spool folder of its own"):
+            await publisher().start()
+    finally:
+        await first.stop()
+    again = publisher()  # released at stop
+    await again.start()
+    await again.stop()
