@@ -62,6 +62,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -183,7 +184,9 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": model, "messages": messages}
     if tools:
         chat["tools"] = tools
-    tool_choice = _translate_tool_choice(body.get("tool_choice"), tool_names)
+    dropped = [t["type"] for t in body.get("tools") or ()
+               if isinstance(t, dict) and t.get("type") in _DROPPED_HOSTED_TOOLS]
+    tool_choice = _translate_tool_choice(body.get("tool_choice"), tool_names, dropped)
     if tool_choice is not None:
         chat["tool_choice"] = tool_choice
     parallel = body.get("parallel_tool_calls")
@@ -554,11 +557,14 @@ def _translate_custom_tool(tool: dict[str, Any], path: str) -> dict[str, Any]:
     return function
 
 
-def _translate_tool_choice(value: Any, tool_names: dict[str, str]) -> str | dict[str, Any] | None:
+def _translate_tool_choice(value: Any, tool_names: dict[str, str],
+                           dropped: Sequence[str] = ()) -> str | dict[str, Any] | None:
     """Translate ``tool_choice``.
 
     Without tools, ``auto`` and ``none`` are dropped: they mean the same as no tools, and
-    the engine rejects a tool choice that comes without a tool list.
+    the engine rejects a tool choice that comes without a tool list. ``dropped`` names the
+    hosted tools the request offered that were left out (web search): "required" with only
+    those is refused as the untranslatable part it is, not as a request without tools.
     """
     if value is None:
         return None
@@ -566,6 +572,10 @@ def _translate_tool_choice(value: Any, tool_names: dict[str, str]) -> str | dict
         if value not in ("auto", "none", "required"):
             raise InvalidRequestError('tool_choice must be "auto", "none", "required" or an object')
         if not tool_names:
+            if value == "required" and dropped:
+                raise UnsupportedFeatureError(
+                    "tool_choice", f'"required" with only hosted tools ({", ".join(dropped)}), which the engine '
+                    "cannot run and which are left out; offer a function tool")
             if value == "required":
                 raise InvalidRequestError('tool_choice "required" needs at least one tool')
             return None

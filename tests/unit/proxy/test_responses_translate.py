@@ -252,6 +252,8 @@ def test_json_schema_text_format_becomes_response_format() -> None:
     [
         ({"tools": [SHELL_TOOL, {"type": "file_search", "vector_store_ids": ["vs"]}]}, "tools[1].type"),
         ({"tools": [SHELL_TOOL], "tool_choice": {"type": "web_search"}}, "tool_choice.type"),
+        # Required, with only a hosted tool (left out): the tool is what cannot be translated.
+        ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice"),
         ({"tools": [{"type": "local_shell"}]}, "tools[0].type"),
         ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
