@@ -36,6 +36,7 @@ from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError, harness_go
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
+from schemas._base import new_event_id
 from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 
 logger = logging.getLogger(__name__)
@@ -169,13 +170,13 @@ class CallService:
                 raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
         except (orjson.JSONDecodeError, ProxyError) as exc:
             error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
-            refused = self.retries.fingerprint(raw)
-            capture = CallCapture(rollout_id=caller.rollout_id, call_id=self.retries.begin(
-                caller.rollout_id, refused)[0], protocol=adapter.protocol,
-                model=str(self._served_model or "unknown"), request=_untranslated(body),
-                streamed=False, task_id=caller.task_id, headers=headers)
+            # Not tracked as an attempt: a refused request is never a turn, and no re-send of it
+            # is a retry of anything the assembler could count.
+            capture = CallCapture(rollout_id=caller.rollout_id, call_id=new_event_id(), protocol=adapter.protocol,
+                                  model=str(self._served_model or "unknown"), request=_untranslated(body),
+                                  streamed=False, task_id=caller.task_id, headers=headers)
             await self._record(capture, CallStatus.INVALID_REQUEST, error_message=error.message,
-                               upstream_status_code=None, fingerprint=refused)
+                               upstream_status_code=None)
             span.set_status(Status(StatusCode.ERROR, error.message))
             span.end()
             param = error.field if isinstance(error, UnsupportedFeatureError) else None
@@ -192,7 +193,8 @@ class CallService:
         fingerprint = self.retries.fingerprint(orjson.dumps(
             {k: chat.get(k) for k in ("messages", "tools", "tool_choice", "response_format")},
             option=orjson.OPT_SORT_KEYS))
-        call_id, attempt, retry_of = self.retries.begin(caller.rollout_id, fingerprint)
+        call_id = new_event_id()
+        attempt, retry_of = self.retries.begin(caller.rollout_id, fingerprint, call_id)
         replicas = self.upstream.order(caller.rollout_id)
         capture = CallCapture(
             rollout_id=caller.rollout_id, call_id=call_id, protocol=adapter.protocol,
@@ -240,12 +242,14 @@ class CallService:
                     continue
                 self.upstream.mark_up(replica)
                 if upstream_response.status >= 400:
+                    read_whole = False  # an error answer read whole leaves its connection fit to reuse
                     try:
                         detail = (await upstream_response.read()).decode("utf-8", "replace")[:2000]
+                        read_whole = True
                     except EngineError as exc:
                         detail = repr(exc)
                     finally:
-                        upstream_response.close(finished=False)
+                        upstream_response.close(finished=read_whole)
                     client_span.end()
                     return await self._fail(adapter, capture, span, self.retries, fingerprint,
                                             upstream_response.status, CallStatus.UPSTREAM_ERROR,
@@ -556,6 +560,8 @@ class CallService:
         # With capture off the call is still counted: the metrics are the operator's view of the
         # proxy, and the benchmark's capture-off baseline must differ from capture on by capture alone.
         capture.recording = True
+        if fingerprint is not None:
+            capture.attempt, capture.retry_of = self.retries.settle(capture.call_id)
         if self.settings.capture:
             try:
                 await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
