@@ -116,6 +116,16 @@ class ChatAdapter:
             raise InvalidRequestError("messages must be a non-empty list")
         if not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("every entry of messages must be an object")
+        # The fields the proxy itself reads (to record the call, to stream it) are checked here,
+        # so a wrong type is a 400 and a recorded refusal, not a fault of the proxy; "false" as
+        # stream would have been read as a stream the engine never sent.
+        tools = body.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise InvalidRequestError("tools must be a list of objects")
+        if body.get("stream") is not None and not isinstance(body["stream"], bool):
+            raise InvalidRequestError("stream must be a boolean")
+        if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+            raise InvalidRequestError("stream_options must be an object")
         return dict(body)
 
     def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,

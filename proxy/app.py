@@ -15,6 +15,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from producers.durable import DurablePublisher, EventLog
@@ -142,18 +143,23 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     async def proxy_error(request: Request, exc: ProxyError) -> Response:
         if exc.status_code < 500:  # an engine that failed a helper request is not a refusal
             telemetry.refused.add(1, {"status": exc.status_code})
-        return _error_response(request.url.path, exc)
+        return _error_response(request, exc)
 
     async def read_body(request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLargeError(f"request body of {int(declared):,} bytes exceeds {limit:,}")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLargeError(f"request body exceeds {limit:,} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLargeError(f"request body exceeds {limit:,} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect as exc:
+            # No call began, so nothing is recorded; an aborted upload is no fault of the proxy
+            # (unhandled, the server logged a traceback for each one).
+            raise InvalidRequestError("the client hung up before its request body was complete") from exc
         return b"".join(chunks)
 
     async def call(request: Request, kind: str, rollout_id: str | None) -> Response:
@@ -174,7 +180,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             return await call(request, kind, rollout_id)
         except ProxyError as exc:
             telemetry.refused.add(1, {"status": exc.status_code})
-            return _error_response(request.url.path, exc)
+            return _error_response(request, exc)
 
     # The model-call routes are served ahead of FastAPI (see _ProxyApp); the FastAPI routes
     # below stay for the rest (trailing slashes, wrong methods) and the schema.
@@ -290,11 +296,11 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         return Response(orjson.dumps({"event_id": event.event_id, "stored": outcome}), status_code=202,
                         media_type="application/json")
 
-    @app.get("/health", include_in_schema=False)
+    @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)
     async def health() -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @app.get("/ready", include_in_schema=False)
+    @app.api_route("/ready", methods=["GET", "HEAD"], include_in_schema=False)
     async def ready(request: Request) -> Response:
         st = state(request)
         engine = await st.upstream.ready()
@@ -327,9 +333,11 @@ def _clipped(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
-def _error_response(path: str, exc: ProxyError) -> Response:
+def _error_response(request: Request, exc: ProxyError) -> Response:
     body: dict[str, Any] = {"error": {"message": exc.message, "type": exc.error_type}}
-    if "/v1/messages" in path:
+    path = request.url.path
+    # Anthropic's clients read the model list too: as for its answer, the header tells whose.
+    if "/v1/messages" in path or (path.endswith("/v1/models") and "anthropic-version" in request.headers):
         body = anthropic_error_body(exc.status_code, exc.message, exc.error_type)
     return Response(orjson.dumps(body), status_code=exc.status_code, media_type="application/json",
                     headers=exc.headers or None)

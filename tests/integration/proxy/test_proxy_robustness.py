@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import resource
 import signal
@@ -142,11 +143,15 @@ async def test_malformed_and_mistyped_requests_get_400_and_are_recorded(proxy: R
     assert wrong.status_code == 400 and "messages" in wrong.json()["error"]["message"]
     not_object = await post(url, json=[1, 2], token=token)
     assert not_object.status_code == 400
+    # Fields the proxy reads itself: before, a bare 500 and no event ("false" as stream was a stream).
+    for field, value in (("tools", "x"), ("stream", "false"), ("stream_options", [1])):
+        mistyped = await post(url, json={**CHAT, "stream": True, field: value}, token=token)
+        assert mistyped.status_code == 400 and field in mistyped.json()["error"]["message"], mistyped.text
     engine_refuses = await post(url, json={**CHAT, "max_tokens": 100_000}, token=token)
     assert engine_refuses.status_code == 400  # the engine's own verdict, passed on
-    events = await calls_of(proxy, 4)
-    assert [e.status for e in events] == [CallStatus.INVALID_REQUEST] * 3 + [CallStatus.UPSTREAM_ERROR]
-    assert events[3].upstream_status_code == 400 and events[3].error_message
+    events = await calls_of(proxy, 7)
+    assert [e.status for e in events] == [CallStatus.INVALID_REQUEST] * 6 + [CallStatus.UPSTREAM_ERROR]
+    assert events[6].upstream_status_code == 400 and events[6].error_message
 
 
 async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegistry) -> None:
@@ -247,6 +252,46 @@ async def test_a_stream_whose_harness_left_before_its_first_byte_is_still_record
     assert again.status_code == 200
     [_, second] = await calls_of(proxy, 2)
     assert (second.status, second.retry_of, second.attempt) == (CallStatus.OK, event.call_id, 1)
+
+
+async def test_a_client_that_hangs_up_mid_body_is_no_fault_of_the_proxy(
+        proxy: RunningProxy, caplog: pytest.LogCaptureFixture) -> None:
+    # Before, the server's own "Exception in ASGI application" and a traceback for every aborted upload.
+    port = int(proxy.url.rsplit(":", 1)[1])
+    caplog.set_level(logging.WARNING)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /rollouts/r-half/v1/messages HTTP/1.1\r\nhost: proxy\r\n"
+                 b"authorization: Bearer " + proxy.token("r-half").encode() + b"\r\n"
+                 b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\": \"m\", \"mess")
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the body has begun to arrive
+    writer.close()
+    await writer.wait_closed()
+    answer = await post(f"{proxy.base('r-half')}/v1/chat/completions", json=CHAT, token=proxy.token("r-half"))
+    assert answer.status_code == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    [event] = await calls_of(proxy, 1)  # the upload that never finished began no call
+    assert event.status is CallStatus.OK
+
+
+async def test_the_model_list_refuses_an_anthropic_client_in_its_own_shape(proxy: RunningProxy) -> None:
+    async with httpx.AsyncClient(timeout=30) as client:
+        refused = await client.get(f"{proxy.url}/v1/models",
+                                   headers={"x-api-key": "nope", "anthropic-version": "2023-06-01"})
+        openai = await client.get(f"{proxy.url}/v1/models", headers={"authorization": "Bearer nope"})
+    assert refused.status_code == 401 and refused.json()["type"] == "error"  # as its answer is Anthropic's
+    assert openai.status_code == 401 and openai.json()["error"]["type"] == "authentication_error"
+
+
+async def test_the_same_request_twice_at_once_is_two_calls(proxy: RunningProxy) -> None:
+    # Two sub-agents of one rollout with one prompt: both answers are used, so neither call may
+    # be linked to the other as its retry (the assembler leaves out every call a retry names).
+    body = {**CHAT, "max_tokens": 24, "ignore_eos": True}
+    url = f"{proxy.base('r-twice')}/v1/chat/completions"
+    answers = await asyncio.gather(*(post(url, json=body, token=proxy.token("r-twice")) for _ in range(2)))
+    assert [a.status_code for a in answers] == [200, 200]
+    events = await calls_of(proxy, 2)
+    assert [(e.status, e.attempt, e.retry_of) for e in events] == [(CallStatus.OK, 0, None)] * 2
 
 
 async def _engine_metric(vllm_url: str, name: str, **labels: str) -> float:

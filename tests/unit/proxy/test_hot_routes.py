@@ -43,3 +43,9 @@ async def test_wrong_method_goes_to_fastapi(client: httpx.AsyncClient) -> None:
         response = await client.post("/rollouts/a/b/v1/chat/completions", content=b"{}")
         assert response.status_code == 404
         assert (await client.get("/health")).json() == {"status": "ok"}
+
+
+
+async def test_health_answers_head(client: httpx.AsyncClient) -> None:
+    async with client:
+        assert (await client.head("/health")).status_code == 200  # probes and load balancers send HEAD
