@@ -54,16 +54,30 @@ class UpstreamPool:
         """Forget an earlier failure."""
         self._down_until.pop(url, None)
 
-    async def ready(self) -> bool:
-        """True when at least one replica answers its health check."""
-        for url in self.urls:
+    async def ready(self, timeout_s: float = 2.0) -> bool:
+        """True when at least one replica answers its health check.
+
+        All are asked at once, and the first healthy answer decides: asked in turn, a replica
+        that accepts connections and never answers (a wedged server, a node whose packets
+        vanish) held every readiness probe for its whole timeout, longer than the probe waits,
+        and so took every proxy out of service while the other replicas were healthy.
+        """
+        async def healthy(url: str) -> bool:
             try:
-                status, _ = await self.client.get_json(f"{url}/health", timeout_s=2.0)
+                status, _ = await self.client.get_json(f"{url}/health", timeout_s=timeout_s)
             except EngineError:
-                continue
-            if status == 200:
-                return True
-        return False
+                return False
+            return status == 200
+
+        asked = [asyncio.ensure_future(healthy(url)) for url in self.urls]
+        try:
+            for answer in asyncio.as_completed(asked):
+                if await answer:
+                    return True
+            return False
+        finally:
+            for task in asked:
+                task.cancel()
 
     def weight_version(self, url: str) -> str | None:
         """The weight version ``url`` served at its last poll (None until known)."""
@@ -77,13 +91,23 @@ class UpstreamPool:
         the whole completion, differing ones (an update landed during the call) leave the
         version unknown rather than guessing the boundary.
         """
+        async def read(url: str) -> None:
+            version = None
+            with contextlib.suppress(EngineError, TypeError, KeyError):
+                status, info = await self.client.get_json(f"{url}/weight_info", timeout_s=2.0)
+                if status == 200:
+                    version = str(info["weight_version"])
+            if version is None:
+                # Unknown rather than stale: an old reading kept through a failed poll would
+                # label answers sampled after an update with the version before it.
+                self._versions.pop(url, None)
+            else:
+                self._versions[url] = version
+
         async def poll() -> None:
             while True:
-                for url in self.urls:
-                    with contextlib.suppress(EngineError, TypeError, KeyError):
-                        status, info = await self.client.get_json(f"{url}/weight_info", timeout_s=2.0)
-                        if status == 200:
-                            self._versions[url] = str(info["weight_version"])
+                # All at once: in turn, one replica that does not answer delayed every other's reading.
+                await asyncio.gather(*(read(url) for url in self.urls))
                 await asyncio.sleep(interval_s)
 
         self._poller = asyncio.create_task(poll(), name="weight-version-poll")

@@ -133,6 +133,12 @@ def test_every_process_has_a_deployment(default_objects: list[dict[str, Any]]) -
         assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
 
 
+def test_the_proxy_readiness_probe_waits_longer_than_its_engine_check(default_objects: list[dict[str, Any]]) -> None:
+    # /ready asks the engines with a 2 s timeout; Kubernetes' default probe timeout is 1 s.
+    container = one(default_objects, "Deployment", "-proxy")["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["timeoutSeconds"] > 2
+
+
 def test_proxy_autoscaler_owns_replicas(default_objects: list[dict[str, Any]], helm: Helm, helm_tmp: Path) -> None:
     hpa = one(default_objects, "HorizontalPodAutoscaler", "-proxy")
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "of-openforge-proxy"}
