@@ -36,6 +36,9 @@ _HIGH_WATER = 1 << 20
 # on it (a crash, a reset mid-generation): that is reported, not silently sent again.
 _STALE_WINDOW_S = 1.0
 
+# How long a stream read to its last event waits for its body's end before its connection is cut.
+_SETTLE_S = 1.0
+
 # Longest stream line taken: a first chunk carries the prompt's token ids, some 7 bytes per
 # token, so this is far above any context; beyond it the engine is not sending SSE.
 _MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -110,6 +113,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.on_lost: Any = None
+        self.on_complete: Any = None  # called (soon) when the answer in flight ends; see EngineResponse.close
         self.sent_at = 0.0
         self._reset()
 
@@ -259,6 +263,9 @@ class _Connection(asyncio.Protocol):
             return
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
+        if self.on_complete is not None:
+            settle, self.on_complete = self.on_complete, None
+            self.loop.call_soon(settle, self)  # once the parser has returned
 
 
 class EngineResponse:
@@ -345,6 +352,16 @@ class EngineResponse:
         conn = self._conn
         if finished and conn.complete and conn.error is None and conn.keep_alive and not conn.closed:
             self._client._release(conn)
+        elif finished and conn.streaming and conn.error is None and not conn.closed and not conn.paused:
+            # A stream read to its last event ([DONE]) whose body has not ended yet: the server
+            # writes the chunked body's end apart from the last event, and the two often come in
+            # separate reads. Cut now, nearly every stream would cost a new connection (and the
+            # engine an abort); the connection is kept once its end arrives, shortly.
+            conn.take()
+            if conn.timer is not None:
+                conn.timer.cancel()
+            conn.timer = conn.loop.call_later(_SETTLE_S, conn.abort)
+            conn.on_complete = self._client._settled
         else:
             conn.abort()
         if self._slotted:
@@ -439,6 +456,13 @@ class EngineClient:
 
     def _slots_release(self) -> None:
         self._slots.release()
+
+    def _settled(self, conn: _Connection) -> None:
+        """A finished stream's body ended after its reader was done: keep the connection if it may be."""
+        if conn.error is None and conn.keep_alive and not conn.closed:
+            self._release(conn)
+        else:
+            conn.abort()
 
     def _release(self, conn: _Connection) -> None:
         conn.finish()

@@ -58,6 +58,13 @@ class Engine:
                 await send({"type": "http.response.body", "body": b"data: %d\n\n" % k, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
             return
+        if scope["path"] == "/late-end":  # the body's end written apart from its last event, as uvicorn does
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send({"type": "http.response.body", "body": b"data: one\n\ndata: [DONE]\n\n", "more_body": True})
+            await asyncio.sleep(0.05)
+            await send({"type": "http.response.body", "body": b""})
+            return
         if scope["path"] == "/hang-stream":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"data: one\n\n", "more_body": True})
@@ -145,6 +152,26 @@ async def test_a_stream_is_read_line_by_line_as_it_arrives(engine: tuple[Engine,
     status, _ = await client.post_json(f"{url}/after", b"{}", timeout_s=5)
     assert status == 200
     assert len(set(app.clients)) == 1
+
+
+async def test_a_stream_read_to_its_last_event_keeps_its_connection_when_the_body_ends_late(
+        engine: tuple[Engine, str], client: EngineClient) -> None:
+    # The caller stops at [DONE]; the chunked body's end comes in a later read. Cut at once, the
+    # connection was lost to nearly every stream (a new one per call, an abort at the engine).
+    app, url = engine
+    for _ in range(3):
+        response = await client.post(f"{url}/late-end", b"{}")
+        async for line in response.lines():
+            if line == b"data: [DONE]":
+                break
+        response.close(finished=True)
+        for _ in range(100):  # its end arrives 50 ms later
+            if sum(map(len, client._idle.values())) == 1:  # back in the pool
+                break
+            await asyncio.sleep(0.01)
+    status, _ = await client.post_json(f"{url}/after", b"{}", timeout_s=5)
+    assert status == 200
+    assert len(set(app.clients)) == 1, app.clients
 
 
 async def test_cutting_a_stream_tells_the_engine_the_caller_left(engine: tuple[Engine, str],
