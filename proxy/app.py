@@ -172,6 +172,11 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             telemetry.refused.add(1, {"status": 503})
             return Response(orjson.dumps(adapter.error(503, "call log is full; retry later", "overloaded_error")),
                             status_code=503, media_type="application/json", headers={"retry-after": "5"})
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            # Read as it is, a compressed body would be refused as malformed JSON, naming nothing.
+            raise UnsupportedEncodingError(f"request bodies with Content-Encoding {encoding!r} are not "
+                                           "accepted; send the body uncompressed")
         raw = await read_body(request, st.settings.max_body_bytes)
         return await st.calls.handle(request, adapter, Caller(credential.rollout_id, credential.task_id), raw)
 
@@ -179,7 +184,8 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         try:
             return await call(request, kind, rollout_id)
         except ProxyError as exc:
-            telemetry.refused.add(1, {"status": exc.status_code})
+            if exc.status_code < 500:  # a record lost after the engine's work (503) was no refusal
+                telemetry.refused.add(1, {"status": exc.status_code})
             return _error_response(request, exc)
 
     # The model-call routes are served ahead of FastAPI (see _ProxyApp); the FastAPI routes
@@ -387,6 +393,13 @@ class PayloadTooLargeError(ProxyError):
 
     status_code = 413
     error_type = "request_too_large"
+
+
+class UnsupportedEncodingError(ProxyError):
+    """A request body in a Content-Encoding the proxy does not decode (415)."""
+
+    status_code = 415
+    error_type = "invalid_request_error"
 
 
 class UpstreamFailedError(ProxyError):

@@ -19,7 +19,8 @@ time_to_first_token = _meter.create_histogram("openforge.proxy.time_to_first_tok
 refused = _meter.create_counter("openforge.proxy.refused", unit="{request}",
                                description="Requests answered with an error before any engine work (no call event "
                                            "records them), by HTTP status: credentials (401, 403), bodies over the "
-                                           "limit (413), a full spool (503), a malformed reward (400).")
+                                           "limit (413), compressed bodies (415), a full spool (503), a malformed "
+                                           "reward (400).")
 added_latency = _meter.create_histogram("openforge.proxy.added_latency", unit="s",
                                         description="Time spent in the proxy outside the engine call.")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
 import os
 import resource
@@ -165,6 +166,12 @@ async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegi
         anthropic = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-big/v1/messages",
                                json={**big, "max_tokens": 4}, token=mint_token(KEY, "r-big", Role.AGENT, 60))
         assert anthropic.status_code == 413 and anthropic.json()["error"]["type"] == "request_too_large"
+        # A compressed body is named as such, not refused as malformed JSON.
+        zipped = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-big/v1/messages",
+                            content=gzip.compress(orjson.dumps({**CHAT, "max_tokens": 4})),
+                            token=mint_token(KEY, "r-big", Role.AGENT, 60),
+                            headers={"content-type": "application/json", "content-encoding": "gzip"})
+        assert zipped.status_code == 415 and "Content-Encoding 'gzip'" in zipped.json()["error"]["message"]
     finally:
         await shutdown(server, task)
 
