@@ -642,7 +642,9 @@ def _later_frames(data: bytes, start: int, last_seq: int) -> list[tuple[int, byt
     found: list[tuple[int, bytes]] = []
     position, seq = start, last_seq
     while position < len(data):
-        for wanted in range(seq + 1, seq + 1 + _SEARCHED_SEQS):
+        # Not number 0 (the journal's very first record): its eight zero bytes would match
+        # everywhere in a zero-filled stretch, one candidate per byte.
+        for wanted in range(max(seq + 1, 1), seq + 1 + _SEARCHED_SEQS):
             frame = _frame_by_seq(data, position, wanted)
             if frame is not None:
                 break
