@@ -23,7 +23,9 @@ async def wedged_url() -> AsyncIterator[str]:
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         held.append(writer)
-        await reader.read()  # until the proxy gives up and closes
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # until the proxy gives up and closes
+        writer.close()
 
     server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -32,6 +34,8 @@ async def wedged_url() -> AsyncIterator[str]:
     finally:
         for writer in held:
             writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
         server.close()
         await server.wait_closed()
 
@@ -57,6 +61,7 @@ async def test_a_replica_whose_weight_version_cannot_be_read_has_none_rather_tha
     healthy = [True]
 
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(writer)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while await reader.readuntil(b"\r\n\r\n"):
                 body = b'{"weight_version": "7"}' if healthy[0] else b"{}"
@@ -64,7 +69,9 @@ async def test_a_replica_whose_weight_version_cannot_be_read_has_none_rather_tha
                 writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
                              + str(len(body)).encode() + b"\r\n\r\n" + body)
                 await writer.drain()
+        writer.close()
 
+    opened: list[asyncio.StreamWriter] = []
     server = await asyncio.start_server(engine, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     pool = UpstreamPool([url], timeout_s=30)
@@ -77,7 +84,12 @@ async def test_a_replica_whose_weight_version_cannot_be_read_has_none_rather_tha
         assert pool.weight_version(url) is None
     finally:
         await pool.aclose()
+        for writer in opened:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
         server.close()
+        await server.wait_closed()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
