@@ -349,8 +349,10 @@ class DurablePublisher:
         """Stop the producer; the next :meth:`_connect` starts a new one."""
         producer, self._producer = self._producer, None
         if producer is not None:
+            # Aborted, not flushed: the spool holds everything unacknowledged, and a flush waits
+            # out the client's delivery timeout while the broker is away.
             with contextlib.suppress(Exception):
-                await producer.stop()
+                await producer.abort(self.ack_timeout_s)
 
     async def stop(self) -> None:
         """Stop draining and flush Kafka; what is still spooled stays on disk. Idempotent."""

@@ -383,8 +383,11 @@ class Journal:
             logger.warning("journal %s ends in a torn record at byte %d; cutting it off", path, size)
             return []
         aside = path.with_name(path.name + ".damaged")
-        aside.write_bytes(data)
-        kept = [(seq, body) for seq, body in later if seq > self._shipped]
+        with aside.open("wb") as copy:  # on disk before the segment is cut
+            copy.write(data)
+            copy.flush()
+            os.fsync(copy.fileno())
+        kept = [(seq, body) for seq, body in later if seq > self._shipped and _is_record(path, body)]
         logger.error("journal %s is damaged at byte %d of %d: the segment is kept whole as %s; %d later record(s) "
                      "still readable are journalled again (%d already in Kafka); the rest of the segment after "
                      "the damage is cut off", path, size, len(data), aside, len(kept), len(later) - len(kept))
@@ -625,6 +628,15 @@ class Journal:
                 self._read_index -= 1
             else:  # the cursor sat at the end of the deleted segment
                 self._read_offset = 0
+
+
+def _is_record(path: Path, body: bytes) -> bool:
+    """Whether a frame's body is a record this version reads (a salvaged one must be, to be journalled again)."""
+    try:
+        unpack_record(path, body)
+    except ValueError:
+        return False
+    return True
 
 
 _SEARCHED_SEQS = 256

@@ -121,17 +121,10 @@ class DiskSpool:
         self.directory = directory
         self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
-        for leftover in sorted(directory.glob("*.tmp")):
-            # A crash mid-write (never acknowledged) leaves a torn one: deleted. A whole one may be
-            # a record whose rename the disk lost (a power cut before the folder was flushed) and
-            # whose call was answered: kept. A whole one never answered is at worst sent twice,
-            # which consumers drop by event id.
-            try:
-                unpack_record(leftover, leftover.read_bytes())
-            except (ValueError, struct.error, OSError):
-                leftover.unlink(missing_ok=True)
-            else:
-                leftover.rename(leftover.with_suffix(".rec"))
+        for leftover in directory.glob("*.tmp"):
+            # An append that never returned (its call was never answered, and the harness sent
+            # it again under a new id): kept, it would be a second sample of that turn.
+            leftover.unlink(missing_ok=True)
         self._lock = threading.Lock()
         files = sorted(directory.glob("*.rec"))
         self._bytes = sum(f.stat().st_size for f in files)
@@ -190,7 +183,7 @@ class DiskSpool:
             raise
         try:
             _sync_folder(self.directory)  # the rename itself survives a power cut
-        except OSError as exc:  # whole and in place; were the rename lost, a start recovers the .tmp
+        except OSError as exc:  # the record is whole and in place; only a power cut now could lose its name
             logger.warning("flushing the spool folder %s failed: %s", self.directory, exc)
         return final
 

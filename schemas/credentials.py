@@ -23,14 +23,14 @@ from enum import StrEnum
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["MIN_KEY_BYTES", "Credential", "CredentialError", "Role", "mint_token", "verify_token"]
+__all__ = ["MAX_TOKEN_TTL_S", "MIN_KEY_BYTES", "Credential", "CredentialError", "Role", "mint_token", "verify_token"]
 
 _PREFIX = "of1."
 MIN_KEY_BYTES = 16
 """Shortest signing key accepted: 128 bits."""
 _MAX_TOKEN_CHARS = 4096
 """Longer tokens are refused unread: a minted one is a few hundred characters."""
-_MAX_TTL_S = 100 * 365 * 86_400
+MAX_TOKEN_TTL_S = 100 * 365 * 86_400
 """A century: longer lifetimes overflow the claims' integer, and no rollout runs that long."""
 _CLAIM_NAMES = {"r": "rollout_id", "t": "task_id", "exp": "expiry", "role": "role"}
 
@@ -86,8 +86,8 @@ def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id
             a rollout id with ``/``), or claims too long for a token.
     """
     _check_key(key)
-    if not (math.isfinite(ttl_s) and 0 < ttl_s <= _MAX_TTL_S):
-        raise ValueError(f"a token's lifetime must be a positive number of seconds up to {_MAX_TTL_S:,}, "
+    if not (math.isfinite(ttl_s) and 0 < ttl_s <= MAX_TOKEN_TTL_S):
+        raise ValueError(f"a token's lifetime must be a positive number of seconds up to {MAX_TOKEN_TTL_S:,}, "
                          f"not {ttl_s!r}")
     claims: dict[str, str | int] = {"r": rollout_id, "role": role.value,
                                     "exp": int((time.time() if now is None else now) + ttl_s)}

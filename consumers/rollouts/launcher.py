@@ -41,7 +41,7 @@ from consumers.rollouts.backend import (
     RolloutSpec,
 )
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, TaskV1, decode
-from schemas.credentials import Role, mint_token
+from schemas.credentials import MAX_TOKEN_TTL_S, Role, mint_token
 from schemas.rollout.pod import LABEL_ROLLOUT, LABEL_RUN, LABEL_TASK, scheduled_event_id
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase
 from stream.broker import cache_root
@@ -388,9 +388,10 @@ class Launcher(Managed):
             if work.tp not in self._consumer.assignment():
                 self._work = None  # revoked: the new owner relaunches from the committed offset
                 return True
+            # Capped: a task's timeout has no upper bound, and a lifetime past the cap is refused.
+            ttl_s = min(max(self.settings.token_ttl_s, task.timeout_s + self.settings.token_grace_s), MAX_TOKEN_TTL_S)
             spec = build_spec(task, work.next_index, proxy_url=self.settings.proxy_url, key=self._key,
-                              token_ttl_s=max(self.settings.token_ttl_s, task.timeout_s + self.settings.token_grace_s),
-                              backend=self.backend.kind)
+                              token_ttl_s=ttl_s, backend=self.backend.kind)
             if spec.rollout_id in self._known:
                 self.skipped += 1
                 work.next_index += 1
