@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal, Protocol
 
 import aiokafka.errors as kafka_errors
 
 from producers.capture import CallCapture
 from producers.raw_calls import EngineExchange, dead_letter, pack_raw_call
-from producers.spool import DiskSpool, SpooledRecord
+from producers.spool import DiskSpool, SpooledRecord, lock_folder
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
@@ -161,7 +159,8 @@ class DurablePublisher:
         Raises:
             SpoolLockedError: another process spools into the same folder.
         """
-        self._folder_lock = lock_folder(self.spool.directory / SPOOL_LOCK, "spooling events")
+        self._folder_lock = lock_folder(self.spool.directory / SPOOL_LOCK,
+                                        f"another process is spooling events in {self.spool.directory}")
         await self._connect()
         self._direct = self._producer is not None and len(self.spool) == 0
         if len(self.spool):
@@ -384,28 +383,4 @@ SPOOL_LOCK = "writer.lock"
 """File in the spool's folder its one publisher holds a lock on while it runs."""
 
 
-class SpoolLockedError(RuntimeError):
-    """Another process spools events into this folder."""
-
-
-def lock_folder(path: Path, doing: str) -> int:
-    """An exclusive lock on ``path`` (created), held until its descriptor is closed.
-
-    Two proxies given one spool folder (the default is relative to where each starts) would
-    number their files alike and overwrite each other's records; the second is refused at start
-    instead. A process that died released its lock with it.
-
-    Raises:
-        SpoolLockedError: another process holds it.
-    """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SpoolLockedError(f"another process is {doing} in {path.parent}: give each proxy a spool folder of "
-                               "its own (OPENFORGE_PROXY_SPOOL_DIR)") from None
-    return fd
-
-
-__all__ = ["DurablePublisher", "EventLog", "Outcome", "SpoolLockedError", "connect_producer", "lock_folder"]
+__all__ = ["DurablePublisher", "EventLog", "Outcome", "connect_producer"]

@@ -33,7 +33,6 @@ Not thread-safe: one event loop appends, reads and marks (``sync`` may run in a 
 from __future__ import annotations
 
 import collections
-import fcntl
 import logging
 import os
 import struct
@@ -44,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.spool import record_head, unpack_record
+from producers.spool import lock_folder, record_head, unpack_record
 
 try:
     # The compiled frame writer (native/, built by `make install`); the Python path below
@@ -311,15 +310,8 @@ class Journal:
         if self._lock_fd is not None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise JournalLockedError(
-                f"another process is writing the journal at {self.directory}: give each proxy a spool "
-                "folder of its own (OPENFORGE_PROXY_SPOOL_DIR)") from None
-        self._lock_fd = fd
+        self._lock_fd = lock_folder(self.directory / WRITER_LOCK,
+                                    f"another process is writing the journal at {self.directory}", JournalLockedError)
 
     def close(self) -> None:
         """Flush to disk, write the mark, release the file and the folder. Idempotent."""

@@ -10,6 +10,7 @@ keeps each rollout's events in the order they happened.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import struct
@@ -112,6 +113,30 @@ def _sync_folder(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class SpoolLockedError(RuntimeError):
+    """Another process spools events into this folder."""
+
+
+def lock_folder(path: Path, refusal: str, error: type[RuntimeError] = SpoolLockedError) -> int:
+    """An exclusive lock on ``path`` (created), held until its descriptor is closed.
+
+    Two proxies given one spool folder (the default is relative to where each starts) would
+    number their files alike and overwrite each other's records; the second is refused at start
+    instead. A process that died released its lock with it.
+
+    Raises:
+        SpoolLockedError: another process holds it (``error``, with ``refusal`` as its message).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise error(f"{refusal}: give each proxy a spool folder of its own (OPENFORGE_PROXY_SPOOL_DIR)") from None
+    return fd
+
 
 
 class DiskSpool:

@@ -9,10 +9,10 @@ import pytest
 from disklimits import file_size_limit
 
 from producers.capture import CallCapture
-from producers.durable import DurablePublisher, SpoolLockedError
+from producers.durable import DurablePublisher
 from producers.journal import Journal
 from producers.shipper import spool_path
-from producers.spool import DiskSpool, unpack_record
+from producers.spool import DiskSpool, SpoolLockedError, unpack_record
 from proxy.app import build_app
 from proxy.settings import ProxySettings
 from schemas import DeadLetterV1
