@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from typing import Literal, Protocol
 
@@ -25,12 +24,12 @@ import aiokafka.errors as kafka_errors
 
 from producers.capture import CallCapture
 from producers.raw_calls import EngineExchange, dead_letter, pack_raw_call
-from producers.spool import DiskSpool, SpooledRecord, lock_folder
+from producers.spool import DiskSpool, SpooledRecord
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
 from stream import CALLS, EventProducer, TopicRegistry, TopicSpec
-from stream.producer import encode_record
+from stream.producer import EventTooLargeError, encode_record
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +57,12 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
 REFUSED: tuple[type[Exception], ...] = (
     kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
     kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError, kafka_errors.TopicAuthorizationFailedError,
-    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError,
+    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError, EventTooLargeError,
 )
 """Kafka's ways of refusing a record itself rather than the connection: sending it again cannot
-help, and every record behind it would wait for ever. Such a record goes to the dead-letter topic."""
+help, and every record behind it would wait for ever. Such a record goes to the dead-letter topic.
+The broker's answer and the client's own checks while queueing (its size limit, a topic the
+metadata says is not ours to write) alike."""
 
 
 class EventLog(Protocol):
@@ -123,7 +124,6 @@ class DurablePublisher:
         self._direct = False
         self._order = asyncio.Lock()  # spool appends vs. the switch back to direct mode
         self._spooling = 0  # appends waiting for the spool (see _drain_once)
-        self._folder_lock: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -159,8 +159,7 @@ class DurablePublisher:
         Raises:
             SpoolLockedError: another process spools into the same folder.
         """
-        self._folder_lock = lock_folder(self.spool.directory / SPOOL_LOCK,
-                                        f"another process is spooling events in {self.spool.directory}")
+        self.spool.claim()
         await self._connect()
         self._direct = self._producer is not None and len(self.spool) == 0
         if len(self.spool):
@@ -296,10 +295,11 @@ class DurablePublisher:
                         logger.info("spool drained; publishing directly again")
                     self._direct = True
             return 0
-        futures = [
-            await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers) for r in batch
-        ]
         try:
+            # Queueing inside the try: the client refuses some records itself, before the broker.
+            futures = [
+                await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers) for r in batch
+            ]
             await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout_s * 4)
         except REFUSED as exc:
             logger.warning("Kafka refused a spooled record of a batch of %d (%r); sending them one at a time",
@@ -374,13 +374,7 @@ class DurablePublisher:
             with contextlib.suppress(Exception):
                 await self._producer.abort(self.ack_timeout_s)
             self._producer = None
-        if self._folder_lock is not None:
-            os.close(self._folder_lock)
-            self._folder_lock = None
-
-
-SPOOL_LOCK = "writer.lock"
-"""File in the spool's folder its one publisher holds a lock on while it runs."""
+        self.spool.release()
 
 
 __all__ = ["DurablePublisher", "EventLog", "Outcome", "connect_producer"]

@@ -585,17 +585,24 @@ def import_spool(spool: DiskSpool, journal: Journal) -> int:
 
     Switching a proxy from ``ack`` to ``journal`` durability must not strand what its spool
     holds. Returns how many records moved.
+
+    Raises:
+        SpoolLockedError: another process spools into that folder.
     """
     moved = 0
-    while batch := spool.oldest(256):
-        for record in batch:
-            journal.append(record.topic, record.key, record.value, record.headers)
-        # On disk in the journal before they leave the spool: a crash in between re-sends
-        # them (consumers drop the copies by event id) rather than losing them.
-        journal.sync()
-        for record in batch:
-            spool.remove(record)
-        moved += len(batch)
+    spool.claim()  # an ack-mode proxy still draining this folder would send them a second time
+    try:
+        while batch := spool.oldest(256):
+            for record in batch:
+                journal.append(record.topic, record.key, record.value, record.headers)
+            # On disk in the journal before they leave the spool: a crash in between re-sends
+            # them (consumers drop the copies by event id) rather than losing them.
+            journal.sync()
+            for record in batch:
+                spool.remove(record)
+            moved += len(batch)
+    finally:
+        spool.release()
     if moved:
         logger.info("moved %d records from the spool at %s into the journal", moved, spool.directory)
     return moved

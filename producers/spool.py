@@ -139,6 +139,10 @@ def lock_folder(path: Path, refusal: str, error: type[RuntimeError] = SpoolLocke
 
 
 
+SPOOL_LOCK = "writer.lock"
+"""The file in a spool folder whose lock marks the one process writing there."""
+
+
 class DiskSpool:
     """Append-and-drain spool in one folder, bounded by total bytes."""
 
@@ -146,15 +150,40 @@ class DiskSpool:
         self.directory = directory
         self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
-        for leftover in directory.glob("*.tmp"):
-            # An append that never returned (its call was never answered, and the harness sent
-            # it again under a new id): kept, it would be a second sample of that turn.
-            leftover.unlink(missing_ok=True)
         self._lock = threading.Lock()
-        files = sorted(directory.glob("*.rec"))
+        self._folder_lock: int | None = None
+        self._count_files()
+
+    def _count_files(self) -> None:
+        files = sorted(self.directory.glob("*.rec"))
         self._bytes = sum(f.stat().st_size for f in files)
         self._count = len(files)
         self._seq = int(files[-1].stem) + 1 if files else 0
+
+    def claim(self) -> None:
+        """Lock the folder for this process, then clear what an earlier writer left half-done.
+
+        The lock comes first: a temp file in a folder another live process spools into is that
+        process's append in progress, not a leftover. Idempotent.
+
+        Raises:
+            SpoolLockedError: another process spools into this folder.
+        """
+        if self._folder_lock is not None:
+            return
+        self._folder_lock = lock_folder(self.directory / SPOOL_LOCK,
+                                        f"another process is spooling events in {self.directory}")
+        for leftover in self.directory.glob("*.tmp"):
+            # An append that never returned (its call was never answered, and the harness sent
+            # it again under a new id): kept, it would be a second sample of that turn.
+            leftover.unlink(missing_ok=True)
+        self._count_files()
+
+    def release(self) -> None:
+        """Let another process claim the folder. Idempotent."""
+        if self._folder_lock is not None:
+            os.close(self._folder_lock)
+            self._folder_lock = None
 
     @property
     def size_bytes(self) -> int:

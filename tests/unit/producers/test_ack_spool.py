@@ -11,7 +11,7 @@ from disklimits import file_size_limit
 from producers.capture import CallCapture
 from producers.durable import DurablePublisher
 from producers.journal import Journal
-from producers.shipper import spool_path
+from producers.shipper import import_spool, spool_path
 from producers.spool import DiskSpool, SpoolLockedError, unpack_record
 from proxy.app import build_app
 from proxy.settings import ProxySettings
@@ -43,9 +43,32 @@ def test_leftover_temp_files_of_appends_that_never_returned_are_dropped(tmp_path
     kept = spool.append("t.calls", b"k", b"answered", ())
     (tmp_path / f"{7:020d}.tmp").write_bytes(kept.read_bytes())
     again = DiskSpool(tmp_path, 1 << 20)
+    again.claim()
     [record] = again.oldest(10)
     assert (record.value, len(again)) == (b"answered", 1)
     assert not list(tmp_path.glob("*.tmp"))
+    again.release()
+
+
+def test_a_spool_claimed_by_another_process_keeps_its_appends_in_progress(tmp_path: Path) -> None:
+    # The temp file is the live writer's append before its rename: deleting it would fail that
+    # append (and the call it holds) in the process that owns the folder.
+    writer = DiskSpool(tmp_path, 1 << 20)
+    writer.claim()
+    in_progress = tmp_path / f"{3:020d}.tmp"
+    in_progress.write_bytes(b"half")
+    try:
+        second = DiskSpool(tmp_path, 1 << 20)
+        with pytest.raises(SpoolLockedError, match="another process is spooling events in"):
+            second.claim()
+        with pytest.raises(SpoolLockedError):
+            import_spool(second, Journal(tmp_path / "journal", 1 << 20))
+        assert in_progress.read_bytes() == b"half"
+    finally:
+        writer.release()
+    second.claim()  # released: now it is a leftover
+    assert not in_progress.exists()
+    second.release()
 
 
 def _capture(text_bytes: int) -> CallCapture:
