@@ -34,6 +34,7 @@ from schemas._errors import DeadLetterErrorType
 from schemas.registry import decode
 from stream import EventProducer, KafkaSettings, TopicRegistry
 from stream.admin import KafkaAdmin
+from stream.broker import BROKER_MESSAGE_MAX_BYTES
 from stream.topics import DEAD_LETTERS, Topic, TopicSpec
 
 pytestmark = pytest.mark.kafka
@@ -108,6 +109,35 @@ async def test_a_spooled_record_the_broker_refuses_goes_to_the_dead_letter_topic
     [letter] = [x for x in letters if isinstance(x, DeadLetterV1) and x.topic == small.name]
     assert letter.error_type is DeadLetterErrorType.REFUSED_BY_BROKER and letter.value == values[2]
 
+
+
+async def test_a_spooled_record_the_client_refuses_while_queueing_goes_to_the_dead_letter_topic(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    # Over the producer's own request limit, the record is refused before it reaches the broker,
+    # as it is queued. That refusal came before the drainer's try: the drain "paused" and sent
+    # the batch again for ever, with Kafka "down" for the proxy and the spool filling behind it.
+    target = f"{topics.prefix}refusals.{uuid.uuid4().hex[:8]}"
+    async with KafkaAdmin(kafka_settings, topics) as admin:
+        await admin.create_topics([Topic(target, 1, TopicSpec(base_name="refusals", partitions=1, schemas=(), key=""))])
+    oversize = os.urandom(BROKER_MESSAGE_MAX_BYTES + 1024)
+    spool = DiskSpool(tmp_path, 1 << 30)
+    for value in (b"before", oversize, b"after"):
+        spool.append(target, b"r-1", value, ())
+    del oversize
+    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=topics), spool, topics,
+                                 ack_timeout_s=5.0, drain_interval_s=0.1)
+    await publisher.start()
+    try:
+        await _until(lambda: publisher.direct, 60.0)
+        assert publisher.direct and len(spool) == 0 and publisher.refused == 1
+    finally:
+        await publisher.stop()
+    stored = [r.value for r in await _records(kafka_settings, target, expect=2)]
+    assert list(dict.fromkeys(stored)) == [b"before", b"after"]
+    letters = [decode(r.headers, r.value) for r in await _records(kafka_settings, topics[DEAD_LETTERS].name, 1)]
+    [letter] = [x for x in letters if isinstance(x, DeadLetterV1) and x.topic == target]
+    assert letter.error_type is DeadLetterErrorType.REFUSED_BY_BROKER and letter.value_truncated
+    assert "EventTooLargeError" in (letter.exception_type or "")
 
 async def test_a_missing_topic_is_named_with_its_remedy_and_its_records_ship_once_it_exists(
         tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, caplog: pytest.LogCaptureFixture) -> None:
