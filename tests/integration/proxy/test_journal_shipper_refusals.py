@@ -94,21 +94,13 @@ async def test_a_spooled_record_the_broker_refuses_goes_to_the_dead_letter_topic
     spool = DiskSpool(tmp_path, 64 << 20)
     for value in values:
         spool.append(small.name, b"r-1", value, (("h", b"1"),))
-    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=topics), spool, topics,
-                                 ack_timeout_s=5.0, drain_interval_s=0.1)
-    await publisher.start()
-    try:
-        await _until(lambda: publisher.direct, 30.0)
-        assert publisher.direct and len(spool) == 0 and publisher.refused == 1
-    finally:
-        await publisher.stop()
+    await _drain_with_one_refusal(spool, kafka_settings, topics, 30.0)
     stored = [r.value for r in await _records(kafka_settings, small.name, expect=4)]
     # In order; records of the refused batch that had arrived are sent again, and dropped by id.
     assert list(dict.fromkeys(stored)) == [values[0], values[1], values[3], values[4]]
     letters = [decode(r.headers, r.value) for r in await _records(kafka_settings, topics[DEAD_LETTERS].name, 1)]
     [letter] = [x for x in letters if isinstance(x, DeadLetterV1) and x.topic == small.name]
     assert letter.error_type is DeadLetterErrorType.REFUSED_BY_BROKER and letter.value == values[2]
-
 
 
 async def test_a_spooled_record_the_client_refuses_while_queueing_goes_to_the_dead_letter_topic(
@@ -124,14 +116,7 @@ async def test_a_spooled_record_the_client_refuses_while_queueing_goes_to_the_de
     for value in (b"before", oversize, b"after"):
         spool.append(target, b"r-1", value, ())
     del oversize
-    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=topics), spool, topics,
-                                 ack_timeout_s=5.0, drain_interval_s=0.1)
-    await publisher.start()
-    try:
-        await _until(lambda: publisher.direct, 60.0)
-        assert publisher.direct and len(spool) == 0 and publisher.refused == 1
-    finally:
-        await publisher.stop()
+    await _drain_with_one_refusal(spool, kafka_settings, topics, 60.0)
     stored = [r.value for r in await _records(kafka_settings, target, expect=2)]
     assert list(dict.fromkeys(stored)) == [b"before", b"after"]
     letters = [decode(r.headers, r.value) for r in await _records(kafka_settings, topics[DEAD_LETTERS].name, 1)]
@@ -182,6 +167,19 @@ async def _running(shipper: Shipper, journal: Journal) -> AsyncIterator[None]:
         await asyncio.wait_for(runner, 20)
         await shipper.close()
         journal.close()
+
+
+async def _drain_with_one_refusal(spool: DiskSpool, kafka: KafkaSettings, topics: TopicRegistry,
+                                  timeout_s: float) -> None:
+    """An ``ack`` publisher drains ``spool`` back to direct publishing, refusing one record on the way."""
+    publisher = DurablePublisher(lambda: EventProducer(kafka, registry=topics), spool, topics,
+                                 ack_timeout_s=5.0, drain_interval_s=0.1)
+    await publisher.start()
+    try:
+        await _until(lambda: publisher.direct, timeout_s)
+        assert publisher.direct and len(spool) == 0 and publisher.refused == 1
+    finally:
+        await publisher.stop()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
