@@ -20,10 +20,19 @@ from proxy.engine_client import EngineClient, EngineError
 logger = logging.getLogger(__name__)
 
 
+IDLE_REUSE_S = 4.0
+"""How long an idle engine connection is reused: less than the engine keeps it (vLLM's uvicorn
+closes idle connections after 5 s). A live engine has closed an older one itself, so one still
+open points at a peer that is gone without a word (a node whose packets vanish): a call sent on
+it would wait out the whole upstream timeout, while a new connection fails within the connect
+deadline and the call moves to another replica. Under load connections never sit this long."""
+
+
 class UpstreamPool:
     """Replica choice with a short memory of failures, and one shared HTTP client."""
 
-    def __init__(self, urls: list[str], *, timeout_s: float, down_for_s: float = 5.0) -> None:
+    def __init__(self, urls: list[str], *, timeout_s: float, down_for_s: float = 5.0,
+                 keepalive_s: float = IDLE_REUSE_S) -> None:
         if not urls:
             raise ValueError("at least one upstream URL is needed")
         self.urls = [u.rstrip("/") for u in urls]
@@ -31,9 +40,7 @@ class UpstreamPool:
         self._down_until: dict[str, float] = {}
         self._versions: dict[str, str] = {}
         self._poller: asyncio.Task[None] | None = None
-        # Idle engine connections are kept: rebuilding a pool of dozens after a pause costs
-        # more than the calls themselves (measured by bench/proxy.py).
-        self.client = EngineClient(timeout_s=timeout_s, keepalive_s=300.0)
+        self.client = EngineClient(timeout_s=timeout_s, keepalive_s=keepalive_s)
 
     def order(self, rollout_id: str) -> list[str]:
         """Replicas in preference order for this rollout: healthy first, by rendezvous score."""

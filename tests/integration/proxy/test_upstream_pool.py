@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from proxy.engine_client import EngineUnreachableError
 from proxy.upstream import UpstreamPool
 
 
@@ -90,6 +91,49 @@ async def test_a_replica_whose_weight_version_cannot_be_read_has_none_rather_tha
                 await writer.wait_closed()
         server.close()
         await server.wait_closed()
+
+
+async def test_an_engine_gone_silent_since_its_last_answer_fails_fast_instead_of_holding_the_call() -> None:
+    # A scripted engine answers one call on a kept-alive connection and then vanishes without a
+    # word: it stops listening (new connections are refused, as at a node that is gone) but its
+    # open connection is neither answered nor closed (the close never arrives). A live engine
+    # closes idle connections itself after 5 s; reused after that, this one took the next call
+    # into the void until the upstream timeout (600 s in the proxy's settings), with no failover.
+    opened: list[asyncio.StreamWriter] = []
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+            await writer.drain()
+            await reader.read()  # held open, unanswered
+
+    server = await asyncio.start_server(engine, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    pool = UpstreamPool([url], timeout_s=20, keepalive_s=0.2)
+    try:
+        assert (await pool.client.get_json(f"{url}/health", timeout_s=5))[0] == 200
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.3)  # idle past the engine's keep-alive
+        started = time.monotonic()
+        with pytest.raises(EngineUnreachableError):
+            await pool.client.get_json(f"{url}/health", timeout_s=20)
+        assert time.monotonic() - started < 5.0
+        assert opened and not opened[0].is_closing()  # the silent connection was still open
+    finally:
+        await pool.aclose()
+        for writer in opened:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+def test_idle_engine_connections_are_reused_for_less_than_vllms_keep_alive() -> None:
+    # vLLM's uvicorn closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); ours must
+    # be given up first for the case above to be caught.
+    assert UpstreamPool(["http://127.0.0.1:9"], timeout_s=1).client.keepalive_s < 5.0
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
