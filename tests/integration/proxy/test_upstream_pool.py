@@ -33,10 +33,7 @@ async def wedged_url() -> AsyncIterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        for writer in held:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+        await _close_all(held)
         server.close()
         await server.wait_closed()
 
@@ -85,10 +82,7 @@ async def test_a_replica_whose_weight_version_cannot_be_read_has_none_rather_tha
         assert pool.weight_version(url) is None
     finally:
         await pool.aclose()
-        for writer in opened:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+        await _close_all(opened)
         server.close()
         await server.wait_closed()
 
@@ -124,16 +118,21 @@ async def test_an_engine_gone_silent_since_its_last_answer_fails_fast_instead_of
         assert opened and not opened[0].is_closing()  # the silent connection was still open
     finally:
         await pool.aclose()
-        for writer in opened:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+        await _close_all(opened)
 
 
 def test_idle_engine_connections_are_reused_for_less_than_vllms_keep_alive() -> None:
     # vLLM's uvicorn closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); ours must
     # be given up first for the case above to be caught.
     assert UpstreamPool(["http://127.0.0.1:9"], timeout_s=1).client.keepalive_s < 5.0
+
+
+async def _close_all(writers: list[asyncio.StreamWriter]) -> None:
+    """Close a scripted server's connections (one left open fails a later test as a ResourceWarning)."""
+    for writer in writers:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
