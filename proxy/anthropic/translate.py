@@ -7,7 +7,7 @@ engine's answer (a completion or a stream of chunks) back into a Message or Anth
 
 Everything here is pure: JSON-like dicts in, JSON-like dicts out, no I/O. Malformed requests raise
 :class:`~proxy.errors.InvalidRequestError`; requests that are well formed but ask for something the
-engine cannot do (images, server tools, MCP servers) raise
+engine cannot do (documents, server tools, MCP servers) raise
 :class:`~proxy.errors.UnsupportedFeatureError` naming the JSON path, so a harness author sees at once
 what to turn off.
 
@@ -70,11 +70,11 @@ _UNHONOURABLE_FIELDS: Final = {
     "container": "code-execution containers are run by Anthropic's servers; the engine has none",
 }
 
-# Content block types that carry content the engine cannot take (no vision, no document parsing) or
-# results of server tools that never ran here.
+# Content block types that carry content the engine cannot take (no document parsing) or results of
+# server tools that never ran here. Images go on as chat image parts: whether the engine can see
+# them is its model's business, and it says so itself.
 _UNSUPPORTED_BLOCKS: Final = {
-    "image": "the engine takes text only",
-    "document": "the engine takes text only",
+    "document": "the engine reads no documents; send their text as text blocks",
     "search_result": "search-result blocks with citations are not supported",
     "container_upload": "code-execution containers are not supported",
     "server_tool_use": "server tools are not supported",
@@ -191,7 +191,7 @@ def _text_only(content: Any, path: str) -> str:
         block_path = f"{path}[{j}]"
         kind = _block_type(block, block_path)
         if kind != "text":
-            if kind in _THINKING_BLOCKS or kind in {"tool_use", "tool_result"}:
+            if kind in _THINKING_BLOCKS or kind in {"tool_use", "tool_result", "image"}:
                 raise InvalidRequestError(f"{block_path}.type must be 'text' here, got {kind!r}")
             raise _refuse_block(kind, block_path)
         parts.append(_expect_str(block.get("text"), f"{block_path}.text"))
@@ -200,6 +200,46 @@ def _text_only(content: Any, path: str) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # request: Messages -> chat completions
+
+
+_IMAGE_MEDIA_TYPES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+
+
+def _image_part(block: dict[str, Any], path: str) -> dict[str, Any]:
+    """An ``image`` block as a chat ``image_url`` part (inline data as a data URL), as vLLM takes images.
+
+    A text-only model's engine refuses the part with its own 400, which reaches the harness as
+    Anthropic's error; a vision model sees the image, as the harness meant (Claude Code reads
+    screenshots and image files into tool results).
+    """
+    source = _expect_dict(block.get("source"), f"{path}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = _expect_str(source.get("media_type"), f"{path}.source.media_type")
+        if media_type not in _IMAGE_MEDIA_TYPES:
+            raise InvalidRequestError(f"{path}.source.media_type must be one of "
+                                      f"{', '.join(sorted(_IMAGE_MEDIA_TYPES))}, got {media_type!r}")
+        url = f"data:{media_type};base64,{_expect_str(source.get('data'), f'{path}.source.data')}"
+    elif kind == "url":
+        url = _expect_str(source.get("url"), f"{path}.source.url")
+    elif kind == "file":
+        raise UnsupportedFeatureError(f"{path}.source.type", "files uploaded to Anthropic's Files API are not "
+                                      "reachable from the engine; send the image as base64 data")
+    else:
+        raise InvalidRequestError(f"{path}.source.type must be 'base64', 'url' or 'file', got {kind!r}")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _parts_content(parts: list[str | dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's content from its text and image parts, in order.
+
+    Text alone stays one string (see :func:`_join_text`), so a text-only prompt is the same
+    whichever way the harness split it; with an image the content is a list of chat parts, each
+    text block a text part, which vLLM renders as it would for a chat-completions client.
+    """
+    if all(isinstance(part, str) for part in parts):
+        return _join_text([part for part in parts if isinstance(part, str)])
+    return [{"type": "text", "text": part} if isinstance(part, str) else part for part in parts]
 
 
 def _tool_result_message(block: dict[str, Any], path: str) -> dict[str, Any]:
@@ -222,14 +262,20 @@ def _tool_result_message(block: dict[str, Any], path: str) -> dict[str, Any]:
     elif isinstance(content, str):
         text = content
     else:
-        parts: list[str] = []
+        parts: list[str | dict[str, Any]] = []
         for k, inner in enumerate(_expect_list(content, f"{path}.content")):
             inner_path = f"{path}.content[{k}]"
             kind = _block_type(inner, inner_path)
-            if kind != "text":
+            if kind == "text":
+                parts.append(_expect_str(inner.get("text"), f"{inner_path}.text"))
+            elif kind == "image":
+                parts.append(_image_part(inner, inner_path))
+            else:
                 raise _refuse_block(kind, inner_path)
-            parts.append(_expect_str(inner.get("text"), f"{inner_path}.text"))
-        text = _join_text(parts)
+        joined = _parts_content(parts)
+        if not isinstance(joined, str):
+            return {"role": "tool", "tool_call_id": tool_use_id, "content": joined}
+        text = joined
     if is_error and not text:
         text = EMPTY_ERROR_RESULT_TEXT
     return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
@@ -249,14 +295,16 @@ def _user_messages(blocks: list[tuple[Any, str]], called: set[str]) -> list[dict
     the answer to a call the model never made.
     """
     out: list[dict[str, Any]] = []
-    pending: list[str] = []
+    pending: list[str | dict[str, Any]] = []
     for block, block_path in blocks:
         kind = _block_type(block, block_path)
         if kind == "text":
             pending.append(_expect_str(block.get("text"), f"{block_path}.text"))
+        elif kind == "image":
+            pending.append(_image_part(block, block_path))
         elif kind == "tool_result":
             if pending:
-                out.append({"role": "user", "content": _join_text(pending)})
+                out.append({"role": "user", "content": _parts_content(pending)})
                 pending = []
             result = _tool_result_message(block, block_path)
             if result["tool_call_id"] not in called:
@@ -268,7 +316,7 @@ def _user_messages(blocks: list[tuple[Any, str]], called: set[str]) -> list[dict
         else:
             raise _refuse_block(kind, block_path)
     if pending or not out:
-        out.append({"role": "user", "content": _join_text(pending)})
+        out.append({"role": "user", "content": _parts_content(pending)})
     return out
 
 
@@ -306,8 +354,8 @@ def _assistant_message(blocks: list[tuple[Any, str]]) -> dict[str, Any]:
                 thoughts.append(thought)
         elif kind in _THINKING_BLOCKS:
             continue
-        elif kind == "tool_result":
-            raise InvalidRequestError(f"{block_path}.type 'tool_result' is only allowed in user messages")
+        elif kind in {"tool_result", "image"}:
+            raise InvalidRequestError(f"{block_path}.type {kind!r} is only allowed in user messages")
         else:
             raise _refuse_block(kind, block_path)
     message: dict[str, Any] = {"role": "assistant"}

@@ -96,7 +96,7 @@ _DROPPED_HOSTED_TOOLS: Final = frozenset(
 
 _ROLES: Final = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS: Final = frozenset({"input_text", "output_text", "text"})
-_MEDIA_PARTS: Final = frozenset({"input_image", "input_file", "input_audio"})
+_MEDIA_PARTS: Final = frozenset({"input_file", "input_audio"})
 
 _HOSTED_TOOLS: Final = frozenset(
     {
@@ -341,33 +341,61 @@ def _translate_message(item: dict[str, Any], path: str) -> dict[str, Any]:
     role = item.get("role")
     if not isinstance(role, str) or role not in _ROLES:
         raise InvalidRequestError(f"{path}.role must be one of user, assistant, system, developer")
-    return {"role": _ROLES[role], "content": _translate_content(item.get("content"), f"{path}.content")}
+    return {"role": _ROLES[role],
+            "content": _translate_content(item.get("content"), f"{path}.content", images=role == "user")}
 
 
-def _translate_content(content: Any, path: str) -> str | list[dict[str, Any]]:
-    """Translate message content: a string, or a list of text parts.
+def _translate_content(content: Any, path: str, *, images: bool) -> str | list[dict[str, Any]]:
+    """Translate message content: a string, or a list of text (and, where ``images``, image) parts.
 
     One text part becomes a plain string and several stay a list of chat text parts, so
-    the engine joins them exactly as it would for a chat-completions client.
+    the engine joins them exactly as it would for a chat-completions client. Images go on as
+    chat ``image_url`` parts in their place; a text-only model's engine refuses them itself.
     """
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InvalidRequestError(f"{path} must be a string or a list of content parts")
-    texts = [_part_text(part, f"{path}[{j}]") for j, part in enumerate(content)]
-    if len(texts) == 1:
-        return texts[0]
-    if not texts:
+    parts = [_part(part, f"{path}[{j}]", images) for j, part in enumerate(content)]
+    if len(parts) == 1 and isinstance(parts[0], str):
+        return parts[0]
+    if not parts:
         return ""
-    return [{"type": "text", "text": text} for text in texts]
+    return [{"type": "text", "text": part} if isinstance(part, str) else part for part in parts]
 
 
-def _part_text(part: Any, path: str) -> str:
+def _image_part(part: dict[str, Any], path: str) -> dict[str, Any]:
+    """An ``input_image`` part as a chat ``image_url`` part (a URL or data URL, and its detail)."""
+    if part.get("file_id") is not None:
+        raise UnsupportedFeatureError(f"{path}.file_id", "files uploaded to OpenAI's Files API are not reachable "
+                                      "from the engine; send the image as a URL or a data URL")
+    url = part.get("image_url")
+    if not isinstance(url, str) or not url:
+        raise InvalidRequestError(f"{path}.image_url is required and must be a URL or a data URL")
+    image: dict[str, Any] = {"url": url}
+    detail = part.get("detail")
+    if detail is not None:
+        if detail not in {"low", "high", "auto"}:
+            raise InvalidRequestError(f"{path}.detail must be 'low', 'high' or 'auto', got {detail!r}")
+        image["detail"] = detail
+    return {"type": "image_url", "image_url": image}
+
+
+def _part(part: Any, path: str, images: bool) -> str | dict[str, Any]:
     if not isinstance(part, dict):
         raise InvalidRequestError(f"{path} must be an object")
     kind = part.get("type")
     if not isinstance(kind, str):
         raise InvalidRequestError(f"{path}.type is required and must be a string")
+    if kind == "input_image":
+        if not images:
+            raise InvalidRequestError(f"{path}.type input_image is only allowed in user messages and tool outputs")
+        return _image_part(part, path)
+    return _part_text(part, path)
+
+
+def _part_text(part: dict[str, Any], path: str) -> str:
+    kind = part["type"]
     if kind in _TEXT_PARTS:
         text = part.get("text")
         if not isinstance(text, str):
@@ -381,7 +409,7 @@ def _part_text(part: Any, path: str) -> str:
         return refusal
     if kind in _MEDIA_PARTS:
         raise UnsupportedFeatureError(
-            f"{path}.type", f"{kind} parts are not supported: the engine is served for text only"
+            f"{path}.type", f"{kind} parts are not supported: the engine takes text and images only"
         )
     raise UnsupportedFeatureError(f"{path}.type", f"content parts of type {kind!r} cannot be translated")
 
@@ -445,7 +473,7 @@ def _translate_tool_output(item: dict[str, Any], path: str) -> dict[str, Any]:
     if isinstance(output, str):
         content: str | list[dict[str, Any]] = output
     elif isinstance(output, list):
-        content = _translate_content(output, f"{path}.output")
+        content = _translate_content(output, f"{path}.output", images=True)
     else:
         raise InvalidRequestError(f"{path}.output must be a string or a list of content parts")
     return {"role": "tool", "tool_call_id": call_id, "content": content}

@@ -88,14 +88,41 @@ async def test_anthropic_count_tokens_matches_the_engine(proxy, vllm_url) -> Non
 
 
 async def test_unsupported_anthropic_feature_gets_400_naming_the_field(proxy) -> None:
-    async with anthropic_client(proxy, "r-img") as client:
+    async with anthropic_client(proxy, "r-doc") as client:
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type"):
             await client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                                "data": "JVBERi0="}}]}])
     [event] = await calls_of(proxy, 1)
     assert event.status is CallStatus.INVALID_REQUEST
     assert "messages[0].content[0].type" in event.error_message
-    assert event.request.extra["untranslated"]["messages"][0]["content"][0]["type"] == "image"
+    assert event.request.extra["untranslated"]["messages"][0]["content"][0]["type"] == "document"
+
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+
+
+async def test_images_reach_the_engine_which_answers_for_its_model(proxy) -> None:
+    # Translated to chat image parts, images go to the engine, as a chat-completions client's
+    # do: a vision model sees them. The suite's model reads text only, so its engine refuses
+    # them itself, and that refusal reaches each harness in its own API's shape.
+    image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
+    async with anthropic_client(proxy, "r-img") as client:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            await client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}])
+    async with responses_client(proxy, "r-img-resp") as responses:
+        with pytest.raises(openai.BadRequestError) as refused_too:
+            await responses.responses.create(model="m", max_output_tokens=5, input=[{"role": "user", "content": [
+                {"type": "input_text", "text": "What is this?"},
+                {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"}]}])
+    assert "multimodal" in str(refused.value) and "multimodal" in str(refused_too.value)
+    events = sorted(await calls_of(proxy, 2), key=lambda e: e.rollout_id)
+    assert [(e.rollout_id, e.status, e.upstream_status_code) for e in events] == [
+        ("r-img", CallStatus.UPSTREAM_ERROR, 400), ("r-img-resp", CallStatus.UPSTREAM_ERROR, 400)]
+    for event in events:
+        assert event.request.messages[-1]["content"] == [{"type": "text", "text": "What is this?"}, image]
 
 
 def responses_client(proxy, rollout_id: str) -> openai.AsyncOpenAI:

@@ -9,6 +9,7 @@ simulated (no server, no network).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import anthropic
@@ -252,24 +253,65 @@ def test_structured_output_becomes_response_format() -> None:
     assert "response_format" not in to_chat_request(claude_code_request(output_config={"effort": "low"}))
 
 
-def test_unsupported_image_block_names_its_path() -> None:
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+"""A whole 1x1 PNG, base64."""
+
+
+def test_an_image_block_becomes_a_chat_image_part_in_its_place() -> None:
     body = claude_code_request()
     body["messages"][1]["content"].append(
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}})
-    with pytest.raises(UnsupportedFeatureError) as info:
-        to_chat_request(body)
-    assert info.value.field == "messages[1].content[2].type"
-    assert info.value.status_code == 400
-    assert "messages[1].content[2].type" in info.value.message
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
+    body["messages"][1]["content"].append({"type": "text", "text": "What does the screenshot show?"})
+    chat = to_chat_request(body)
+    [turn] = [m for m in chat["messages"] if m["role"] == "user" and isinstance(m["content"], list)]
+    assert turn["content"] == [
+        {"type": "text", "text": "<system-reminder>Use TodoWrite for multi-step work.</system-reminder>"},
+        {"type": "text", "text": "How many lines does setup.py have?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+        {"type": "text", "text": "What does the screenshot show?"},
+    ]
+    # Text-only turns keep their one string, so their prompt does not change.
+    assert [m["content"] for m in chat["messages"] if m["role"] == "user" and m is not turn] == [
+        "Also read it, please."]
 
 
-def test_image_inside_tool_result_names_its_path() -> None:
+def test_an_image_a_tool_read_comes_back_in_the_tool_message() -> None:
+    # Claude Code's Read of an image file answers with an image block in the tool_result.
     body = claude_code_request()
     body["messages"][5]["content"][0]["content"].append(
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}})
-    with pytest.raises(UnsupportedFeatureError) as info:
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/plot.png"}})
+    chat = to_chat_request(body)
+    [result] = [m for m in chat["messages"] if m.get("tool_call_id") == "toolu_01B"]
+    assert result["content"] == [
+        {"type": "text", "text": "1\tfrom setuptools import setup"}, {"type": "text", "text": "2\tsetup()"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/plot.png"}}]
+
+
+@pytest.mark.parametrize(("source", "error", "field"), [
+    ({"type": "base64", "media_type": "image/tiff", "data": PNG}, InvalidRequestError,
+     "messages[1].content[2].source.media_type must be one of image/gif, image/jpeg, image/png, image/webp"),
+    ({"type": "base64", "media_type": "image/png"}, InvalidRequestError, "messages[1].content[2].source.data"),
+    ({"type": "file", "file_id": "file_01"}, UnsupportedFeatureError, "messages[1].content[2].source.type"),
+    ({"type": "svg"}, InvalidRequestError, "messages[1].content[2].source.type must be"),
+    (None, InvalidRequestError, "messages[1].content[2].source must be an object"),
+])
+def test_an_image_the_engine_cannot_be_given_names_its_field(source: Any, error: type[Exception], field: str) -> None:
+    body = claude_code_request()
+    body["messages"][1]["content"].append({"type": "image", "source": source})
+    with pytest.raises(error, match=re.escape(field)):
         to_chat_request(body)
-    assert info.value.field == "messages[5].content[0].content[2].type"
+
+
+def test_images_are_refused_where_anthropic_refuses_them() -> None:
+    body = claude_code_request()
+    body["messages"][2]["content"].append(
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
+    with pytest.raises(InvalidRequestError, match=r"messages\[2\]\.content\[3\]\.type 'image' is only allowed in user"):
+        to_chat_request(body)
+    system = claude_code_request()
+    system["system"].append({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
+    with pytest.raises(InvalidRequestError, match=r"system\[2\]\.type must be 'text' here"):
+        to_chat_request(system)
 
 
 def test_document_block_is_unsupported() -> None:
@@ -802,12 +844,13 @@ def test_error_body_is_raised_by_the_sdk_against_sdk_parser() -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(model="m", max_tokens=16, messages=[{"role": "user", "content": [
             {"type": "text", "text": "what is this?"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+            {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
         ]}])
     assert info.value.status_code == 400
     assert info.value.body == {"type": "error", "error": {
         "type": "invalid_request_error",
-        "message": "unsupported field messages[0].content[1].type: the engine takes text only"}}
+        "message": "unsupported field messages[0].content[1].type: the engine reads no documents; "
+                   "send their text as text blocks"}}
 
 
 def test_claude_codes_attribution_block_never_reaches_the_engine() -> None:

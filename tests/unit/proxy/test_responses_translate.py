@@ -8,6 +8,7 @@ SDK's request building and stream parsing are real.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -265,27 +266,19 @@ def test_json_schema_text_format_becomes_response_format() -> None:
                         "role": "user",
                         "content": [
                             {"type": "input_text", "text": "what is this?"},
-                            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+                            {"type": "input_file", "file_url": "https://example.com/a.pdf"},
                         ],
                     }
                 ]
             },
             "input[0].content[1].type",
         ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]},
+            "input[0].content[0].file_id",
+        ),
         ({"input": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_1"}]}, "input[1].type"),
         ({"input": [{"type": "web_search_call", "id": "ws", "status": "completed"}]}, "input[0].type"),
-        (
-            {
-                "input": [
-                    {
-                        "type": "function_call_output",
-                        "call_id": "c",
-                        "output": [{"type": "input_image", "image_url": "x"}],
-                    }
-                ]
-            },
-            "input[0].output[0].type",
-        ),
         ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice.type"),
         ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
     ],
@@ -1050,3 +1043,35 @@ def test_a_lost_record_after_a_think_shows_the_reasoning_the_harness_saw_end() -
     assert [(item.type, item.status) for item in output] == [("reasoning", "completed"), ("message", "completed"),
                                                              ("function_call", "incomplete")]
     assert output[0].content[0].text == "".join(THOUGHT)
+
+
+PNG_URL = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAA"
+           "BJRU5ErkJggg==")
+
+
+def test_input_images_become_chat_image_parts_in_their_place() -> None:
+    chat = to_chat_request(codex_request(input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
+                                     {"type": "input_image", "image_url": PNG_URL, "detail": "low"}]},
+        {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": '{"path":"a.png"}'},
+        {"type": "function_call_output", "call_id": "c1",
+         "output": [{"type": "input_image", "image_url": "https://example.com/a.png"}]},
+    ]))
+    user, _, tool = chat["messages"][-3:]
+    assert user["content"] == [{"type": "text", "text": "what is this?"},
+                               {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "low"}}]
+    assert tool == {"role": "tool", "tool_call_id": "c1",
+                    "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ({"role": "assistant", "content": [{"type": "input_image", "image_url": PNG_URL}]},
+     "input[0].content[0].type input_image is only allowed in user messages and tool outputs"),
+    ({"role": "user", "content": [{"type": "input_image"}]},
+     "input[0].content[0].image_url is required"),
+    ({"role": "user", "content": [{"type": "input_image", "image_url": PNG_URL, "detail": "max"}]},
+     "input[0].content[0].detail must be 'low', 'high' or 'auto'"),
+])
+def test_a_malformed_or_misplaced_input_image_names_its_field(item: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=re.escape(message)):
+        to_chat_request(codex_request(input=[item]))
