@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench kafka-jars engine harnesses learner helm kube clean
+.PHONY: install test test-fast lint demo bench image kafka-jars engine harnesses learner helm kube clean
 
 # The compiled fast path of the proxy's journal and its shipping worker (native/, Rust); its build output is
 # cached beside the other downloads, so a fresh clone compiles only the crate itself again.
@@ -74,6 +74,13 @@ bench: install kafka-jars engine learner
 	@$(PY) -m bench.journal
 	@$(PY) -m bench.learner
 	@$(PY) -m bench.publisher
+
+# The image the Helm chart runs (see Dockerfile); tag it as the chart's appVersion.
+IMAGE ?= ghcr.io/openforge/openforge:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' helm/openforge/Chart.yaml)
+DOCKER ?= docker
+image:
+	@command -v $(DOCKER) >/dev/null || { echo "building the image needs $(DOCKER) (or DOCKER=podman)" >&2; exit 1; }
+	$(DOCKER) build -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache native/target

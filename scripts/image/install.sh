@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Install OpenForge's processes into a new virtual environment: what the container image holds.
+#
+# Usage: scripts/image/install.sh VENV
+#
+# The Dockerfile runs this; so does the test that checks the result runs from outside the source
+# tree (tests/integration/test_image_install.py). Into VENV go the openforge package (every
+# process of the Helm chart is `openforge <name>`), its compiled fast path (native/, built with
+# Rust's cargo) and the learner's training stack (scripts/learner/install.sh), then a check that
+# all of it imports from a folder that is not the source tree.
+#
+# Environment:
+#   OPENFORGE_IMAGE_LEARNER=0   leave the learner's stack out (some 5 GiB; the test does, since
+#                               `make learner` installs the same stack with the same script)
+#   CARGO_TARGET_DIR            where cargo builds (a cache folder makes rebuilds fast)
+set -Eeuo pipefail
+
+VENV="${1:?usage: scripts/image/install.sh VENV}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PYTHON="${OPENFORGE_IMAGE_PYTHON:-python3.11}"
+START_S=$SECONDS
+
+log() { printf '[image-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
+trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+
+command -v "$PYTHON" >/dev/null || { log "ERROR: $PYTHON not found (OpenForge runs on Python 3.11)"; exit 1; }
+command -v cargo >/dev/null || { log "ERROR: building native/ needs Rust's cargo (https://rustup.rs)"; exit 1; }
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log "creating $VENV"
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24"
+log "installing openforge and its compiled fast path"
+"$VENV/bin/python" -m pip install --quiet "$ROOT" "$ROOT/native"
+if [ "${OPENFORGE_IMAGE_LEARNER:-1}" != "0" ]; then
+    log "installing the learner's training stack"
+    OPENFORGE_LEARNER_PYTHON="$VENV/bin/python" bash "$ROOT/scripts/learner/install.sh"
+fi
+log "checking the install runs outside the source tree"
+(cd / && OPENFORGE_IMAGE_LEARNER="${OPENFORGE_IMAGE_LEARNER:-1}" "$VENV/bin/python" - <<'PY'
+import importlib
+import os
+
+import openforge_native  # noqa: F401 - the fast path, or the proxy ships events the slow way
+
+modules = ["openforge.cli", "proxy.app", "producers.ship_worker", "consumers.assembler.cli",
+           "consumers.publisher_cli", "consumers.rollouts.cli", "openforge.watcher"]
+if os.environ["OPENFORGE_IMAGE_LEARNER"] != "0":
+    modules.append("learner.main")
+for module in modules:
+    importlib.import_module(module)
+PY
+)
+log "done: $VENV/bin/openforge"
