@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.errors import InvalidRequestError
+from proxy.media import ImagePolicy, check_chat_media
 from schemas.call.v1 import ApiProtocol
 
 #: What the proxy adds to engine answers for capture; stripped unless the harness asked.
@@ -109,13 +110,17 @@ class ChatAdapter:
     protocol = ApiProtocol.OPENAI_CHAT
     content_type = "application/json"
 
+    def __init__(self, images: ImagePolicy = "refuse") -> None:
+        self.images: ImagePolicy = images
+
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Validate the minimum the engine needs; the rest is the engine's to judge."""
+        """Validate the minimum the engine needs, and the media it may be given; the rest is the engine's to judge."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list")
         if not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("every entry of messages must be an object")
+        check_chat_media(messages, self.images)
         # The fields the proxy itself reads (to record the call, to stream it) are checked here,
         # so a wrong type is a 400 and a recorded refusal, not a fault of the proxy; "false" as
         # stream would have been read as a stream the engine never sent.

@@ -30,6 +30,7 @@ from proxy.anthropic.translate import error_body as anthropic_error_body
 from proxy.auth import Authenticator, UnauthorizedError
 from proxy.engine_client import EngineError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError
+from proxy.media import ImagePolicy
 from proxy.responses.adapter import ResponsesAdapter
 from proxy.service import Caller, CallService
 from proxy.settings import ProxySettings
@@ -95,8 +96,8 @@ def _refuse_unshipped_journal(folder: Path) -> None:
                          "journal durability until /ready reports spooled 0, then switch")
 
 
-def _adapters() -> dict[str, Adapter]:
-    return {"chat": ChatAdapter(), "messages": AnthropicAdapter(), "responses": ResponsesAdapter()}
+def _adapters(images: ImagePolicy) -> dict[str, Adapter]:
+    return {"chat": ChatAdapter(images), "messages": AnthropicAdapter(images), "responses": ResponsesAdapter(images)}
 
 
 def build_app(settings: ProxySettings | None = None, *, own_process: bool = False) -> FastAPI:
@@ -123,7 +124,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         await publisher.start()
         telemetry.observe_publisher(lambda: publisher.backlog, lambda: publisher.publish_errors)
         calls = CallService(settings, upstream, publisher)
-        app.state.openforge = AppState(settings, auth, upstream, publisher, calls, _adapters())
+        app.state.openforge = AppState(settings, auth, upstream, publisher, calls, _adapters(settings.images))
         if own_process:
             _freeze_startup_heap()
         try:

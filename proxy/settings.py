@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, StrictFloat, StrictInt, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from proxy.media import ImagePolicy
 from stream import KafkaSettings
 
 _SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
@@ -119,6 +120,12 @@ class ProxySettings(BaseSettings):
     sends it, so the proxy's event loop keeps only a JSON dump and a ``write`` per call.
     ``inline``: the same work on the proxy's own event loop (one process fewer, less throughput
     where a spare core exists); see docs/proxy.md."""
+
+    images: ImagePolicy = "refuse"
+    """Whether images reach the engine (``refuse`` or ``inline``; see :mod:`proxy.media`). Off by
+    default: the learner trains on token ids alone. ``inline`` passes images sent as data (for a
+    stack that trains on them, or serving alone); images by URL are refused either way, since the
+    engine would fetch them from inside the cluster."""
 
     publish_timeout_s: float = Field(default=5.0, gt=0)
     """How long to wait for Kafka's acknowledgement: before spooling (``ack``), per shipped

@@ -16,6 +16,7 @@ from proxy.anthropic.translate import (
     to_chat_request,
 )
 from proxy.errors import context_overflow
+from proxy.media import ImagePolicy
 from schemas.call.v1 import ApiProtocol
 
 
@@ -25,9 +26,12 @@ class AnthropicAdapter:
     protocol = ApiProtocol.ANTHROPIC_MESSAGES
     content_type = "application/json"
 
+    def __init__(self, images: ImagePolicy = "refuse") -> None:
+        self.images: ImagePolicy = images
+
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Messages request → chat request."""
-        return to_chat_request(body)
+        return to_chat_request(body, images=self.images)
 
     def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,
                   context: int | None = None) -> dict[str, Any]:

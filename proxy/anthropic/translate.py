@@ -7,7 +7,8 @@ engine's answer (a completion or a stream of chunks) back into a Message or Anth
 
 Everything here is pure: JSON-like dicts in, JSON-like dicts out, no I/O. Malformed requests raise
 :class:`~proxy.errors.InvalidRequestError`; requests that are well formed but ask for something the
-engine cannot do (documents, server tools, MCP servers) raise
+engine cannot do (documents, server tools, MCP servers; images unless the proxy is set to pass
+them, see :mod:`proxy.media`) raise
 :class:`~proxy.errors.UnsupportedFeatureError` naming the JSON path, so a harness author sees at once
 what to turn off.
 
@@ -35,6 +36,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
+from proxy.media import ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning, signature, signed_thought
 
 logger = logging.getLogger(__name__)
@@ -71,8 +73,7 @@ _UNHONOURABLE_FIELDS: Final = {
 }
 
 # Content block types that carry content the engine cannot take (no document parsing) or results of
-# server tools that never ran here. Images go on as chat image parts: whether the engine can see
-# them is its model's business, and it says so itself.
+# server tools that never ran here. Images are the proxy's images policy's (proxy/media.py).
 _UNSUPPORTED_BLOCKS: Final = {
     "document": "the engine reads no documents; send their text as text blocks",
     "search_result": "search-result blocks with citations are not supported",
@@ -205,13 +206,16 @@ def _text_only(content: Any, path: str) -> str:
 _IMAGE_MEDIA_TYPES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
-def _image_part(block: dict[str, Any], path: str) -> dict[str, Any]:
-    """An ``image`` block as a chat ``image_url`` part (inline data as a data URL), as vLLM takes images.
+def _image_part(block: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any]:
+    """An ``image`` block as a chat ``image_url`` part (its data as a data URL), if ``images`` allows.
 
-    A text-only model's engine refuses the part with its own 400, which reaches the harness as
-    Anthropic's error; a vision model sees the image, as the harness meant (Claude Code reads
-    screenshots and image files into tool results).
+    Refused by default (see :mod:`proxy.media`). Let through, a vision model sees the image, as
+    the harness meant (Claude Code reads screenshots and image files into tool results), and a
+    text-only model's engine refuses it with its own 400, which reaches the harness as
+    Anthropic's error.
     """
+    if images != "inline":
+        raise refuse_images(f"{path}.type")
     source = _expect_dict(block.get("source"), f"{path}.source")
     kind = source.get("type")
     if kind == "base64":
@@ -227,7 +231,7 @@ def _image_part(block: dict[str, Any], path: str) -> dict[str, Any]:
                                       "reachable from the engine; send the image as base64 data")
     else:
         raise InvalidRequestError(f"{path}.source.type must be 'base64', 'url' or 'file', got {kind!r}")
-    return {"type": "image_url", "image_url": {"url": url}}
+    return inline_image(url, f"{path}.type", f"{path}.source.url", images)
 
 
 def _parts_content(parts: list[str | dict[str, Any]]) -> str | list[dict[str, Any]]:
@@ -242,7 +246,7 @@ def _parts_content(parts: list[str | dict[str, Any]]) -> str | list[dict[str, An
     return [{"type": "text", "text": part} if isinstance(part, str) else part for part in parts]
 
 
-def _tool_result_message(block: dict[str, Any], path: str) -> dict[str, Any]:
+def _tool_result_message(block: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any]:
     """A ``tool_result`` block as a ``role: tool`` chat message.
 
     ``is_error`` has no counterpart in chat completions and chat templates have no slot for it. The
@@ -269,7 +273,7 @@ def _tool_result_message(block: dict[str, Any], path: str) -> dict[str, Any]:
             if kind == "text":
                 parts.append(_expect_str(inner.get("text"), f"{inner_path}.text"))
             elif kind == "image":
-                parts.append(_image_part(inner, inner_path))
+                parts.append(_image_part(inner, inner_path, images))
             else:
                 raise _refuse_block(kind, inner_path)
         joined = _parts_content(parts)
@@ -281,7 +285,7 @@ def _tool_result_message(block: dict[str, Any], path: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
 
 
-def _user_messages(blocks: list[tuple[Any, str]], called: set[str]) -> list[dict[str, Any]]:
+def _user_messages(blocks: list[tuple[Any, str]], called: set[str], images: ImagePolicy) -> list[dict[str, Any]]:
     """A user turn (its blocks, each with its path for errors) as chat messages, keeping block order.
 
     Chat completions carry tool results as separate ``role: tool`` messages, so a user turn is cut
@@ -301,12 +305,12 @@ def _user_messages(blocks: list[tuple[Any, str]], called: set[str]) -> list[dict
         if kind == "text":
             pending.append(_expect_str(block.get("text"), f"{block_path}.text"))
         elif kind == "image":
-            pending.append(_image_part(block, block_path))
+            pending.append(_image_part(block, block_path, images))
         elif kind == "tool_result":
             if pending:
                 out.append({"role": "user", "content": _parts_content(pending)})
                 pending = []
-            result = _tool_result_message(block, block_path)
+            result = _tool_result_message(block, block_path, images)
             if result["tool_call_id"] not in called:
                 raise InvalidRequestError(f"{block_path}: a tool_result's tool_use_id {result['tool_call_id']!r} "
                                           "matches no tool_use in an earlier assistant message")
@@ -389,7 +393,7 @@ def _without_billing_line(system: Any) -> Any:
                     and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_LINE))]
 
 
-def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+def _chat_messages(body: dict[str, Any], images: ImagePolicy) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     system = _without_billing_line(body.get("system"))
     if system is not None:
@@ -402,7 +406,7 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     called: set[str] = set()  # tool_use ids so far
     for role, blocks in _turns(raw):
         if role == "user":
-            out += _user_messages(blocks, called)
+            out += _user_messages(blocks, called, images)
         elif role == "assistant":
             turn = _assistant_message(blocks)
             called.update(call["id"] for call in turn.get("tool_calls") or ())
@@ -571,7 +575,7 @@ def _thinking_block(thought: str, display: ThinkingDisplay) -> dict[str, Any]:
     return {"type": "thinking", "thinking": thought if display == "summarized" else "", "signature": signature(thought)}
 
 
-def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
+def to_chat_request(body: dict[str, Any], *, images: ImagePolicy = "refuse") -> dict[str, Any]:
     """Translate an Anthropic Messages request into a chat-completions request for the engine.
 
     Fields that are ignored, and why:
@@ -596,6 +600,7 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
 
     Args:
         body: The parsed JSON body of ``POST /v1/messages``.
+        images: Whether images go to the engine (:data:`proxy.media.ImagePolicy`).
 
     Returns:
         The chat-completions request body (``model``, ``messages``, sampling, tools, streaming).
@@ -613,7 +618,7 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(field) not in (None, [], {}):
             raise UnsupportedFeatureError(field, why)
 
-    messages = _chat_messages(body)
+    messages = _chat_messages(body, images)
     chat: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
 
     last = messages[-1]

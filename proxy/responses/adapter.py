@@ -6,6 +6,7 @@ from typing import Any
 
 from proxy.adapters import StreamSession
 from proxy.errors import ProxyError, context_overflow
+from proxy.media import ImagePolicy
 from proxy.responses.translate import (
     StreamTranslator,
     UpstreamFormatError,
@@ -30,9 +31,12 @@ class ResponsesAdapter:
     protocol = ApiProtocol.OPENAI_RESPONSES
     content_type = "application/json"
 
+    def __init__(self, images: ImagePolicy = "refuse") -> None:
+        self.images: ImagePolicy = images
+
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """Responses request → chat request."""
-        return to_chat_request(body)
+        return to_chat_request(body, images=self.images)
 
     def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,
                   context: int | None = None) -> dict[str, Any]:

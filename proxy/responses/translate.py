@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+from proxy.media import ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning
 
 __all__ = [
@@ -97,6 +98,8 @@ _DROPPED_HOSTED_TOOLS: Final = frozenset(
 _ROLES: Final = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS: Final = frozenset({"input_text", "output_text", "text"})
 _MEDIA_PARTS: Final = frozenset({"input_file", "input_audio"})
+_CHAT_IMAGE_DETAILS: Final = frozenset({"low", "high", "auto"})
+_IMAGE_DETAILS: Final = _CHAT_IMAGE_DETAILS | {"original"}
 
 _HOSTED_TOOLS: Final = frozenset(
     {
@@ -146,11 +149,12 @@ class UpstreamFormatError(ValueError):
 # --------------------------------------------------------------------------- requests
 
 
-def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
+def to_chat_request(body: dict[str, Any], *, images: ImagePolicy = "refuse") -> dict[str, Any]:
     """Translate a Responses ``POST /v1/responses`` body into a chat-completions body.
 
     Args:
         body: The parsed JSON body the harness sent.
+        images: Whether images go to the engine (:data:`proxy.media.ImagePolicy`).
 
     Returns:
         The chat-completions body for the engine. Fields the proxy adds for itself (token
@@ -177,7 +181,7 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequestError("instructions must be a string")
     if instructions:
         messages.append({"role": "system", "content": instructions})
-    messages.extend(_translate_input(body.get("input")))
+    messages.extend(_translate_input(body.get("input"), images))
     if not messages:
         raise InvalidRequestError("input is required: give a string or a non-empty list of input items")
 
@@ -260,7 +264,7 @@ def _refuse_stateful_fields(body: dict[str, Any]) -> None:
         raise UnsupportedFeatureError("include", "logprobs are not returned through the Responses API")
 
 
-def _translate_input(value: Any) -> list[dict[str, Any]]:
+def _translate_input(value: Any, images: ImagePolicy) -> list[dict[str, Any]]:
     """Turn ``input`` (a string or a list of items) into chat messages."""
     if value is None:
         return []
@@ -283,7 +287,7 @@ def _translate_input(value: Any) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{path}.type is required and must be a string")
 
         if kind == "message":
-            messages.append(_translate_message(item, path))
+            messages.append(_translate_message(item, path, images))
             _give_reasoning(messages[-1], thought)
             thought = None
         elif kind in ("function_call", "custom_tool_call"):
@@ -294,7 +298,7 @@ def _translate_input(value: Any) -> list[dict[str, Any]]:
             thought = None
         elif kind in ("function_call_output", "custom_tool_call_output"):
             thought = None  # reasoning with no answer of the model after it is not rendered
-            output = _translate_tool_output(item, path)
+            output = _translate_tool_output(item, path, images)
             if output["tool_call_id"] not in called:
                 # OpenAI refuses an output with no call before it; a chat template would render
                 # it as the result of a call the model never made.
@@ -337,20 +341,21 @@ def _give_reasoning(message: dict[str, Any], thought: str | None) -> None:
         message["reasoning"] = f"{earlier}\n{thought}" if earlier else thought
 
 
-def _translate_message(item: dict[str, Any], path: str) -> dict[str, Any]:
+def _translate_message(item: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any]:
     role = item.get("role")
     if not isinstance(role, str) or role not in _ROLES:
         raise InvalidRequestError(f"{path}.role must be one of user, assistant, system, developer")
     return {"role": _ROLES[role],
-            "content": _translate_content(item.get("content"), f"{path}.content", images=role == "user")}
+            "content": _translate_content(item.get("content"), f"{path}.content",
+                                          images=images if role == "user" else None)}
 
 
-def _translate_content(content: Any, path: str, *, images: bool) -> str | list[dict[str, Any]]:
-    """Translate message content: a string, or a list of text (and, where ``images``, image) parts.
+def _translate_content(content: Any, path: str, *, images: ImagePolicy | None) -> str | list[dict[str, Any]]:
+    """Translate message content: a string, or a list of text (and, where ``images`` allows, image) parts.
 
     One text part becomes a plain string and several stay a list of chat text parts, so
-    the engine joins them exactly as it would for a chat-completions client. Images go on as
-    chat ``image_url`` parts in their place; a text-only model's engine refuses them itself.
+    the engine joins them exactly as it would for a chat-completions client. Images let through
+    go on as chat ``image_url`` parts in their place; ``images`` None: none may be here at all.
     """
     if isinstance(content, str):
         return content
@@ -364,33 +369,35 @@ def _translate_content(content: Any, path: str, *, images: bool) -> str | list[d
     return [{"type": "text", "text": part} if isinstance(part, str) else part for part in parts]
 
 
-def _image_part(part: dict[str, Any], path: str) -> dict[str, Any]:
-    """An ``input_image`` part as a chat ``image_url`` part (a URL or data URL, and its detail)."""
+def _image_part(part: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any]:
+    """An ``input_image`` part as a chat ``image_url`` part, if ``images`` allows (see :mod:`proxy.media`)."""
+    if images != "inline":
+        raise refuse_images(f"{path}.type")
     if part.get("file_id") is not None:
         raise UnsupportedFeatureError(f"{path}.file_id", "files uploaded to OpenAI's Files API are not reachable "
-                                      "from the engine; send the image as a URL or a data URL")
+                                      "from the engine; send the image as a data URL")
     url = part.get("image_url")
     if not isinstance(url, str) or not url:
-        raise InvalidRequestError(f"{path}.image_url is required and must be a URL or a data URL")
-    image: dict[str, Any] = {"url": url}
+        raise InvalidRequestError(f"{path}.image_url is required and must be a data URL")
+    image = inline_image(url, f"{path}.type", f"{path}.image_url", images)
     detail = part.get("detail")
-    if detail is not None:
-        if detail not in {"low", "high", "auto"}:
-            raise InvalidRequestError(f"{path}.detail must be 'low', 'high' or 'auto', got {detail!r}")
-        image["detail"] = detail
-    return {"type": "image_url", "image_url": image}
+    if detail is not None and detail not in _IMAGE_DETAILS:
+        raise InvalidRequestError(f"{path}.detail must be one of {', '.join(sorted(_IMAGE_DETAILS))}, got {detail!r}")
+    if detail in _CHAT_IMAGE_DETAILS:  # "original" has no chat counterpart: the engine's default then
+        image["image_url"]["detail"] = detail
+    return image
 
 
-def _part(part: Any, path: str, images: bool) -> str | dict[str, Any]:
+def _part(part: Any, path: str, images: ImagePolicy | None) -> str | dict[str, Any]:
     if not isinstance(part, dict):
         raise InvalidRequestError(f"{path} must be an object")
     kind = part.get("type")
     if not isinstance(kind, str):
         raise InvalidRequestError(f"{path}.type is required and must be a string")
     if kind == "input_image":
-        if not images:
+        if images is None:
             raise InvalidRequestError(f"{path}.type input_image is only allowed in user messages and tool outputs")
-        return _image_part(part, path)
+        return _image_part(part, path, images)
     return _part_text(part, path)
 
 
@@ -467,13 +474,13 @@ def _append_tool_call(messages: list[dict[str, Any]], call: dict[str, Any]) -> N
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
-def _translate_tool_output(item: dict[str, Any], path: str) -> dict[str, Any]:
+def _translate_tool_output(item: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any]:
     call_id = _required_str(item, "call_id", path)
     output = item.get("output")
     if isinstance(output, str):
         content: str | list[dict[str, Any]] = output
     elif isinstance(output, list):
-        content = _translate_content(output, f"{path}.output", images=True)
+        content = _translate_content(output, f"{path}.output", images=images)
     else:
         raise InvalidRequestError(f"{path}.output must be a string or a list of content parts")
     return {"role": "tool", "tool_call_id": call_id, "content": content}

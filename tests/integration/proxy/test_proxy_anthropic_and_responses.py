@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from proxy_helpers import calls_of
+from proxy_helpers import RunningProxy, calls_of, serve, shutdown
 from test_proxy_openai_chat import tokenize
 
 from proxy.reasoning import signature
@@ -102,10 +102,21 @@ async def test_unsupported_anthropic_feature_gets_400_naming_the_field(proxy) ->
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 
 
-async def test_images_reach_the_engine_which_answers_for_its_model(proxy) -> None:
-    # Translated to chat image parts, images go to the engine, as a chat-completions client's
-    # do: a vision model sees them. The suite's model reads text only, so its engine refuses
-    # them itself, and that refusal reaches each harness in its own API's shape.
+@pytest.fixture
+async def proxy_with_images(proxy_settings_factory, topics) -> AsyncIterator[RunningProxy]:
+    settings = proxy_settings_factory(images="inline")
+    server, task = await serve(settings)
+    try:
+        yield RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+    finally:
+        await shutdown(server, task)
+
+
+async def test_images_reach_the_engine_which_answers_for_its_model(proxy_with_images) -> None:
+    # With images on, they are translated to chat image parts and go to the engine, as a
+    # chat-completions client's do: a vision model sees them. The suite's model reads text only,
+    # so its engine refuses them itself, and that refusal reaches each harness in its own shape.
+    proxy = proxy_with_images
     image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}
     async with anthropic_client(proxy, "r-img") as client:
         with pytest.raises(anthropic.BadRequestError) as refused:

@@ -257,12 +257,23 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA6
 """A whole 1x1 PNG, base64."""
 
 
+def test_an_image_block_is_refused_by_default_naming_the_setting_that_passes_it() -> None:
+    # The learner trains on token ids alone: a vision model's image tokens would be trained
+    # without their pixels, so images are the operator's choice, not a silent default.
+    body = claude_code_request()
+    body["messages"][1]["content"].append(
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
+    with pytest.raises(UnsupportedFeatureError, match="OPENFORGE_PROXY_IMAGES=inline") as info:
+        to_chat_request(body)
+    assert info.value.field == "messages[1].content[2].type"
+
+
 def test_an_image_block_becomes_a_chat_image_part_in_its_place() -> None:
     body = claude_code_request()
     body["messages"][1]["content"].append(
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
     body["messages"][1]["content"].append({"type": "text", "text": "What does the screenshot show?"})
-    chat = to_chat_request(body)
+    chat = to_chat_request(body, images="inline")
     [turn] = [m for m in chat["messages"] if m["role"] == "user" and isinstance(m["content"], list)]
     assert turn["content"] == [
         {"type": "text", "text": "<system-reminder>Use TodoWrite for multi-step work.</system-reminder>"},
@@ -279,18 +290,21 @@ def test_an_image_a_tool_read_comes_back_in_the_tool_message() -> None:
     # Claude Code's Read of an image file answers with an image block in the tool_result.
     body = claude_code_request()
     body["messages"][5]["content"][0]["content"].append(
-        {"type": "image", "source": {"type": "url", "url": "https://example.com/plot.png"}})
-    chat = to_chat_request(body)
+        {"type": "image", "source": {"type": "base64", "media_type": "image/webp", "data": "UklGRg=="}})
+    chat = to_chat_request(body, images="inline")
     [result] = [m for m in chat["messages"] if m.get("tool_call_id") == "toolu_01B"]
     assert result["content"] == [
         {"type": "text", "text": "1\tfrom setuptools import setup"}, {"type": "text", "text": "2\tsetup()"},
-        {"type": "image_url", "image_url": {"url": "https://example.com/plot.png"}}]
+        {"type": "image_url", "image_url": {"url": "data:image/webp;base64,UklGRg=="}}]
 
 
 @pytest.mark.parametrize(("source", "error", "field"), [
     ({"type": "base64", "media_type": "image/tiff", "data": PNG}, InvalidRequestError,
      "messages[1].content[2].source.media_type must be one of image/gif, image/jpeg, image/png, image/webp"),
     ({"type": "base64", "media_type": "image/png"}, InvalidRequestError, "messages[1].content[2].source.data"),
+    # The engine would fetch it, from inside the cluster, at an address the rollout chose.
+    ({"type": "url", "url": "http://169.254.169.254/latest/meta-data/"}, UnsupportedFeatureError,
+     "messages[1].content[2].source.url: image URLs are refused"),
     ({"type": "file", "file_id": "file_01"}, UnsupportedFeatureError, "messages[1].content[2].source.type"),
     ({"type": "svg"}, InvalidRequestError, "messages[1].content[2].source.type must be"),
     (None, InvalidRequestError, "messages[1].content[2].source must be an object"),
@@ -299,7 +313,7 @@ def test_an_image_the_engine_cannot_be_given_names_its_field(source: Any, error:
     body = claude_code_request()
     body["messages"][1]["content"].append({"type": "image", "source": source})
     with pytest.raises(error, match=re.escape(field)):
-        to_chat_request(body)
+        to_chat_request(body, images="inline")
 
 
 def test_images_are_refused_where_anthropic_refuses_them() -> None:
@@ -307,11 +321,11 @@ def test_images_are_refused_where_anthropic_refuses_them() -> None:
     body["messages"][2]["content"].append(
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
     with pytest.raises(InvalidRequestError, match=r"messages\[2\]\.content\[3\]\.type 'image' is only allowed in user"):
-        to_chat_request(body)
+        to_chat_request(body, images="inline")
     system = claude_code_request()
     system["system"].append({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}})
     with pytest.raises(InvalidRequestError, match=r"system\[2\]\.type must be 'text' here"):
-        to_chat_request(system)
+        to_chat_request(system, images="inline")
 
 
 def test_document_block_is_unsupported() -> None:

@@ -273,10 +273,6 @@ def test_json_schema_text_format_becomes_response_format() -> None:
             },
             "input[0].content[1].type",
         ),
-        (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]},
-            "input[0].content[0].file_id",
-        ),
         ({"input": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_1"}]}, "input[1].type"),
         ({"input": [{"type": "web_search_call", "id": "ws", "status": "completed"}]}, "input[0].type"),
         ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}}, "tool_choice.type"),
@@ -1055,23 +1051,37 @@ def test_input_images_become_chat_image_parts_in_their_place() -> None:
                                      {"type": "input_image", "image_url": PNG_URL, "detail": "low"}]},
         {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": '{"path":"a.png"}'},
         {"type": "function_call_output", "call_id": "c1",
-         "output": [{"type": "input_image", "image_url": "https://example.com/a.png"}]},
-    ]))
+         "output": [{"type": "input_image", "image_url": PNG_URL, "detail": "original"}]},
+    ]), images="inline")
     user, _, tool = chat["messages"][-3:]
     assert user["content"] == [{"type": "text", "text": "what is this?"},
                                {"type": "image_url", "image_url": {"url": PNG_URL, "detail": "low"}}]
+    # "original" has no chat counterpart: the engine's default stands.
     assert tool == {"role": "tool", "tool_call_id": "c1",
-                    "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}
+                    "content": [{"type": "image_url", "image_url": {"url": PNG_URL}}]}
 
 
-@pytest.mark.parametrize(("item", "message"), [
-    ({"role": "assistant", "content": [{"type": "input_image", "image_url": PNG_URL}]},
+def test_an_input_image_is_refused_by_default() -> None:
+    with pytest.raises(UnsupportedFeatureError, match="OPENFORGE_PROXY_IMAGES=inline") as caught:
+        to_chat_request(codex_request(input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": PNG_URL}]}]))
+    assert caught.value.field == "input[0].content[0].type"
+
+
+@pytest.mark.parametrize(("item", "error", "message"), [
+    ({"role": "assistant", "content": [{"type": "input_image", "image_url": PNG_URL}]}, InvalidRequestError,
      "input[0].content[0].type input_image is only allowed in user messages and tool outputs"),
-    ({"role": "user", "content": [{"type": "input_image"}]},
+    ({"role": "user", "content": [{"type": "input_image"}]}, InvalidRequestError,
      "input[0].content[0].image_url is required"),
     ({"role": "user", "content": [{"type": "input_image", "image_url": PNG_URL, "detail": "max"}]},
-     "input[0].content[0].detail must be 'low', 'high' or 'auto'"),
+     InvalidRequestError, "input[0].content[0].detail must be one of auto, high, low, original"),
+    ({"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}, UnsupportedFeatureError,
+     "input[0].content[0].file_id"),
+    # The engine would fetch it, from inside the cluster, at an address the rollout chose.
+    ({"role": "user", "content": [{"type": "input_image", "image_url": "http://10.0.0.1/admin"}]},
+     UnsupportedFeatureError, "input[0].content[0].image_url: image URLs are refused"),
 ])
-def test_a_malformed_or_misplaced_input_image_names_its_field(item: dict[str, Any], message: str) -> None:
-    with pytest.raises(InvalidRequestError, match=re.escape(message)):
-        to_chat_request(codex_request(input=[item]))
+def test_a_malformed_or_misplaced_input_image_names_its_field(item: dict[str, Any], error: type[Exception],
+                                                              message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        to_chat_request(codex_request(input=[item]), images="inline")

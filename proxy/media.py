@@ -1,0 +1,80 @@
+"""Which images and other media a call may carry to the engine.
+
+Off by default (:data:`ImagePolicy`): the learner trains on token ids alone, so a vision
+model's image tokens would be trained without the pixels they stood for, and a call carrying
+images repeats every earlier image in its event (a few screenshots put a conversation's events
+over the calls topic's limit, and they go to the dead-letter topic instead of training). With
+``inline``, images sent as data go on; an image by URL is refused either way, because the engine
+would fetch it itself, from inside the cluster, at an address the rollout chose.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+
+ImagePolicy = Literal["refuse", "inline"]
+"""``refuse`` (default): image parts get a 400 naming them. ``inline``: images sent as data
+(base64, data URLs) go to the engine as chat ``image_url`` parts; URLs are refused."""
+
+MEDIA_PARTS: Final = frozenset({"image_url", "input_audio", "audio_url", "video_url", "file", "image_embeds",
+                                "audio_embeds", "image_pil", "input_image"})
+"""Chat content part types through which vLLM reads media (some of them by fetching a URL)."""
+
+_SETTING: Final = "OPENFORGE_PROXY_IMAGES"
+
+
+def refuse_images(path: str) -> UnsupportedFeatureError:
+    """The refusal of an image under the default policy."""
+    return UnsupportedFeatureError(
+        path, f"images are not passed to the engine: the learner trains on token ids alone ({_SETTING}=inline "
+              "passes images sent as data, for a stack that trains on them)")
+
+
+def inline_image(url: str, kind_path: str, url_path: str, policy: ImagePolicy) -> dict[str, Any]:
+    """A chat ``image_url`` part for ``url`` if ``policy`` lets it through.
+
+    Args:
+        url: The image's URL (a data URL for an image sent as data).
+        kind_path: Where the harness's request says this is an image (named by the refusal).
+        url_path: Where it gives the URL (named by the refusal of a URL).
+        policy: The proxy's :data:`ImagePolicy`.
+
+    Raises:
+        UnsupportedFeatureError: images are refused, or this one is a URL the engine would fetch.
+    """
+    if policy != "inline":
+        raise refuse_images(kind_path)
+    if not url.startswith("data:"):
+        raise UnsupportedFeatureError(url_path, "image URLs are refused: the engine would fetch them itself, "
+                                                "from inside the cluster; send the image as base64 data")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
+    """Refuse the media parts of chat messages that ``policy`` does not let through.
+
+    Raises:
+        UnsupportedFeatureError: names the first such part.
+        InvalidRequestError: an image part without a string URL.
+    """
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if type(content) is not list:
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if type(part) is dict else None
+            if kind not in MEDIA_PARTS:
+                continue
+            path = f"messages[{i}].content[{j}]"
+            if kind != "image_url":
+                raise UnsupportedFeatureError(f"{path}.type", f"{kind} parts are not passed to the engine")
+            image = part.get("image_url")
+            url = image.get("url") if type(image) is dict else None
+            if policy == "inline" and type(url) is not str:
+                raise InvalidRequestError(f"{path}.image_url.url must be a string")
+            inline_image(url or "", f"{path}.type", f"{path}.image_url.url", policy)
+
+
+__all__ = ["MEDIA_PARTS", "ImagePolicy", "check_chat_media", "inline_image", "refuse_images"]

@@ -1,0 +1,55 @@
+"""Which media a chat-completions call may carry to the engine (``OPENFORGE_PROXY_IMAGES``).
+
+Chat requests pass through, so before this the engine got whatever media parts the harness
+sent: images the learner would train on as bare tokens, and URLs vLLM fetches itself (audio,
+video and images alike), from inside the cluster, at addresses a rollout chose.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from proxy.adapters import ChatAdapter
+from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+
+DATA_URL = "data:image/png;base64,iVBORw0KGgo="
+
+
+def _chat(*parts: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": [{"type": "text", "text": "look"}, *parts]}]}
+
+
+def test_text_parts_pass_under_either_policy() -> None:
+    body = _chat({"type": "text", "text": "and this"})
+    assert ChatAdapter().to_chat(body) == body
+    assert ChatAdapter("inline").to_chat(body) == body
+
+
+def test_an_inline_image_passes_only_when_images_are_on() -> None:
+    body = _chat({"type": "image_url", "image_url": {"url": DATA_URL}})
+    with pytest.raises(UnsupportedFeatureError, match="OPENFORGE_PROXY_IMAGES=inline") as refused:
+        ChatAdapter().to_chat(body)
+    assert refused.value.field == "messages[1].content[1].type"
+    assert ChatAdapter("inline").to_chat(body) == body
+
+
+@pytest.mark.parametrize(("part", "error", "message"), [
+    ({"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}},
+     UnsupportedFeatureError, "messages[1].content[1].image_url.url: image URLs are refused"),
+    ({"type": "video_url", "video_url": {"url": "http://svc.internal/clip.mp4"}},
+     UnsupportedFeatureError, "messages[1].content[1].type: video_url parts are not passed"),
+    ({"type": "audio_url", "audio_url": {"url": "http://svc.internal/a.wav"}},
+     UnsupportedFeatureError, "messages[1].content[1].type: audio_url parts are not passed"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+     UnsupportedFeatureError, "messages[1].content[1].type: input_audio parts are not passed"),
+    ({"type": "image_url", "image_url": "not an object"},
+     InvalidRequestError, "messages[1].content[1].image_url.url must be a string"),
+])
+def test_media_the_engine_would_fetch_or_cannot_train_on_is_refused_with_images_on(
+        part: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        ChatAdapter("inline").to_chat(_chat(part))
