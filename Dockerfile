@@ -4,7 +4,7 @@
 #   make image                      # docker build -t ghcr.io/openforge/openforge:<version> .
 #
 # The build installs into /opt/openforge with scripts/image/install.sh, the same script the test
-# suite runs (tests/integration/test_image_install.py), so what is checked is what ships. Rust's
+# suite runs (tests/integration/processes/test_image_install.py), so what is checked is what ships. Rust's
 # toolchain is needed to compile the proxy's fast path (native/) and stays in the build stage.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import aiokafka.errors as kafka_errors
 
@@ -63,6 +63,12 @@ REFUSED: tuple[type[Exception], ...] = (
 help, and every record behind it would wait for ever. Such a record goes to the dead-letter topic.
 The broker's answer and the client's own checks while queueing (its size limit, a topic the
 metadata says is not ours to write) alike."""
+
+
+def _read_outcome(future: asyncio.Future[Any]) -> None:
+    """Read a send's outcome nobody waits for, so asyncio does not report it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 class EventLog(Protocol):
@@ -295,13 +301,15 @@ class DurablePublisher:
                         logger.info("spool drained; publishing directly again")
                     self._direct = True
             return 0
+        futures: list[asyncio.Future[Any]] = []
         try:
             # Queueing inside the try: the client refuses some records itself, before the broker.
-            futures = [
-                await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers) for r in batch
-            ]
+            for r in batch:
+                futures.append(await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers))  # noqa: PERF401 - the queued ones are needed when a later one is refused
             await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout_s * 4)
         except REFUSED as exc:
+            for queued in futures:  # sent again one by one below; their own outcome no longer matters
+                queued.add_done_callback(_read_outcome)
             logger.warning("Kafka refused a spooled record of a batch of %d (%r); sending them one at a time",
                            len(batch), exc)
             await self._drop_producer()  # see _drain_one_by_one

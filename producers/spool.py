@@ -156,8 +156,13 @@ class DiskSpool:
 
     def _count_files(self) -> None:
         files = sorted(self.directory.glob("*.rec"))
-        self._bytes = sum(f.stat().st_size for f in files)
-        self._count = len(files)
+        sizes = []
+        for f in files:
+            # Before claim(), another process's drain may remove a file between listing and stat.
+            with contextlib.suppress(FileNotFoundError):
+                sizes.append(f.stat().st_size)
+        self._bytes = sum(sizes)
+        self._count = len(sizes)
         self._seq = int(files[-1].stem) + 1 if files else 0
 
     def claim(self) -> None:

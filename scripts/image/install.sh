@@ -4,7 +4,7 @@
 # Usage: scripts/image/install.sh VENV
 #
 # The Dockerfile runs this; so does the test that checks the result runs from outside the source
-# tree (tests/integration/test_image_install.py). Into VENV go the openforge package (every
+# tree (tests/integration/processes/test_image_install.py). Into VENV go the openforge package (every
 # process of the Helm chart is `openforge <name>`), its compiled fast path (native/, built with
 # Rust's cargo) and the learner's training stack (scripts/learner/install.sh), then a check that
 # all of it imports from a folder that is not the source tree.
