@@ -44,6 +44,24 @@ _SETTLE_S = 1.0
 _MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
+# TCP keepalive on engine connections: a whole answer keeps its connection silent for as long as
+# the engine generates, so silence says nothing, but a peer whose kernel no longer answers probes
+# is gone (a node lost, its packets dropped). Found within about a minute, instead of when the
+# call's whole timeout (600 s by default) runs out; the call then fails over like any lost one.
+_KEEPALIVE_IDLE_S = 30
+_KEEPALIVE_INTERVAL_S = 10
+_KEEPALIVE_PROBES = 3
+
+
+def _watch_peer(sock: socket.socket) -> None:
+    """Turn on TCP keepalive probes of ``sock``'s peer (see :data:`_KEEPALIVE_IDLE_S`)."""
+    with contextlib.suppress(OSError, AttributeError):  # options a platform lacks are left out
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, _KEEPALIVE_INTERVAL_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, _KEEPALIVE_PROBES)
+
+
 class EngineError(Exception):
     """The exchange with an engine failed at the transport level."""
 
@@ -434,6 +452,7 @@ class EngineClient:
         if sock is not None:
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _watch_peer(sock)
         if self._closed:
             conn.abort()
             raise EngineUnreachableError("the engine client is closed")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -126,6 +127,21 @@ def test_idle_engine_connections_are_reused_for_less_than_vllms_keep_alive() -> 
     # be given up first for the case above to be caught.
     assert UpstreamPool(["http://127.0.0.1:9"], timeout_s=1).client.keepalive_s < 5.0
 
+
+async def test_engine_connections_probe_their_peer_so_a_lost_node_is_found_within_a_minute(vllm_url: str) -> None:
+    # A whole answer keeps its connection silent while the engine generates; a node lost then
+    # (its packets dropped, no reset) held the call for the whole upstream timeout, 600 s.
+    pool = UpstreamPool([vllm_url], timeout_s=30)
+    try:
+        assert (await pool.client.get_json(f"{vllm_url}/health", timeout_s=10))[0] == 200
+        [conn] = [c for kept in pool.client._idle.values() for c in kept]
+        sock = conn.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        idle, interval, probes = (sock.getsockopt(socket.IPPROTO_TCP, option)
+                                  for option in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT))
+        assert idle + interval * probes <= 60
+    finally:
+        await pool.aclose()
 
 async def _close_all(writers: list[asyncio.StreamWriter]) -> None:
     """Close a scripted server's connections (one left open fails a later test as a ResourceWarning)."""
