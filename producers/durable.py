@@ -303,13 +303,16 @@ class DurablePublisher:
             return 0
         futures: list[asyncio.Future[Any]] = []
         try:
-            # Queueing inside the try: the client refuses some records itself, before the broker.
-            for r in batch:
-                futures.append(await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers))  # noqa: PERF401 - the queued ones are needed when a later one is refused
-            await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout_s * 4)
+            try:
+                # Queueing inside the try: the client refuses some records itself, before the broker.
+                for r in batch:
+                    futures.append(await self._producer.send_raw(r.topic, r.value, key=r.key, headers=r.headers))  # noqa: PERF401 - the queued ones are needed when a later one fails
+                await asyncio.wait_for(asyncio.gather(*futures), self.ack_timeout_s * 4)
+            except BaseException:
+                for queued in futures:  # the batch is sent again; these sends' own outcomes no longer matter
+                    queued.add_done_callback(_read_outcome)
+                raise
         except REFUSED as exc:
-            for queued in futures:  # sent again one by one below; their own outcome no longer matters
-                queued.add_done_callback(_read_outcome)
             logger.warning("Kafka refused a spooled record of a batch of %d (%r); sending them one at a time",
                            len(batch), exc)
             await self._drop_producer()  # see _drain_one_by_one

@@ -53,13 +53,20 @@ _KEEPALIVE_INTERVAL_S = 10
 _KEEPALIVE_PROBES = 3
 
 
+_KEEPALIVE_OPTIONS = [(level, option, value) for level, option, value in (
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    # macOS names the idle time TCP_KEEPALIVE; an option a platform lacks is left out.
+    (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None)), _KEEPALIVE_IDLE_S),
+    (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), _KEEPALIVE_INTERVAL_S),
+    (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), _KEEPALIVE_PROBES),
+) if option is not None]
+
+
 def _watch_peer(sock: socket.socket) -> None:
     """Turn on TCP keepalive probes of ``sock``'s peer (see :data:`_KEEPALIVE_IDLE_S`)."""
-    with contextlib.suppress(OSError, AttributeError):  # options a platform lacks are left out
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _KEEPALIVE_IDLE_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, _KEEPALIVE_INTERVAL_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, _KEEPALIVE_PROBES)
+    for level, option, value in _KEEPALIVE_OPTIONS:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(level, option, value)
 
 
 class EngineError(Exception):

@@ -18,9 +18,11 @@ ImagePolicy = Literal["refuse", "inline"]
 """``refuse`` (default): image parts get a 400 naming them. ``inline``: images sent as data
 (base64, data URLs) go to the engine as chat ``image_url`` parts; URLs are refused."""
 
-MEDIA_PARTS: Final = frozenset({"image_url", "input_audio", "audio_url", "video_url", "file", "image_embeds",
-                                "audio_embeds", "image_pil", "input_image"})
-"""Chat content part types through which vLLM reads media (some of them by fetching a URL)."""
+MEDIA_PARTS: Final = frozenset({"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio",
+                                "audio_embeds", "video_url", "video_embeds", "prompt_embeds", "file"})
+"""Chat content part types through which vLLM reads media (some of them by fetching a URL). Its
+parser also takes each of these as a key of a part with no ``type`` (or with a ``uuid``), so a
+part carrying any of them as a key is media too, whatever its ``type`` says."""
 
 _SETTING: Final = "OPENFORGE_PROXY_IMAGES"
 
@@ -55,6 +57,10 @@ def inline_image(url: str, kind_path: str, url_path: str, policy: ImagePolicy) -
 def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
     """Refuse the media parts of chat messages that ``policy`` does not let through.
 
+    A part is media by its ``type`` or by any media key it carries (see :data:`MEDIA_PARTS`), or
+    by a ``uuid``, which sends it down vLLM's media path; the only media that passes is, under
+    ``inline``, a typed ``image_url`` part whose URL is data.
+
     Raises:
         UnsupportedFeatureError: names the first such part.
         InvalidRequestError: an image part without a string URL.
@@ -64,13 +70,20 @@ def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
         if type(content) is not list:
             continue
         for j, part in enumerate(content):
-            kind = part.get("type") if type(part) is dict else None
-            if kind not in MEDIA_PARTS:
+            if type(part) is not dict:
+                continue  # a string is text; anything else is the engine's to refuse
+            kind = part.get("type")
+            keys = part.keys() & MEDIA_PARTS
+            if not keys and "uuid" not in part and not (isinstance(kind, str) and kind in MEDIA_PARTS):
                 continue
             path = f"messages[{i}].content[{j}]"
-            if kind != "image_url":
-                raise UnsupportedFeatureError(f"{path}.type", f"{kind} parts are not passed to the engine")
-            image = part.get("image_url")
+            if kind != "image_url" or keys != {"image_url"} or "uuid" in part:
+                named = kind if isinstance(kind, str) and kind in MEDIA_PARTS else "/".join(sorted(keys)) or "uuid"
+                if "image_url" not in keys or policy == "inline":
+                    raise UnsupportedFeatureError(f"{path}.type", f"{named} parts are not passed to the engine "
+                                                                  "(an image goes as a typed image_url part with data)")
+                raise refuse_images(f"{path}.type")
+            image = part["image_url"]
             url = image.get("url") if type(image) is dict else None
             if policy == "inline" and type(url) is not str:
                 raise InvalidRequestError(f"{path}.image_url.url must be a string")

@@ -48,8 +48,31 @@ def test_an_inline_image_passes_only_when_images_are_on() -> None:
      UnsupportedFeatureError, "messages[1].content[1].type: input_audio parts are not passed"),
     ({"type": "image_url", "image_url": "not an object"},
      InvalidRequestError, "messages[1].content[1].image_url.url must be a string"),
+    # vLLM reads media by key from a part with no type, or with a uuid, whatever its type says.
+    ({"image_url": "http://169.254.169.254/x"}, UnsupportedFeatureError, "image_url parts are not passed"),
+    ({"video_url": {"url": "http://10.0.0.1/v.mp4"}}, UnsupportedFeatureError, "video_url parts are not passed"),
+    ({"type": "text", "text": "x", "uuid": "u", "image_url": "http://x"}, UnsupportedFeatureError,
+     "image_url parts are not passed"),
+    ({"type": "video_embeds", "video_embeds": "AAAA"}, UnsupportedFeatureError, "video_embeds parts are not passed"),
+    ({"type": "image_url", "image_url": {"url": DATA_URL}, "uuid": "u"}, UnsupportedFeatureError,
+     "image_url parts are not passed"),
 ])
 def test_media_the_engine_would_fetch_or_cannot_train_on_is_refused_with_images_on(
         part: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=re.escape(message)):
         ChatAdapter("inline").to_chat(_chat(part))
+
+
+@pytest.mark.parametrize("part", [
+    {"image_url": {"url": DATA_URL}},
+    {"type": "text", "text": "x", "audio_url": "http://svc.internal/a.wav"},
+    {"type": "prompt_embeds", "data": "AAAA"},
+])
+def test_media_by_key_is_refused_under_the_default_too(part: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedFeatureError):
+        ChatAdapter().to_chat(_chat(part))
+
+
+def test_a_malformed_type_is_left_to_the_engine_rather_than_failing_here() -> None:
+    body = _chat({"type": ["text"], "text": "x"})
+    assert ChatAdapter().to_chat(body) == body
