@@ -44,6 +44,13 @@ _SETTLE_S = 1.0
 _MAX_LINE_BYTES = 64 * 1024 * 1024
 
 
+IDLE_REUSE_S = 4.0
+"""How long an idle engine connection is reused: less than the engine keeps it (vLLM's uvicorn
+closes idle connections after 5 s). A live engine has closed an older one itself, so one still
+open points at a peer that is gone without a word (a node whose packets vanish): a call sent on
+it would wait out the whole upstream timeout, while a new connection fails within the connect
+deadline and the call moves to another replica. Under load connections never sit this long."""
+
 # TCP keepalive on engine connections: a whole answer keeps its connection silent for as long as
 # the engine generates, so silence says nothing, but a peer whose kernel no longer answers probes
 # is gone (a node lost, its packets dropped). Found within about a minute, instead of when the
@@ -407,7 +414,7 @@ class EngineClient:
             healthy engine for unreachable).
     """
 
-    def __init__(self, *, timeout_s: float, connect_timeout_s: float = 5.0, keepalive_s: float = 300.0,
+    def __init__(self, *, timeout_s: float, connect_timeout_s: float = 5.0, keepalive_s: float = IDLE_REUSE_S,
                  max_idle: int = 1024, max_in_flight: int = 1024) -> None:
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s

@@ -15,17 +15,9 @@ import hashlib
 import logging
 import time
 
-from proxy.engine_client import EngineClient, EngineError
+from proxy.engine_client import IDLE_REUSE_S, EngineClient, EngineError
 
 logger = logging.getLogger(__name__)
-
-
-IDLE_REUSE_S = 4.0
-"""How long an idle engine connection is reused: less than the engine keeps it (vLLM's uvicorn
-closes idle connections after 5 s). A live engine has closed an older one itself, so one still
-open points at a peer that is gone without a word (a node whose packets vanish): a call sent on
-it would wait out the whole upstream timeout, while a new connection fails within the connect
-deadline and the call moves to another replica. Under load connections never sit this long."""
 
 
 class UpstreamPool:
