@@ -19,6 +19,11 @@ from stream.topics import Topic, TopicRegistry
 
 logger = logging.getLogger(__name__)
 
+VISIBLE_TIMEOUT_S = 30.0
+"""How long ``create_topics`` waits for the brokers to show what the controller created."""
+
+_VISIBLE_POLL_S = 0.1
+
 
 @dataclass(frozen=True)
 class CreateResult:
@@ -71,6 +76,13 @@ class LagRow:
     def lag(self) -> int:
         """Records not yet committed by the group (everything if it never committed)."""
         return self.end - (self.committed or 0)
+
+
+def _usable(meta: dict[str, Any] | None) -> bool:
+    """A topic's metadata shows it, with partitions that each have a leader."""
+    if meta is None or meta["error_code"] != 0 or not meta["partitions"]:
+        return False
+    return all(p["error_code"] == 0 and p["leader"] >= 0 for p in meta["partitions"])
 
 
 class KafkaAdmin:
@@ -137,11 +149,40 @@ class KafkaAdmin:
                     results[name] = CreateResult(name, created=True)
                 elif code != TopicAlreadyExistsError.errno:
                     raise RuntimeError(f"creating {name} failed: error {code} {message}")
+            await self.await_visible([t.name for t in to_create])
         for topic in wanted:
             if topic.name not in results:
                 results[topic.name] = CreateResult(topic.name, created=False,
                                                    drift=tuple(await self._drift(topic)))
         return [results[t.name] for t in wanted]
+
+    async def await_visible(self, names: list[str], timeout_s: float = VISIBLE_TIMEOUT_S) -> None:
+        """Return once the cluster's metadata shows each of ``names`` with a leader on every partition.
+
+        CreateTopics answers once the controller holds the topics; the brokers learn of them a
+        moment later (Kafka's own admin client warns of "several seconds"). A client started in
+        that moment is told the topic does not exist, so ``topics create`` followed at once by a
+        service start would fail now and then. Waiting here makes "created" mean "usable".
+
+        Raises:
+            TimeoutError: a topic is still not shown, or has a partition without a leader, after
+                ``timeout_s``; the message names them.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pending = list(names)
+        while pending:
+            metadata = await self._admin.describe_topics(pending)
+            shown = {m["topic"]: m for m in metadata}
+            pending = [name for name in pending if not _usable(shown.get(name))]
+            if not pending:
+                return
+            if loop.time() >= deadline:
+                raise TimeoutError(
+                    f"the cluster did not show {', '.join(pending)} with a leader on every partition "
+                    f"within {timeout_s:g} s"
+                )
+            await asyncio.sleep(_VISIBLE_POLL_S)
 
     async def _drift(self, topic: Topic) -> list[str]:
         described = (await self.describe([topic.name]))[0]

@@ -58,6 +58,22 @@ async def test_create_reports_drift_of_an_existing_topic(kafka_settings, registr
     assert "drift: partitions: cluster has 2, registry wants 3" in out.stderr
 
 
+async def test_created_topics_have_leaders_at_once_and_one_never_created_times_out(kafka_settings, registry) -> None:
+    """``create_topics`` returns only once the brokers show every topic with a leader per partition.
+
+    The controller answers CreateTopics before the brokers' metadata has the topics; a service
+    started in that moment was told its topic did not exist.
+    """
+    async with KafkaAdmin(kafka_settings, registry) as admin:
+        await admin.create_topics()
+        for meta in await admin._admin.describe_topics([t.name for t in registry]):
+            assert meta["error_code"] == 0, meta
+            assert len(meta["partitions"]) == 2 and all(p["leader"] >= 0 for p in meta["partitions"]), meta
+        never = f"{kafka_settings.topic_prefix}never-created"
+        with pytest.raises(TimeoutError, match=f"did not show {never} with a leader on every partition within 0.3 s"):
+            await admin.await_visible([never], timeout_s=0.3)
+
+
 async def test_tail_decodes_and_filters_by_key_and_type(kafka_settings, topics: TopicRegistry) -> None:
     async with EventProducer(kafka_settings) as producer:
         await producer.publish(REWARDS, reward("r-alpha", 0.25))
