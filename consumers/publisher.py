@@ -195,20 +195,19 @@ class CheckpointPublisher(Managed):
         if self._started:
             return
         self._started = True
-        if self.settings.validate_checkpoints and self.settings.reference_weights is not None:
-            self._layout = await asyncio.to_thread(read_layout, self.settings.reference_weights)
-        await self._producer.start()
         try:
+            if self.settings.validate_checkpoints and self.settings.reference_weights is not None:
+                self._layout = await asyncio.to_thread(read_layout, self.settings.reference_weights)
+            await self._producer.start()
             newest = await self._bootstrap()
-        except MissingTopicsError:
-            self._stopped = True  # nothing runs: there is nothing left to stop
-            await self._producer.stop()
+            if newest is not None:
+                await self.offer(newest)
+            for url in self.replicas:
+                self._tasks.append(asyncio.create_task(self._replica_loop(url), name=f"publish:{url}"))
+            await self._consumer.start()
+        except BaseException:
+            await self.stop()  # a missing topic, say: close what was opened, stop what started
             raise
-        if newest is not None:
-            await self.offer(newest)
-        for url in self.replicas:
-            self._tasks.append(asyncio.create_task(self._replica_loop(url), name=f"publish:{url}"))
-        await self._consumer.start()
 
     async def wait(self) -> None:
         """Return when the publisher stopped; re-raise what ended it, if anything did."""

@@ -141,10 +141,12 @@ class EventProducer(Managed):
 
     async def stop(self) -> None:
         """Flush what is buffered, then disconnect. Safe to call twice."""
-        if self._stopped or not self._started:
-            self._stopped = True
+        if self._stopped:
             return
         self._stopped = True
+        if not self._started:
+            await self._producer.stop()  # never connected; closed, so aiokafka reports no leak
+            return
         with contextlib.suppress(Exception):
             await self._producer.flush()
         await self._producer.stop()
@@ -156,10 +158,12 @@ class EventProducer(Managed):
         spool): with the brokers gone, aiokafka's ``stop()`` would wait for delivery
         retries to expire before closing.
         """
-        if self._stopped or not self._started:
-            self._stopped = True
+        if self._stopped:
             return
         self._stopped = True
+        if not self._started:
+            await self._producer.stop()  # never connected; closed, so aiokafka reports no leak
+            return
         stopping = asyncio.ensure_future(self._producer.stop())
         done, _ = await asyncio.wait({stopping}, timeout=timeout_s)
         if not done:

@@ -171,25 +171,39 @@ class MissingTopicsError(RuntimeError):
 async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) -> None:
     """Start a consumer subscribed to ``names``, or raise :class:`MissingTopicsError`.
 
-    On that error the consumer is stopped again, so nothing is left open.
+    The topics are looked up first: a group consumer started on a missing topic waits out its
+    whole request timeout (40 s by default) before it fails, which reads as a hang to someone
+    who forgot ``openforge topics create``. On the error the consumer is closed, so nothing is
+    left open.
 
     Args:
         consumer: An ``AIOKafkaConsumer``, subscribed but not started.
         names: Full names of the topics it reads.
         bootstrap: The cluster's address (for asking which topics exist, and for the message).
     """
-    from aiokafka import AIOKafkaConsumer
     from aiokafka.errors import UnknownTopicOrPartitionError
 
-    try:
-        await consumer.start()
-    except UnknownTopicOrPartitionError:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-        probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-        await probe.start()
+    wanted = sorted(set(names))
+    missing = await _missing_topics(wanted, bootstrap)
+    if not missing:
         try:
-            present = await probe.topics()
-        finally:
-            await probe.stop()
-        raise MissingTopicsError.of(sorted(set(names) - set(present)) or sorted(names), bootstrap) from None
+            await consumer.start()
+            return
+        except UnknownTopicOrPartitionError:
+            missing = await _missing_topics(wanted, bootstrap) or wanted  # deleted since the lookup
+    with contextlib.suppress(Exception):
+        await consumer.stop()
+    raise MissingTopicsError.of(missing, bootstrap) from None
+
+
+async def _missing_topics(names: list[str], bootstrap: str) -> list[str]:
+    """Those of ``names`` the cluster's metadata does not show."""
+    from aiokafka import AIOKafkaConsumer
+
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await probe.start()
+    try:
+        present = await probe.topics()
+    finally:
+        await probe.stop()
+    return [name for name in names if name not in present]

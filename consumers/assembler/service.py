@@ -172,6 +172,8 @@ class AssemblerService(Managed):
             await start_consumer(self._consumer, [t.name for t in self._inputs], self.kafka.bootstrap_servers)
         except BaseException:
             self._stopped = True  # nothing runs: there is nothing left to stop
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()  # start_consumer closes it only on a missing topic
             await self._producer.stop()
             raise
         self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._positions)

@@ -1,0 +1,72 @@
+"""A service whose start fails (its topics are missing) closes every Kafka client it made.
+
+aiokafka warns of an unclosed client when it is collected; under the suite's warning filters
+that warning fails whichever test happens to be running then, far from the leak.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import uuid
+import warnings
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from consumers.assembler.service import AssemblerService
+from consumers.assembler.settings import AssemblerSettings
+from consumers.publisher import CheckpointPublisher, PublisherSettings
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+from stream.topics import MissingTopicsError
+
+pytestmark = pytest.mark.kafka
+
+
+def _absent(kafka_settings: KafkaSettings) -> KafkaSettings:
+    return kafka_settings.model_copy(update={"topic_prefix": f"absent{os.urandom(4).hex()}."})
+
+
+async def _leaks(run: Callable[[], Awaitable[None]]) -> list[str]:
+    """Run ``run``, collect garbage, and return the unclosed-client warnings raised meanwhile."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        await run()
+        gc.collect()
+    return [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+async def test_a_publisher_without_its_topic_closes_its_consumer_producer_and_http_client(kafka_settings) -> None:
+    settings = PublisherSettings(replicas=["http://127.0.0.1:9"], model="m", group_id=f"pub-{uuid.uuid4().hex[:8]}",
+                                 kafka=_absent(kafka_settings))
+
+    async def run() -> None:
+        publisher = CheckpointPublisher(settings)
+        with pytest.raises(MissingTopicsError, match="checkpoints.v1 does not exist"):
+            await publisher.start()
+        assert publisher._http.is_closed
+        await publisher.stop()  # still idempotent after the failed start
+
+    assert await _leaks(run) == []
+
+
+async def test_an_assembler_without_its_topics_closes_its_consumer_and_producer(kafka_settings) -> None:
+    settings = AssemblerSettings(group_id=f"asm-{uuid.uuid4().hex[:8]}")
+
+    async def run() -> None:
+        service = AssemblerService(settings, _absent(kafka_settings))
+        with pytest.raises(MissingTopicsError, match="calls.v1, .* do not exist"):
+            await service.start()
+        await service.stop()
+
+    assert await _leaks(run) == []
+
+
+async def test_a_producer_never_started_closes_its_client_when_stopped(kafka_settings) -> None:
+    async def run() -> None:
+        producer = EventProducer(kafka_settings)
+        await producer.stop()
+        await producer.stop()
+
+    assert await _leaks(run) == []
