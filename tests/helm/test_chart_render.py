@@ -341,6 +341,7 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"proxy": {"spoolSizeLimit": "9999999Ti"}}, "at '/proxy/spoolSizeLimit': '9999999Ti' does not match pattern"),
     ({"proxy": {"sampling": {"seed": 1}}}, "additional properties 'seed' not allowed"),  # the harness's, not forced
     ({"proxy": {"sampling": {"temperature": "hot"}}}, "at '/proxy/sampling/temperature'"),
+    ({"proxy": {"images": "url"}}, "at '/proxy/images': value must be one of 'refuse', 'inline'"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)
@@ -417,3 +418,15 @@ def test_the_proxy_samples_as_the_policy_unless_told_otherwise(default_objects: 
     assert sampling(default_objects) == POLICY_SAMPLING
     # null, not {} (which Helm merges into the default): each harness's own sampling.
     assert sampling(helm.render({"proxy": {"sampling": None}}, helm_tmp)) == {}
+
+
+def test_the_proxy_refuses_images_unless_told_to_inline_them(default_objects: list[dict[str, Any]], helm: Helm,
+                                                               helm_tmp: Path) -> None:
+    from proxy.settings import ProxySettings
+
+    def images(objects: list[dict[str, Any]]) -> str:
+        value = env_of(one(objects, "Deployment", "-proxy"))["OPENFORGE_PROXY_IMAGES"]
+        return ProxySettings(images=value).images  # what the proxy will read
+
+    assert images(default_objects) == "refuse"
+    assert images(helm.render({"proxy": {"images": "inline"}}, helm_tmp)) == "inline"

@@ -54,6 +54,7 @@ OPENFORGE_PROXY_SPOOL_MAX_BYTES: {{ include "openforge.spoolMaxBytes" . | quote 
 OPENFORGE_PROXY_DURABILITY: {{ $v.durability | quote }}
 OPENFORGE_PROXY_JOURNAL_SHIPPER: {{ $v.journalShipper | quote }}
 OPENFORGE_PROXY_SAMPLING: {{ $v.sampling | default dict | toJson | quote }}
+OPENFORGE_PROXY_IMAGES: {{ $v.images | quote }}
 OPENFORGE_PROXY_DRAIN_S: {{ $v.drainSeconds | quote }}
 OPENFORGE_PROXY_PUBLISH_TIMEOUT_S: {{ $v.publishTimeoutSeconds | quote }}
 {{- end }}
