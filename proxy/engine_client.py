@@ -58,7 +58,11 @@ deadline and the call moves to another replica. Under load connections never sit
 _KEEPALIVE_IDLE_S = 30
 _KEEPALIVE_INTERVAL_S = 10
 _KEEPALIVE_PROBES = 3
-
+# Keepalive probes only while nothing is unacknowledged; a request sent to a vanished peer is
+# retransmitted instead, for some 15 minutes of the kernel's retries. Linux's TCP_USER_TIMEOUT
+# bounds how long sent data may stay unacknowledged: the same minute (it then also governs the
+# probes, so it must not be shorter than they take).
+_UNACKED_TIMEOUT_MS = (_KEEPALIVE_IDLE_S + _KEEPALIVE_INTERVAL_S * _KEEPALIVE_PROBES) * 1000
 
 _KEEPALIVE_OPTIONS = [(level, option, value) for level, option, value in (
     (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
@@ -66,11 +70,12 @@ _KEEPALIVE_OPTIONS = [(level, option, value) for level, option, value in (
     (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None)), _KEEPALIVE_IDLE_S),
     (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), _KEEPALIVE_INTERVAL_S),
     (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), _KEEPALIVE_PROBES),
+    (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), _UNACKED_TIMEOUT_MS),
 ) if option is not None]
 
 
 def _watch_peer(sock: socket.socket) -> None:
-    """Turn on TCP keepalive probes of ``sock``'s peer (see :data:`_KEEPALIVE_IDLE_S`)."""
+    """Turn on TCP keepalive probes of ``sock``'s peer and bound unacknowledged sends (see above)."""
     for level, option, value in _KEEPALIVE_OPTIONS:
         with contextlib.suppress(OSError):
             sock.setsockopt(level, option, value)

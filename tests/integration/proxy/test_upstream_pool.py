@@ -140,8 +140,12 @@ async def test_engine_connections_probe_their_peer_so_a_lost_node_is_found_withi
         idle, interval, probes = (sock.getsockopt(socket.IPPROTO_TCP, option)
                                   for option in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT))
         assert idle + interval * probes <= 60
+        # A request sent to a peer gone silent is retransmitted, not probed: bounded apart.
+        unacked_ms = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+        assert (idle + interval * probes) * 1000 <= unacked_ms <= 60_000
     finally:
         await pool.aclose()
+
 
 async def _close_all(writers: list[asyncio.StreamWriter]) -> None:
     """Close a scripted server's connections (one left open fails a later test as a ResourceWarning)."""
