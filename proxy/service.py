@@ -168,6 +168,14 @@ class CallService:
                 # still the request's fault, and still answered in the API's own error shape.
                 logger.warning("request translation failed on unexpected input", exc_info=True)
                 raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
+            # A re-send of the same conversation is a retry even if transport details differ:
+            # Claude Code falls back from streaming to a whole answer with a smaller max_tokens.
+            try:
+                conversation = orjson.dumps({k: chat.get(k) for k in ("messages", "tools", "tool_choice",
+                                                                      "response_format")},
+                                            option=orjson.OPT_SORT_KEYS)
+            except TypeError as exc:  # nested deeper than JSON is written (orjson stops at 254 levels)
+                raise InvalidRequestError(f"the request could not be encoded: {exc}") from exc
         except (orjson.JSONDecodeError, ProxyError) as exc:
             error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
             # Not tracked as an attempt: a refused request is never a turn, and no re-send of it
@@ -188,11 +196,7 @@ class CallService:
             body = {**body, **self.settings.sampling}
         asked = {k: chat[k] for k in CAPTURE_KEYS if k in chat}
         streamed = bool(chat.get("stream"))
-        # A re-send of the same conversation is a retry even if transport details differ:
-        # Claude Code falls back from streaming to a whole answer with a smaller max_tokens.
-        fingerprint = self.retries.fingerprint(orjson.dumps(
-            {k: chat.get(k) for k in ("messages", "tools", "tool_choice", "response_format")},
-            option=orjson.OPT_SORT_KEYS))
+        fingerprint = self.retries.fingerprint(conversation)
         call_id = new_event_id()
         attempt, retry_of = self.retries.begin(caller.rollout_id, fingerprint, call_id)
         replicas = self.upstream.order(caller.rollout_id)
@@ -622,13 +626,40 @@ def _same(before: str | None, after: str | None) -> str | None:
     return before if before is not None and before == after else None
 
 
+_REFUSED_STRING_CHARS = 64 * 1024
+"""Longest string a refused request's record keeps whole: enough for any prompt text; what is
+longer is nearly always media (a base64 image, a PDF), which says nothing about the refusal and
+would take the event past the calls topic's limit, to the dead-letter topic."""
+
+_REFUSED_DEPTH = 64
+"""Deepest nesting a refused request's record keeps: the event's decoder stops at some 200
+levels, so a deeper body's event could not be read back (nor, deeper still, built)."""
+
+
 def _untranslated(body: Any) -> NormalizedRequest:
-    """What a refused request asked for, kept whole so the refusal can be studied later."""
+    """What a refused request asked for, kept once, so the refusal can be studied later.
+
+    The body goes under ``extra["untranslated"]`` as the harness sent it (not in chat form, so not
+    in ``messages``), save strings over :data:`_REFUSED_STRING_CHARS` and what is nested deeper
+    than :data:`_REFUSED_DEPTH`, each replaced by a marker.
+    """
     if not isinstance(body, dict):
         return NormalizedRequest(messages=[])
-    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
-    return NormalizedRequest(messages=[m for m in messages if m is not None] if messages else [],
-                             extra={"untranslated": body})
+    return NormalizedRequest(messages=[], extra={"untranslated": _bounded(body, _REFUSED_DEPTH)})
+
+
+def _bounded(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        if len(value) <= _REFUSED_STRING_CHARS:
+            return value
+        return f"{value[:256]}…[{len(value) - 256} more characters not recorded]"
+    if isinstance(value, dict | list) and depth == 0:
+        return f"[nested deeper than {_REFUSED_DEPTH} levels; not recorded]"
+    if isinstance(value, dict):
+        return {key: _bounded(item, depth - 1) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_bounded(item, depth - 1) for item in value]
+    return value
 
 
 def _engine_message(detail: str) -> str:

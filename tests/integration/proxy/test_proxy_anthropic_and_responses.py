@@ -99,6 +99,39 @@ async def test_unsupported_anthropic_feature_gets_400_naming_the_field(proxy) ->
     assert event.request.extra["untranslated"]["messages"][0]["content"][0]["type"] == "document"
 
 
+async def test_a_refused_request_is_recorded_once_without_its_media_or_its_deepest_nesting(proxy) -> None:
+    # The body is the study material of a refusal, but a screenshot's base64 (refused by default)
+    # would take the event past the topic's limit, and a body nested 300 deep past what the
+    # event's decoder reads: either way the record would end in the dead-letter topic.
+    screenshot = "iVBORw0K" * (256 * 1024)  # 2 MiB of base64
+    async with anthropic_client(proxy, "r-refused-image") as client:
+        with pytest.raises(anthropic.BadRequestError, match="OPENFORGE_PROXY_IMAGES"):
+            await client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": screenshot}}]}])
+    nested: object = "deep"
+    for _ in range(300):
+        nested = [nested]
+    async with httpx.AsyncClient(timeout=30) as http:
+        answer = await http.post(f"{proxy.base('r-refused-deep')}/v1/chat/completions",
+                                 headers={"authorization": f"Bearer {proxy.token('r-refused-deep')}"},
+                                 json={"model": "m", "messages": [{"role": "user", "content": nested}]})
+    assert answer.status_code == 400 and "could not be encoded" in answer.text, answer.text
+    events = {e.rollout_id: e for e in await calls_of(proxy, 2)}
+    image, deep = events["r-refused-image"], events["r-refused-deep"]
+    assert image.status is deep.status is CallStatus.INVALID_REQUEST
+    assert image.request.messages == [] and deep.request.messages == []  # the body once, not twice
+    parts = image.request.extra["untranslated"]["messages"][0]["content"]
+    assert parts[0] == {"type": "text", "text": "What is this?"}
+    data = parts[1]["source"]["data"]
+    assert data.startswith(screenshot[:256]) and data.endswith(f"[{len(screenshot) - 256} more characters not recorded]")
+    level = deep.request.extra["untranslated"]["messages"][0]["content"]
+    depth = 3  # body, messages, the message
+    while isinstance(level, list):
+        level, depth = level[0], depth + 1
+    assert level == "[nested deeper than 64 levels; not recorded]" and depth == 64
+
+
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 
 
