@@ -31,7 +31,15 @@ log "creating $VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24"
 log "installing openforge and its compiled fast path"
-"$VENV/bin/python" -m pip install --quiet "$ROOT" "$ROOT/native"
+# setuptools builds in the source tree's build/ unless told otherwise, and copies into it over
+# what an earlier build left: a module since deleted would ship again. So openforge's wheel alone
+# is built in a fresh folder (alone: a dependency pip builds from source must not share it), then
+# installed with its dependencies and the compiled fast path.
+STAGE="$(mktemp -d)"
+trap 'rm -rf "$STAGE"' EXIT
+printf '[build]\nbuild_base = %s/build\n[egg_info]\negg_base = %s\n' "$STAGE" "$STAGE" > "$STAGE/setup.cfg"
+DIST_EXTRA_CONFIG="$STAGE/setup.cfg" "$VENV/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$STAGE/wheel" "$ROOT"
+"$VENV/bin/python" -m pip install --quiet "$STAGE"/wheel/openforge-*.whl "$ROOT/native"
 if [ "${OPENFORGE_IMAGE_LEARNER:-1}" != "0" ]; then
     log "installing the learner's training stack"
     OPENFORGE_LEARNER_PYTHON="$VENV/bin/python" bash "$ROOT/scripts/learner/install.sh"

@@ -42,10 +42,26 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("image") / "openforge"
     env = {**os.environ, "OPENFORGE_IMAGE_LEARNER": "0", "OPENFORGE_IMAGE_PYTHON": sys.executable,
            "CARGO_TARGET_DIR": str(CACHE / "native-target")}
+    before = _build_leftovers()
     done = subprocess.run(["bash", str(REPO / "scripts/image/install.sh"), str(venv)], env=env, cwd=venv.parent,
                           capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
+    written = sorted(set(_build_leftovers().items()) - set(before.items()))
+    assert not written, f"the install wrote into the source tree: {written[:5]}"
     return venv
+
+
+def _build_leftovers() -> dict[str, int]:
+    """Each file under the source tree's build/ and egg-info, with its modification time.
+
+    A build there is copied over, not replaced: a module deleted since would ship again. Times
+    rather than presence, so an earlier build left in a checkout does not hide a new one.
+    """
+    found: dict[str, int] = {}
+    for top in [REPO / "build", *REPO.glob("*.egg-info")]:
+        for path in [top, *top.rglob("*")] if top.exists() else []:
+            found[str(path.relative_to(REPO))] = path.stat().st_mtime_ns
+    return found
 
 
 async def test_the_installed_proxy_serves_and_ships_from_outside_the_source_tree(
