@@ -171,9 +171,10 @@ class CallService:
             # A re-send of the same conversation is a retry even if transport details differ:
             # Claude Code falls back from streaming to a whole answer with a smaller max_tokens.
             try:
-                conversation = orjson.dumps({k: chat.get(k) for k in ("messages", "tools", "tool_choice",
-                                                                      "response_format")},
-                                            option=orjson.OPT_SORT_KEYS)
+                conversation = orjson.dumps({k: chat.get(k) for k in _CONVERSATION_KEYS}, option=orjson.OPT_SORT_KEYS)
+                # The rest is sent whole later, once the call counts as an attempt: encoded now only
+                # to learn that it can be, so a field too deep is refused here and not answered 500.
+                orjson.dumps({k: v for k, v in chat.items() if k not in _CONVERSATION_KEYS})
             except TypeError as exc:  # nested deeper than JSON is written (orjson stops at 254 levels)
                 raise InvalidRequestError(f"the request could not be encoded: {exc}") from exc
         except (orjson.JSONDecodeError, ProxyError) as exc:
@@ -626,10 +627,14 @@ def _same(before: str | None, after: str | None) -> str | None:
     return before if before is not None and before == after else None
 
 
+_CONVERSATION_KEYS = ("messages", "tools", "tool_choice", "response_format")
+"""What makes two requests the same turn: a re-send of these is a retry, however its transport
+details (streaming, max_tokens) differ."""
+
 _REFUSED_STRING_CHARS = 64 * 1024
-"""Longest string a refused request's record keeps whole: enough for any prompt text; what is
-longer is nearly always media (a base64 image, a PDF), which says nothing about the refusal and
-would take the event past the calls topic's limit, to the dead-letter topic."""
+"""Longest string, in characters, a refused request's record keeps whole. What is longer is mostly
+media (a base64 image, a PDF), which says nothing about the refusal and would take the event past
+the calls topic's limit, to the dead-letter topic; a pasted file that long is cut as well."""
 
 _REFUSED_DEPTH = 64
 """Deepest nesting a refused request's record keeps: the event's decoder stops at some 200
