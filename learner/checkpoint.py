@@ -120,9 +120,9 @@ async def latest_checkpoint(kafka: KafkaSettings, registry: TopicRegistry, model
     topic = registry[CHECKPOINTS].name
     consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-resume",
                                 enable_auto_commit=False, group_id=None, isolation_level="read_committed")
-    await consumer.start()
     best: CheckpointV1 | None = None
     try:
+        await consumer.start()
         tps = await topic_partitions(kafka, registry, topic)
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)

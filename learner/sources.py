@@ -123,15 +123,19 @@ class KafkaTrajectorySource:
         self._started = True
         from learner.checkpoint import topic_partitions
 
-        tps = await topic_partitions(self._kafka, self._registry, self._topic.name)
-        await self._consumer.start()
-        self._consumer.assign(tps)
-        for tp in tps:
-            offset = self._start_offsets.get((tp.topic, tp.partition))
-            if offset is None:
-                await self._consumer.seek_to_beginning(tp)
-            else:
-                self._consumer.seek(tp, offset)
+        try:
+            tps = await topic_partitions(self._kafka, self._registry, self._topic.name)
+            await self._consumer.start()
+            self._consumer.assign(tps)
+            for tp in tps:
+                offset = self._start_offsets.get((tp.topic, tp.partition))
+                if offset is None:
+                    await self._consumer.seek_to_beginning(tp)
+                else:
+                    self._consumer.seek(tp, offset)
+        except BaseException:
+            await self.stop()  # the consumer exists from the constructor on: closed even if never started
+            raise
         # No consumer group: the lag is that of records not yet handed to the trainer.
         self._lag = track_consumer_lag("learner", self._consumer, lambda: self._handed)
         self._task = asyncio.create_task(self._pump(), name="learner-prefetch")
@@ -195,5 +199,4 @@ class KafkaTrajectorySource:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        if self._started:
-            await self._consumer.stop()
+        await self._consumer.stop()  # made in the constructor, so closed even if never started

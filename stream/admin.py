@@ -107,11 +107,18 @@ class KafkaAdmin:
     async def start(self) -> None:
         """Connect both clients."""
         if not self._started:
-            await self._admin.start()
-            await self._offsets.start()
-            # aiokafka's group-less consumer raises CancelledError when stopped before
-            # its background task first ran; one loop turn lets it start.
-            await asyncio.sleep(0)
+            try:
+                await self._admin.start()
+                await self._offsets.start()
+                # aiokafka's group-less consumer raises CancelledError when stopped before
+                # its background task first ran; one loop turn lets it start.
+                await asyncio.sleep(0)
+            except BaseException:  # an unreachable cluster: close what did connect
+                with contextlib.suppress(Exception):
+                    await self._offsets.stop()
+                with contextlib.suppress(Exception):
+                    await self._admin.close()
+                raise
             self._started = True
 
     async def stop(self) -> None:

@@ -31,7 +31,14 @@ T = TypeVar("T")
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+    """Run a command; a cluster that cannot be reached or is slow to answer is one line, not a traceback."""
+    from aiokafka.errors import KafkaError
+
+    try:
+        return asyncio.run(coro)
+    except (KafkaError, TimeoutError) as exc:
+        text, name = str(exc), type(exc).__name__
+        raise click.ClickException(text if text.startswith(name) else f"{name}: {text}") from exc
 
 
 def _kafka(bootstrap: str | None) -> KafkaSettings:
@@ -127,7 +134,11 @@ def topics_create(bootstrap: str | None) -> None:
 
     async def go() -> None:
         async with KafkaAdmin(settings) as admin:
-            for result in await admin.create_topics():
+            try:
+                results = await admin.create_topics()
+            except RuntimeError as exc:  # the cluster refused one (a policy, a bad setting)
+                raise click.ClickException(str(exc)) from exc
+            for result in results:
                 topic = admin.registry.by_name(result.name)
                 parts = topic.partitions if topic else "?"
                 state = "created" if result.created else "exists"

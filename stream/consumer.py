@@ -32,7 +32,7 @@ from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
-from stream.topics import DEAD_LETTERS, MissingTopicsError, Topic, TopicRegistry, TopicSpec, start_consumer
+from stream.topics import DEAD_LETTERS, Topic, TopicRegistry, TopicSpec, start_consumer
 from stream.tracing import extract_trace_context
 
 logger = logging.getLogger(__name__)
@@ -167,15 +167,17 @@ class EventConsumer(Managed):
         if self._started:
             return
         self._started = True
-        if self._own_dlq:
-            await self._dlq.start()
-        self._consumer.subscribe(
-            topics=[t.name for t in self._topics], listener=_CommitOnRevoke(self)
-        )
         try:
+            if self._own_dlq:
+                await self._dlq.start()
+            self._consumer.subscribe(
+                topics=[t.name for t in self._topics], listener=_CommitOnRevoke(self)
+            )
             await start_consumer(self._consumer, [t.name for t in self._topics], self.kafka.bootstrap_servers)
-        except MissingTopicsError:
+        except BaseException:
             self._stopped = True  # nothing runs: there is nothing left to stop
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()  # never started if the dead-letter producer's start failed
             if self._own_dlq:
                 await self._dlq.stop()
             raise

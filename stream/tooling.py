@@ -138,9 +138,9 @@ async def read_topic(
         enable_auto_commit=False, isolation_level=isolation_level,
         max_partition_fetch_bytes=64 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
     )
-    await consumer.start()
-    await asyncio.sleep(0)  # see KafkaAdmin.start: lets aiokafka's background task begin
     try:
+        await consumer.start()
+        await asyncio.sleep(0)  # see KafkaAdmin.start: lets aiokafka's background task begin
         consumer.assign(tps)
         begins = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)

@@ -173,8 +173,8 @@ async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) ->
 
     The topics are looked up first: a group consumer started on a missing topic waits out its
     whole request timeout (40 s by default) before it fails, which reads as a hang to someone
-    who forgot ``openforge topics create``. On the error the consumer is closed, so nothing is
-    left open.
+    who forgot ``openforge topics create``. On any error (a missing topic, an unreachable
+    cluster) the consumer is closed, so nothing is left open.
 
     Args:
         consumer: An ``AIOKafkaConsumer``, subscribed but not started.
@@ -184,16 +184,21 @@ async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) ->
     from aiokafka.errors import UnknownTopicOrPartitionError
 
     wanted = sorted(set(names))
-    missing = await _missing_topics(wanted, bootstrap)
-    if not missing:
-        try:
-            await consumer.start()
-            return
-        except UnknownTopicOrPartitionError:
-            missing = await _missing_topics(wanted, bootstrap) or wanted  # deleted since the lookup
-    with contextlib.suppress(Exception):
-        await consumer.stop()
-    raise MissingTopicsError.of(missing, bootstrap) from None
+    try:
+        missing = await _missing_topics(wanted, bootstrap)
+        if not missing:
+            try:
+                await consumer.start()
+                return
+            except UnknownTopicOrPartitionError:
+                missing = await _missing_topics(wanted, bootstrap)  # deleted since the lookup?
+                if not missing:
+                    raise
+        raise MissingTopicsError.of(missing, bootstrap)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        raise
 
 
 async def _missing_topics(names: list[str], bootstrap: str) -> list[str]:
@@ -201,8 +206,8 @@ async def _missing_topics(names: list[str], bootstrap: str) -> list[str]:
     from aiokafka import AIOKafkaConsumer
 
     probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await probe.start()
     try:
+        await probe.start()
         present = await probe.topics()
     finally:
         await probe.stop()

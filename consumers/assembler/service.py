@@ -166,14 +166,14 @@ class AssemblerService(Managed):
         # The producer first: registering the transactional id aborts whatever a crashed
         # predecessor left open, which would otherwise hold back read_committed reads (the
         # read-back of published trajectories included) until the transaction timeout.
-        await self._producer.start()
-        self._consumer.subscribe([t.name for t in self._inputs], listener=_Rebalance(self))
         try:
+            await self._producer.start()
+            self._consumer.subscribe([t.name for t in self._inputs], listener=_Rebalance(self))
             await start_consumer(self._consumer, [t.name for t in self._inputs], self.kafka.bootstrap_servers)
         except BaseException:
             self._stopped = True  # nothing runs: there is nothing left to stop
             with contextlib.suppress(Exception):
-                await self._consumer.stop()  # start_consumer closes it only on a missing topic
+                await self._consumer.stop()  # never started if the producer's start failed
             await self._producer.stop()
             raise
         self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._positions)
@@ -389,8 +389,8 @@ class AssemblerService(Managed):
             fetch_max_bytes=max(self._output.spec.max_message_bytes, 52_428_800),
             request_timeout_ms=self.kafka.request_timeout_ms,
         )
-        await probe.start()
         try:
+            await probe.start()
             since_ms = await self._replay_start_ms(probe, tps, committed)
             if since_ms is None:
                 return set()  # nothing to re-read, so nothing can be republished

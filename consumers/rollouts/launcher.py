@@ -49,7 +49,7 @@ from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
-from stream.topics import DEAD_LETTERS, ROLLOUTS, TASKS, MissingTopicsError, TopicRegistry, start_consumer
+from stream.topics import DEAD_LETTERS, ROLLOUTS, TASKS, TopicRegistry, start_consumer
 
 __all__ = ["Launcher", "LauncherSettings", "build_spec", "make_backend", "rollout_id_for"]
 
@@ -266,18 +266,18 @@ class Launcher(Managed):
         if self._started:
             return
         self._started = True
-        await self.producer.start()
-        await self.backend.start()
-        # Reconciliation: whatever exists was launched by an earlier life of this launcher (or a
-        # replica); those ids are skipped instead of launched twice.
-        self._known = set(await self.backend.existing())
-        if self._known:
-            logger.info("launcher: %d rollouts already exist; they will not be launched again", len(self._known))
-        self._consumer.subscribe([self.registry[TASKS].name], listener=_Rebalance(self))
         try:
+            await self.producer.start()
+            await self.backend.start()
+            # Reconciliation: whatever exists was launched by an earlier life of this launcher (or a
+            # replica); those ids are skipped instead of launched twice.
+            self._known = set(await self.backend.existing())
+            if self._known:
+                logger.info("launcher: %d rollouts already exist; they will not be launched again", len(self._known))
+            self._consumer.subscribe([self.registry[TASKS].name], listener=_Rebalance(self))
             await start_consumer(self._consumer, [self.registry[TASKS].name], self.settings.kafka.bootstrap_servers)
-        except MissingTopicsError:
-            await self.stop()
+        except BaseException:
+            await self.stop()  # closes whichever clients were made, started or not
             raise
         self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._handled)
         self._task = asyncio.create_task(self._run(), name="launcher")

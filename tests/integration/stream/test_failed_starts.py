@@ -1,4 +1,5 @@
-"""A service whose start fails (its topics are missing) closes every Kafka client it made.
+"""A service whose start fails (its topics are missing, its cluster unreachable) closes every
+Kafka client it made.
 
 aiokafka warns of an unclosed client when it is collected; under the suite's warning filters
 that warning fails whichever test happens to be running then, far from the leak.
@@ -13,13 +14,18 @@ import warnings
 from collections.abc import Awaitable, Callable
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaConnectionError
+from netutil import free_port
 
 from consumers.assembler.service import AssemblerService
 from consumers.assembler.settings import AssemblerSettings
 from consumers.publisher import CheckpointPublisher, PublisherSettings
+from stream.admin import KafkaAdmin
+from stream.consumer import EventConsumer
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
-from stream.topics import MissingTopicsError
+from stream.topics import CALLS, MissingTopicsError, TopicRegistry, start_consumer
 
 pytestmark = pytest.mark.kafka
 
@@ -70,3 +76,39 @@ async def test_a_producer_never_started_closes_its_client_when_stopped(kafka_set
         await producer.stop()
 
     assert await _leaks(run) == []
+
+
+def _unreachable(kafka_settings: KafkaSettings) -> KafkaSettings:
+    """A cluster address where nothing listens: each connection is refused at once."""
+    return kafka_settings.model_copy(update={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
+
+
+async def test_nothing_is_left_open_when_the_cluster_cannot_be_reached(kafka_settings) -> None:
+    # No stop() after the failed starts: a start that raises has closed what it made.
+    kafka = _unreachable(kafka_settings)
+
+    async def consumer() -> None:
+        client = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id="g")
+        with pytest.raises(KafkaConnectionError):
+            await start_consumer(client, ["t"], kafka.bootstrap_servers)
+
+    async def event_consumer() -> None:
+        async def ignore(_: object) -> None:
+            return None
+
+        service = EventConsumer([CALLS], ignore, group_id="g", kafka=kafka, registry=TopicRegistry.from_settings(kafka))
+        with pytest.raises(KafkaConnectionError):
+            await service.start()  # its dead-letter producer fails first; the consumer is closed too
+
+    async def admin() -> None:
+        with pytest.raises(KafkaConnectionError):
+            async with KafkaAdmin(kafka):
+                pass
+
+    async def assembler() -> None:
+        service = AssemblerService(AssemblerSettings(group_id="g"), kafka)
+        with pytest.raises(KafkaConnectionError):
+            await service.start()  # its producer fails before the consumer is started
+
+    leaks = {run.__name__: await _leaks(run) for run in (consumer, event_consumer, admin, assembler)}
+    assert leaks == {name: [] for name in leaks}

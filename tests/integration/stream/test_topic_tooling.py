@@ -12,6 +12,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 from factories import model_call, reward
+from netutil import free_port
 
 from schemas import decode
 from stream.admin import KafkaAdmin
@@ -48,6 +49,15 @@ async def test_create_is_idempotent_and_list_describe_show_the_registry(kafka_se
     assert "cleanup.policy=compact" in described
     missing = await asyncio.to_thread(openforge, kafka_settings, "topics", "describe", "no-such-topic", check=False)
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+
+
+async def test_an_unreachable_cluster_is_one_line_naming_it_not_a_traceback(kafka_settings) -> None:
+    gone = kafka_settings.model_copy(update={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
+    for command in (("topics", "create"), ("topics", "list")):
+        out = await asyncio.to_thread(openforge, gone, *command, check=False)
+        assert out.returncode == 1, out
+        assert "Traceback" not in out.stderr and gone.bootstrap_servers.split(":")[1] in out.stderr, out.stderr
+        assert "Error: KafkaConnectionError" in out.stderr, out.stderr
 
 
 async def test_create_reports_drift_of_an_existing_topic(kafka_settings, registry) -> None:
