@@ -32,12 +32,12 @@ T = TypeVar("T")
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command; a cluster that cannot be reached or is slow to answer is one line, not a traceback."""
-    from aiokafka.errors import KafkaError
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError
 
     try:
         return asyncio.run(coro)
-    except (KafkaError, TimeoutError) as exc:
-        text, name = str(exc), type(exc).__name__
+    except (KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError, TimeoutError) as exc:
+        text, name = str(exc) or "timed out", type(exc).__name__
         raise click.ClickException(text if text.startswith(name) else f"{name}: {text}") from exc
 
 
@@ -136,7 +136,7 @@ def topics_create(bootstrap: str | None) -> None:
         async with KafkaAdmin(settings) as admin:
             try:
                 results = await admin.create_topics()
-            except RuntimeError as exc:  # the cluster refused one (a policy, a bad setting)
+            except RuntimeError as exc:  # the cluster refused a topic (a policy, a bad setting), or failed
                 raise click.ClickException(str(exc)) from exc
             for result in results:
                 topic = admin.registry.by_name(result.name)

@@ -179,7 +179,10 @@ class EventConsumer(Managed):
             with contextlib.suppress(Exception):
                 await self._consumer.stop()  # never started if the dead-letter producer's start failed
             if self._own_dlq:
-                await self._dlq.stop()
+                try:
+                    await self._dlq.stop()
+                except Exception:  # the start's error is the one to see; this one is logged
+                    logger.exception("consumer %s: closing the dead-letter producer failed", self.group_id)
             raise
         self._lag = track_consumer_lag(self.group_id, self._consumer, lambda: self._progress.handled)
         self._task = asyncio.create_task(self._run(), name=f"consume:{self.group_id}")

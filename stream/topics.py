@@ -191,9 +191,9 @@ async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) ->
                 await consumer.start()
                 return
             except UnknownTopicOrPartitionError:
-                missing = await _missing_topics(wanted, bootstrap)  # deleted since the lookup?
-                if not missing:
-                    raise
+                # Deleted since the lookup, or shown to the lookup by a broker the consumer did not
+                # ask: either way the one-line error, not aiokafka's bare one.
+                missing = await _missing_topics(wanted, bootstrap) or wanted
         raise MissingTopicsError.of(missing, bootstrap)
     except BaseException:
         with contextlib.suppress(Exception):

@@ -174,7 +174,10 @@ class AssemblerService(Managed):
             self._stopped = True  # nothing runs: there is nothing left to stop
             with contextlib.suppress(Exception):
                 await self._consumer.stop()  # never started if the producer's start failed
-            await self._producer.stop()
+            try:
+                await self._producer.stop()
+            except Exception:  # the start's error is the one to see; this one is logged
+                logger.exception("assembler: closing the producer after a failed start failed")
             raise
         self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._positions)
         self._task = asyncio.create_task(self._run(), name=f"assembler:{self.settings.group_id}")

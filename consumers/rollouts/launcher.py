@@ -277,7 +277,10 @@ class Launcher(Managed):
             self._consumer.subscribe([self.registry[TASKS].name], listener=_Rebalance(self))
             await start_consumer(self._consumer, [self.registry[TASKS].name], self.settings.kafka.bootstrap_servers)
         except BaseException:
-            await self.stop()  # closes whichever clients were made, started or not
+            try:
+                await self.stop()  # closes whichever clients were made, started or not
+            except Exception:  # the start's error is the one to see; this one is logged
+                logger.exception("launcher: closing after a failed start failed too")
             raise
         self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._handled)
         self._task = asyncio.create_task(self._run(), name="launcher")

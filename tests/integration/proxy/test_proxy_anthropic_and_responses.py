@@ -112,17 +112,20 @@ async def test_a_refused_request_is_recorded_once_without_its_media_or_its_deepe
     nested: object = "deep"
     for _ in range(300):
         nested = [nested]
-    # Deep in the conversation, or in a field chat passes to the engine as it came.
-    bodies = {"r-refused-deep": {"model": "m", "messages": [{"role": "user", "content": nested}]},
-              "r-refused-deep-metadata": {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                          "metadata": {"trace": nested}}}
+    # Deep in the conversation, in a field chat passes to the engine as it came, or in one a
+    # Responses answer copies back from its request.
+    bodies = {"r-refused-deep": ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": nested}]}),
+              "r-refused-deep-metadata": ("chat/completions", {"model": "m", "metadata": {"trace": nested},
+                                                               "messages": [{"role": "user", "content": "hi"}]}),
+              "r-refused-deep-responses": ("responses", {"model": "m", "input": "hi", "metadata": {"trace": nested}})}
     async with httpx.AsyncClient(timeout=30) as http:
-        for rollout, body in bodies.items():
-            answer = await http.post(f"{proxy.base(rollout)}/v1/chat/completions",
+        for rollout, (path, body) in bodies.items():
+            answer = await http.post(f"{proxy.base(rollout)}/v1/{path}",
                                      headers={"authorization": f"Bearer {proxy.token(rollout)}"}, json=body)
-            assert answer.status_code == 400 and "could not be encoded" in answer.text, answer.text
-    events = {e.rollout_id: e for e in await calls_of(proxy, 3)}
-    assert events["r-refused-deep-metadata"].status is CallStatus.INVALID_REQUEST
+            assert answer.status_code == 400 and "could not be encoded" in answer.text, (rollout, answer.text)
+    events = {e.rollout_id: e for e in await calls_of(proxy, 4)}
+    assert events["r-refused-deep-metadata"].status is events["r-refused-deep-responses"].status \
+        is CallStatus.INVALID_REQUEST
     image, deep = events["r-refused-image"], events["r-refused-deep"]
     assert image.status is deep.status is CallStatus.INVALID_REQUEST
     assert image.request.messages == [] and deep.request.messages == []  # the body once, not twice

@@ -12,15 +12,17 @@ import os
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaConnectionError
-from netutil import free_port
+from netutil import refused_address
 
 from consumers.assembler.service import AssemblerService
 from consumers.assembler.settings import AssemblerSettings
 from consumers.publisher import CheckpointPublisher, PublisherSettings
+from consumers.rollouts.launcher import Launcher, LauncherSettings
 from stream.admin import KafkaAdmin
 from stream.consumer import EventConsumer
 from stream.producer import EventProducer
@@ -78,15 +80,14 @@ async def test_a_producer_never_started_closes_its_client_when_stopped(kafka_set
     assert await _leaks(run) == []
 
 
-def _unreachable(kafka_settings: KafkaSettings) -> KafkaSettings:
-    """A cluster address where nothing listens: each connection is refused at once."""
-    return kafka_settings.model_copy(update={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
-
-
-async def test_nothing_is_left_open_when_the_cluster_cannot_be_reached(kafka_settings) -> None:
+async def test_nothing_is_left_open_when_the_cluster_cannot_be_reached(kafka_settings, tmp_path) -> None:
     # No stop() after the failed starts: a start that raises has closed what it made.
-    kafka = _unreachable(kafka_settings)
+    with refused_address() as address:
+        leaks = await _unreachable_leaks(kafka_settings.model_copy(update={"bootstrap_servers": address}), tmp_path)
+    assert leaks == {name: [] for name in leaks}
 
+
+async def _unreachable_leaks(kafka: KafkaSettings, tmp_path: Path) -> dict[str, list[str]]:
     async def consumer() -> None:
         client = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id="g")
         with pytest.raises(KafkaConnectionError):
@@ -110,5 +111,11 @@ async def test_nothing_is_left_open_when_the_cluster_cannot_be_reached(kafka_set
         with pytest.raises(KafkaConnectionError):
             await service.start()  # its producer fails before the consumer is started
 
-    leaks = {run.__name__: await _leaks(run) for run in (consumer, event_consumer, admin, assembler)}
-    assert leaks == {name: [] for name in leaks}
+    async def launcher() -> None:
+        settings = LauncherSettings(credential_key="k" * 32, kafka=kafka, state_dir=tmp_path / "state",
+                                    workspace_root=tmp_path / "ws", group_id="g")
+        service = Launcher(settings)
+        with pytest.raises(KafkaConnectionError):
+            await service.start()  # its producer fails before the backend and the consumer start
+
+    return {run.__name__: await _leaks(run) for run in (consumer, event_consumer, admin, assembler, launcher)}

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
 from factories import model_call, reward
-from netutil import free_port
+from netutil import refused_address
 
 from schemas import decode
 from stream.admin import KafkaAdmin
@@ -52,12 +52,14 @@ async def test_create_is_idempotent_and_list_describe_show_the_registry(kafka_se
 
 
 async def test_an_unreachable_cluster_is_one_line_naming_it_not_a_traceback(kafka_settings) -> None:
-    gone = kafka_settings.model_copy(update={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
-    for command in (("topics", "create"), ("topics", "list")):
-        out = await asyncio.to_thread(openforge, gone, *command, check=False)
-        assert out.returncode == 1, out
-        assert "Traceback" not in out.stderr and gone.bootstrap_servers.split(":")[1] in out.stderr, out.stderr
-        assert "Error: KafkaConnectionError" in out.stderr, out.stderr
+    with refused_address() as address:
+        gone = kafka_settings.model_copy(update={"bootstrap_servers": address})
+        for command in (("topics", "create"), ("topics", "list")):
+            out = await asyncio.to_thread(openforge, gone, *command, check=False)
+            assert out.returncode == 1 and "Traceback" not in out.stderr, out
+            errors = [line for line in out.stderr.splitlines() if line.startswith("Error: ")]
+            assert len(errors) == 1 and "KafkaConnectionError" in errors[0], out.stderr
+            assert address.split(":")[1] in errors[0], errors
 
 
 async def test_create_reports_drift_of_an_existing_topic(kafka_settings, registry) -> None:
