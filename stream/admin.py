@@ -179,9 +179,7 @@ class KafkaAdmin:
         deadline = loop.time() + timeout_s
         pending = list(names)
         while pending:
-            metadata = await self._admin.describe_topics(pending)
-            shown = {m["topic"]: m for m in metadata}
-            pending = [name for name in pending if not _usable(shown.get(name))]
+            pending = await self._not_usable_everywhere(pending)
             if not pending:
                 return
             if loop.time() >= deadline:
@@ -190,6 +188,34 @@ class KafkaAdmin:
                     f"within {timeout_s:g} s"
                 )
             await asyncio.sleep(_VISIBLE_POLL_S)
+
+    async def _not_usable_everywhere(self, names: list[str]) -> list[str]:
+        """Those of ``names`` that some broker does not yet show with a leader on every partition.
+
+        Every broker is asked, not one: a client may take its metadata from any of them. One that
+        cannot be reached is passed over (it serves no client either), unless none can be.
+        """
+        from aiokafka.errors import KafkaError
+        from aiokafka.protocol.metadata import MetadataRequest
+
+        client = self._admin._client
+        nodes = sorted(broker.nodeId for broker in client.cluster.brokers()) or [client.get_random_node()]
+        pending: set[str] = set()
+        unanswered: KafkaError | None = None
+        answered = 0
+        for node in nodes:
+            try:
+                response = await client.send(node, MetadataRequest(names))
+            except KafkaError as exc:
+                logger.debug("broker %s did not answer a metadata request: %r", node, exc)
+                unanswered = exc
+                continue
+            answered += 1
+            shown = {meta["topic"]: meta for meta in response.to_object()["topics"]}
+            pending.update(name for name in names if not _usable(shown.get(name)))
+        if not answered and unanswered is not None:
+            raise unanswered
+        return [name for name in names if name in pending]
 
     async def _drift(self, topic: Topic) -> list[str]:
         described = (await self.describe([topic.name]))[0]
