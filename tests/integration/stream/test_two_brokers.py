@@ -1,0 +1,112 @@
+"""Topic creation on a cluster of two brokers, as clusters run (the suite's broker is one node).
+
+``create_topics`` returns once every broker shows each new topic with a leader on every
+partition: a client may take its metadata from either. A broker that cannot be reached is passed
+over while another answers, and when none answers the error says so. The test starts its own
+pair: a node that is broker and controller, and a second node that is a broker only, joined to
+the first's controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
+from netutil import free_port, free_port_pair
+
+from stream.admin import KafkaAdmin
+from stream.broker import BrokerSettings, LocalBroker, ensure_kafka_jars
+from stream.settings import KafkaSettings
+
+pytestmark = pytest.mark.kafka
+
+_BROKER_ONLY = """\
+process.roles=broker
+node.id=2
+controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={log_dir}
+auto.create.topics.enable=false
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+"""
+
+
+@pytest.fixture
+def two_brokers(tmp_path: Path) -> Iterator[tuple[LocalBroker, subprocess.Popen[bytes], str]]:
+    port = free_port_pair()
+    first = LocalBroker(BrokerSettings(port=port, controller_port=port + 1, data_dir=str(tmp_path / "first")))
+    first.start()
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        second_port = free_port()
+        data = tmp_path / "second"
+        data.mkdir()
+        config = data / "server.properties"
+        config.write_text(_BROKER_ONLY.format(controller_port=port + 1, port=second_port, log_dir=data / "logs"))
+        meta = (first.data_dir / "kraft-logs" / "meta.properties").read_text()
+        cluster_id = next(line.split("=", 1)[1] for line in meta.splitlines() if line.startswith("cluster.id="))
+        libs = ensure_kafka_jars(first.settings.version, first.settings.cache_dir)
+        log4j = f"-Dlog4j2.configurationFile={first.data_dir / 'log4j2.properties'}"
+        subprocess.run(["java", log4j, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
+                        f"--cluster-id={cluster_id}", "-c", str(config)], check=True, capture_output=True)
+        with (data / "kafka.log").open("ab") as log:
+            second = subprocess.Popen(["java", "-Xmx256m", log4j, "-cp", f"{libs}/*", "kafka.Kafka", str(config)],
+                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+        yield first, second, f"127.0.0.1:{second_port}"
+    finally:
+        if second is not None:
+            second.kill()
+            second.wait()
+        first.stop()
+
+
+async def _brokers(bootstrap: str, want: int, timeout_s: float = 90.0) -> None:
+    """Wait until the cluster's metadata lists ``want`` brokers (the second registers as it starts)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while len((await admin.describe_cluster())["brokers"]) < want:
+            assert asyncio.get_running_loop().time() < deadline, f"fewer than {want} brokers after {timeout_s} s"
+            await asyncio.sleep(0.5)
+    finally:
+        await admin.close()
+
+
+async def test_create_waits_for_every_broker_and_passes_over_one_gone(two_brokers) -> None:
+    first, second, second_address = two_brokers
+    await _brokers(first.bootstrap, 2)
+    settings = KafkaSettings(bootstrap_servers=first.bootstrap, topic_prefix="two.", partitions=4)
+    async with KafkaAdmin(settings) as admin:
+        names = [result.name for result in await admin.create_topics()]
+        # Asked of the broker-only node, right after the call returned: every partition led.
+        client = AIOKafkaClient(bootstrap_servers=second_address)
+        await client.bootstrap()
+        try:
+            shown = (await client.send(2, MetadataRequest(names))).to_object()["topics"]
+        finally:
+            await client.close()
+        assert {meta["topic"] for meta in shown} == set(names)
+        leaders = {p["leader"] for meta in shown for p in meta["partitions"]}
+        assert all(meta["error_code"] == 0 for meta in shown) and leaders == {1, 2}, shown
+
+        second.kill()
+        second.wait()
+        assert await admin._not_usable_everywhere(names) == []  # the first still answers
+        first.kill()
+        with pytest.raises(KafkaError):
+            await admin._not_usable_everywhere(names)
