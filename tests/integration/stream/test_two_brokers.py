@@ -27,23 +27,6 @@ from stream.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 
-_BROKER_ONLY = """\
-process.roles=broker
-node.id=2
-controller.quorum.bootstrap.servers=127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs={log_dir}
-auto.create.topics.enable=false
-num.network.threads=2
-num.io.threads=2
-background.threads=2
-"""
-
-
 @pytest.fixture
 def two_brokers(tmp_path: Path) -> Iterator[tuple[LocalBroker, subprocess.Popen[bytes], str]]:
     port = free_port_pair()
@@ -54,8 +37,13 @@ def two_brokers(tmp_path: Path) -> Iterator[tuple[LocalBroker, subprocess.Popen[
         second_port = free_port()
         data = tmp_path / "second"
         data.mkdir()
+        # The first node's settings, as a broker only: its own id, listener and folder.
+        own = {"process.roles": "broker", "node.id": "2", "listeners": f"PLAINTEXT://127.0.0.1:{second_port}",
+               "advertised.listeners": f"PLAINTEXT://127.0.0.1:{second_port}", "log.dirs": str(data / "logs")}
+        lines = (first.data_dir / "server.properties").read_text().splitlines()
         config = data / "server.properties"
-        config.write_text(_BROKER_ONLY.format(controller_port=port + 1, port=second_port, log_dir=data / "logs"))
+        config.write_text("\n".join([line for line in lines if line.split("=", 1)[0] not in own]
+                                    + [f"{key}={value}" for key, value in own.items()]) + "\n")
         meta = (first.data_dir / "kraft-logs" / "meta.properties").read_text()
         cluster_id = next(line.split("=", 1)[1] for line in meta.splitlines() if line.startswith("cluster.id="))
         libs = ensure_kafka_jars(first.settings.version, first.settings.cache_dir)
