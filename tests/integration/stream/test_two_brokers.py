@@ -27,6 +27,7 @@ from stream.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 
+
 @pytest.fixture
 def two_brokers(tmp_path: Path) -> Iterator[tuple[LocalBroker, subprocess.Popen[bytes], str]]:
     port = free_port_pair()
