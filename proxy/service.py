@@ -172,11 +172,13 @@ class CallService:
             # Claude Code falls back from streaming to a whole answer with a smaller max_tokens.
             try:
                 conversation = orjson.dumps({k: chat.get(k) for k in _CONVERSATION_KEYS}, option=orjson.OPT_SORT_KEYS)
-                # The rest is sent whole later, once the call counts as an attempt, and a translated
-                # answer copies fields of the body back (Responses' metadata): encoded now only to
-                # learn that they can be, so a field too deep is refused here and not answered 500.
+                # The rest is sent whole later, once the call counts as an attempt, and a Responses
+                # answer echoes most of its request (metadata, text, reasoning, tools): encoded now
+                # only to learn that they can be, so a field too deep is refused here and not
+                # answered 500. The whole Responses body rather than a list of the echoed fields,
+                # so a field the echo gains later is covered too.
                 orjson.dumps({k: v for k, v in chat.items() if k not in _CONVERSATION_KEYS})
-                if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                if adapter.protocol is ApiProtocol.OPENAI_RESPONSES:
                     orjson.dumps(body)
             except TypeError as exc:  # nested deeper than JSON is written (orjson stops at 254 levels)
                 raise InvalidRequestError(f"the request could not be encoded: {exc}") from exc

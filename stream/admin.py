@@ -192,20 +192,26 @@ class KafkaAdmin:
     async def _not_usable_everywhere(self, names: list[str]) -> list[str]:
         """Those of ``names`` that some broker does not yet show with a leader on every partition.
 
-        Every broker is asked, not one: a client may take its metadata from any of them. One that
-        cannot be reached is passed over (it serves no client either), unless none can be.
+        Every broker the client knows of is asked, not one: a client may take its metadata from
+        any of them. One that cannot be reached is passed over (it serves no client either),
+        unless none can be. Never a request that could create a topic on a cluster that
+        auto-creates.
         """
         from aiokafka.errors import KafkaError
         from aiokafka.protocol.metadata import MetadataRequest
 
         client = self._admin._client
-        nodes = sorted(broker.nodeId for broker in client.cluster.brokers()) or [client.get_random_node()]
+        if not client.cluster.brokers():
+            await client.force_metadata_update()
+        nodes = sorted(broker.nodeId for broker in client.cluster.brokers())
+        if not nodes:
+            return list(names)  # no broker known yet: nothing is shown anywhere
         pending: set[str] = set()
         unanswered: KafkaError | None = None
         answered = 0
         for node in nodes:
             try:
-                response = await client.send(node, MetadataRequest(names))
+                response = await client.send(node, MetadataRequest(names, allow_auto_topic_creation=False))
             except KafkaError as exc:
                 logger.debug("broker %s did not answer a metadata request: %r", node, exc)
                 unanswered = exc

@@ -32,11 +32,12 @@ T = TypeVar("T")
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command; a cluster that cannot be reached or is slow to answer is one line, not a traceback."""
-    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError
 
+    unreachable = (KafkaConnectionError, NodeNotReadyError, KafkaTimeoutError, RequestTimedOutError, TimeoutError)
     try:
         return asyncio.run(coro)
-    except (KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError, TimeoutError) as exc:
+    except unreachable as exc:  # NodeNotReady: the bootstrap answered, a broker's advertised address did not
         text, name = str(exc) or "timed out", type(exc).__name__
         raise click.ClickException(text if text.startswith(name) else f"{name}: {text}") from exc
 

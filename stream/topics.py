@@ -191,9 +191,11 @@ async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) ->
                 await consumer.start()
                 return
             except UnknownTopicOrPartitionError:
-                # Deleted since the lookup, or shown to the lookup by a broker the consumer did not
-                # ask: either way the one-line error, not aiokafka's bare one.
-                missing = await _missing_topics(wanted, bootstrap) or wanted
+                missing = await _missing_topics(wanted, bootstrap)  # deleted since the lookup?
+                if not missing:  # shown to the lookup by a broker the consumer did not ask
+                    raise MissingTopicsError(
+                        f"a broker of {bootstrap} did not yet know of {', '.join(wanted)}, which the "
+                        "cluster shows: topics created a moment ago; start again") from None
         raise MissingTopicsError.of(missing, bootstrap)
     except BaseException:
         with contextlib.suppress(Exception):

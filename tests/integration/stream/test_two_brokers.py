@@ -49,8 +49,10 @@ def two_brokers(tmp_path: Path) -> Iterator[tuple[LocalBroker, subprocess.Popen[
         cluster_id = next(line.split("=", 1)[1] for line in meta.splitlines() if line.startswith("cluster.id="))
         libs = ensure_kafka_jars(first.settings.version, first.settings.cache_dir)
         log4j = f"-Dlog4j2.configurationFile={first.data_dir / 'log4j2.properties'}"
-        subprocess.run(["java", log4j, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
-                        f"--cluster-id={cluster_id}", "-c", str(config)], check=True, capture_output=True)
+        formatted = subprocess.run(["java", log4j, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
+                                    f"--cluster-id={cluster_id}", "-c", str(config)],
+                                   capture_output=True, text=True, check=False)
+        assert formatted.returncode == 0, formatted.stdout + formatted.stderr
         with (data / "kafka.log").open("ab") as log:
             second = subprocess.Popen(["java", "-Xmx256m", log4j, "-cp", f"{libs}/*", "kafka.Kafka", str(config)],
                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -63,14 +65,17 @@ def two_brokers(tmp_path: Path) -> Iterator[tuple[LocalBroker, subprocess.Popen[
         first.stop()
 
 
-async def _brokers(bootstrap: str, want: int, timeout_s: float = 90.0) -> None:
-    """Wait until the cluster's metadata lists ``want`` brokers (the second registers as it starts)."""
+async def _both_up(bootstrap: str, second: subprocess.Popen[bytes], log: Path, timeout_s: float = 90.0) -> None:
+    """Wait until the cluster's metadata lists both brokers (the second registers as it starts)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while len((await admin.describe_cluster())["brokers"]) < want:
-            assert asyncio.get_running_loop().time() < deadline, f"fewer than {want} brokers after {timeout_s} s"
+        while len((await admin.describe_cluster())["brokers"]) < 2:
+            exited, late = second.poll() is not None, asyncio.get_running_loop().time() >= deadline
+            if exited or late:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])  # noqa: ASYNC240 - failing anyway
+                raise AssertionError(f"the second broker {'exited' if exited else 'never registered'}:\n{tail}")
             await asyncio.sleep(0.5)
     finally:
         await admin.close()
@@ -78,7 +83,7 @@ async def _brokers(bootstrap: str, want: int, timeout_s: float = 90.0) -> None:
 
 async def test_create_waits_for_every_broker_and_passes_over_one_gone(two_brokers) -> None:
     first, second, second_address = two_brokers
-    await _brokers(first.bootstrap, 2)
+    await _both_up(first.bootstrap, second, first.data_dir.parent / "second" / "kafka.log")
     settings = KafkaSettings(bootstrap_servers=first.bootstrap, topic_prefix="two.", partitions=4)
     async with KafkaAdmin(settings) as admin:
         names = [result.name for result in await admin.create_topics()]
@@ -95,7 +100,9 @@ async def test_create_waits_for_every_broker_and_passes_over_one_gone(two_broker
 
         second.kill()
         second.wait()
-        assert await admin._not_usable_everywhere(names) == []  # the first still answers
+        # Passed over, not raised: the first still answers (what it shows of the second's
+        # partitions depends on whether the controller has fenced the second yet).
+        assert set(await admin._not_usable_everywhere(names)) <= set(names)
         first.kill()
         with pytest.raises(KafkaError):
             await admin._not_usable_everywhere(names)
