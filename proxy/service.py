@@ -642,8 +642,9 @@ media (a base64 image, a PDF), which says nothing about the refusal and would ta
 the calls topic's limit, to the dead-letter topic; a pasted file that long is cut as well."""
 
 _REFUSED_DEPTH = 64
-"""Deepest nesting a refused request's record keeps: the event's decoder stops at some 200
-levels, so a deeper body's event could not be read back (nor, deeper still, built)."""
+"""Deepest nesting a refused request's record keeps: far beyond any real request, and well inside
+the 254 levels events are written and read to, so a refused body that is nested past what could
+be written is still recorded (cut there)."""
 
 
 def _untranslated(body: Any) -> NormalizedRequest:

@@ -188,7 +188,15 @@ class EventRegistry:
         try:
             return cls.model_validate_json(value)
         except ValidationError as exc:
-            raise _decode_failure(exc, name, version) from exc
+            if not _too_deep_to_parse(exc):
+                raise _decode_failure(exc, name, version) from exc
+            failure = exc
+        # pydantic's JSON parser stops at 200 levels, orjson (which writes events) at 254: what it
+        # wrote is read through orjson, on this path alone, rather than dead-lettered.
+        try:
+            return cls.model_validate(orjson.loads(value))
+        except (orjson.JSONDecodeError, ValidationError):
+            raise _decode_failure(failure, name, version) from failure
 
 
 #: From this many packed items on, orjson's path wins (see ``_to_json``).
@@ -248,6 +256,11 @@ def _schema_version(raw: bytes | None) -> int:
 def _is_json(content_type: bytes) -> bool:
     media_type = content_type.split(b";", 1)[0].strip().lower()
     return media_type == _JSON_CONTENT_TYPE_BYTES
+
+
+def _too_deep_to_parse(exc: ValidationError) -> bool:
+    return any(error["type"] == "json_invalid" and "recursion limit" in error["msg"]
+               for error in exc.errors(include_url=False, include_input=False, include_context=False))
 
 
 def _decode_failure(

@@ -304,3 +304,20 @@ def test_huge_integers_in_free_form_json_still_encode() -> None:
     value, headers = encode(event)
     assert json.loads(value)["metadata"] == {"seed": 2**70, "note": "ünïcode ✓"}
     assert decode(headers, value) == event
+
+
+def test_a_call_nested_deeper_than_pydantics_json_parser_reads_still_decodes_exactly() -> None:
+    # The proxy serves what orjson can write (up to 254 levels); pydantic's JSON parser stops at
+    # 200. Such a call's event is read, not dead-lettered.
+    nested: object = "deep"
+    for _ in range(240):
+        nested = [nested]
+    call = model_call()
+    call = call.model_copy(update={"request": call.request.model_copy(update={"extra": {"schema": nested}})})
+    value, headers = encode(call)
+    back = decode(headers, value)
+    assert back == call
+    assert back.prompt_token_ids.to_bytes() == call.prompt_token_ids.to_bytes()
+    deeper = value.replace(b'"deep"', b"[" * 800 + b'"deep"' + b"]" * 800)  # past orjson's limit too
+    with pytest.raises(UndecodableEventError, match="recursion limit"):
+        decode(headers, deeper)
