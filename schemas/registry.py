@@ -194,9 +194,13 @@ class EventRegistry:
         # pydantic's JSON parser stops at 200 levels, orjson (which writes events) at 254: what it
         # wrote is read through orjson, on this path alone, rather than dead-lettered.
         try:
-            return cls.model_validate(orjson.loads(value))
-        except (orjson.JSONDecodeError, ValidationError):
+            data = orjson.loads(value)
+        except orjson.JSONDecodeError:
             raise _decode_failure(failure, name, version) from failure
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:  # read, but not a valid event: said so, not "too deep"
+            raise _decode_failure(exc, name, version) from exc
 
 
 #: From this many packed items on, orjson's path wins (see ``_to_json``).

@@ -321,3 +321,6 @@ def test_a_call_nested_deeper_than_pydantics_json_parser_reads_still_decodes_exa
     deeper = value.replace(b'"deep"', b"[" * 800 + b'"deep"' + b"]" * 800)  # past orjson's limit too
     with pytest.raises(UndecodableEventError, match="recursion limit"):
         decode(headers, deeper)
+    invalid = value.replace(b'"rollout_id":"', b'"rollout_id":7,"was":"', 1)  # deep and invalid
+    with pytest.raises(InvalidEventError, match="rollout_id"):
+        decode(headers, invalid)
