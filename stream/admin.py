@@ -24,6 +24,13 @@ VISIBLE_TIMEOUT_S = 30.0
 
 _VISIBLE_POLL_S = 0.1
 
+_VISIBLE_ASK_S = 5.0
+"""How long one broker may take to answer the visibility wait's metadata request.
+
+The brokers are asked at once, each under this bound: one that stopped answering (a paused
+process, a dropped network) is passed over after it instead of holding the wait for the
+client's whole request timeout (40 s by default) on every poll."""
+
 
 @dataclass(frozen=True)
 class CreateResult:
@@ -189,13 +196,17 @@ class KafkaAdmin:
                 )
             await asyncio.sleep(_VISIBLE_POLL_S)
 
-    async def _not_usable_everywhere(self, names: list[str]) -> list[str]:
+    async def _not_usable_everywhere(self, names: list[str], ask_s: float = _VISIBLE_ASK_S) -> list[str]:
         """Those of ``names`` that some broker does not yet show with a leader on every partition.
 
         Every broker the client knows of is asked, not one: a client may take its metadata from
-        any of them. One that cannot be reached is passed over (it serves no client either),
-        unless none can be. Never a request that could create a topic on a cluster that
-        auto-creates.
+        any of them. They are asked at once, each given ``ask_s`` to answer; one that cannot be
+        reached or does not answer in time is passed over (it serves no client either), unless
+        none answers. Never a request that could create a topic on a cluster that auto-creates.
+
+        Raises:
+            KafkaError: no broker could be reached (the last one's error).
+            TimeoutError: no broker answered within ``ask_s``.
         """
         from aiokafka.errors import KafkaError
         from aiokafka.protocol.metadata import MetadataRequest
@@ -206,21 +217,27 @@ class KafkaAdmin:
         nodes = sorted(broker.nodeId for broker in client.cluster.brokers())
         if not nodes:
             return list(names)  # no broker known yet: nothing is shown anywhere
-        pending: set[str] = set()
-        unanswered: KafkaError | None = None
-        answered = 0
-        for node in nodes:
+
+        async def ask(node: int) -> Any:
+            error: BaseException
             try:
-                response = await client.send(node, MetadataRequest(names, allow_auto_topic_creation=False))
+                async with asyncio.timeout(ask_s):
+                    return await client.send(node, MetadataRequest(names, allow_auto_topic_creation=False))
+            except TimeoutError:
+                error = TimeoutError(f"broker {node} did not answer a metadata request within {ask_s:g} s")
             except KafkaError as exc:
-                logger.debug("broker %s did not answer a metadata request: %r", node, exc)
-                unanswered = exc
-                continue
-            answered += 1
+                error = exc
+            logger.debug("broker %s did not answer a metadata request: %r", node, error)
+            return error
+
+        answers = await asyncio.gather(*(ask(node) for node in nodes))
+        responses = [a for a in answers if not isinstance(a, BaseException)]
+        if not responses:
+            raise answers[-1]
+        pending: set[str] = set()
+        for response in responses:
             shown = {meta["topic"]: meta for meta in response.to_object()["topics"]}
             pending.update(name for name in names if not _usable(shown.get(name)))
-        if not answered and unanswered is not None:
-            raise unanswered
         return [name for name in names if name in pending]
 
     async def _drift(self, topic: Topic) -> list[str]:

@@ -2,7 +2,8 @@
 
 ``create_topics`` returns once every broker shows each new topic with a leader on every
 partition: a client may take its metadata from either. A broker that cannot be reached is passed
-over while another answers, and when none answers the error says so. The test starts its own
+over while another answers, and so is one that stops answering, after its own 5 s; when none
+answers the error says so. The test starts its own
 pair: a node that is broker and controller, and a second node that is a broker only, joined to
 the first's controller.
 """
@@ -10,6 +11,8 @@ the first's controller.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +100,23 @@ async def test_create_waits_for_every_broker_and_passes_over_one_gone(two_broker
         assert {meta["topic"] for meta in shown} == set(names)
         leaders = {p["leader"] for meta in shown for p in meta["partitions"]}
         assert all(meta["error_code"] == 0 for meta in shown) and leaders == {1, 2}, shown
+
+        # A broker that stops answering (paused, as a hung process or a dropped network looks
+        # to a client) is passed over once its own bound runs out, not after the client's 40 s
+        # request timeout: the brokers are asked at once, each for at most 5 s.
+        second.send_signal(signal.SIGSTOP)
+        async with asyncio.timeout(15):
+            assert await admin._not_usable_everywhere(names) == []
+        # When none answers in time, the error names the bound.
+        first_pid = first.status().pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError, match=r"did not answer a metadata request within 1 s"):
+                async with asyncio.timeout(15):
+                    await admin._not_usable_everywhere(names, ask_s=1.0)
+        finally:
+            os.kill(first_pid, signal.SIGCONT)
 
         second.kill()
         second.wait()
