@@ -34,6 +34,7 @@ from bench.proxy import (
     format_report,
     parse_args,
     request_template,
+    round_order,
     summarize,
     throughput_cell,
 )
@@ -270,12 +271,64 @@ def test_both_generators_are_reported_side_by_side() -> None:
     compiled, python = summary["goals"]["capture_on_vs_off"], summary["goals"]["capture_on_vs_off_python_client"]
     assert compiled["ratios"]["16"] == pytest.approx(4100 / 5000)
     assert compiled["rounds"]["16"] == pytest.approx([0.80, 0.84])
+    assert compiled["paired"]["16"] == pytest.approx(0.82)
     assert python["ratios"]["16"] == pytest.approx(3650 / 4900)
     assert python["rounds"]["16"] == pytest.approx([0.74, 0.75])
+    assert python["paired"]["16"] == pytest.approx(0.745)
     assert compiled["met"] is True
     assert python["met"] is False
     report = format_report(targets, summary, args)
     assert "openforge, capture on [python]" in report
     assert "openforge, capture on [native]" in report
-    assert "throughput, compiled client: MET (c=16 82% (rounds 80%-84%))" in report
-    assert "throughput, python client: MISSED (c=16 74% (rounds 74%-75%))" in report
+    assert "throughput, compiled client: MET (c=16 82% (rounds 80%-84%; of medians 82%))" in report
+    assert "throughput, python client: MISSED (c=16 74% (rounds 74%-75%; of medians 74%))" in report
+
+
+def test_capture_on_and_off_run_back_to_back_in_alternating_order() -> None:
+    """Every round runs the goal's two cells next to each other, each first in every other turn."""
+    names = ["direct", "openforge", "openforge-inline", "openforge-ack", "openforge-nocap", "litellm"]
+    targets = [Target(n, n, i, lambda _r: None) for i, n in enumerate(names)]
+    firsts = []
+    for turn in range(12):
+        for generators in (["native"], ["native", "python"]):
+            order = [(t.name, g) for t, g in round_order(targets, generators, turn)]
+            assert sorted(order) == sorted((n, g) for n in names for g in generators)
+            for g in generators:
+                cells = [n for n, gen in order if gen == g]
+                on, off = cells.index("openforge"), cells.index("openforge-nocap")
+                assert abs(on - off) == 1
+            pairs = [i for i, (n, _g) in enumerate(order) if n in ("openforge", "openforge-nocap")]
+            assert pairs == list(range(pairs[0], pairs[0] + 2 * len(generators)))
+        single = [t.name for t, _g in round_order(targets, ["native"], turn)]
+        firsts.append(single[0])
+        assert (single.index("openforge") < single.index("openforge-nocap")) == (turn % 2 == 0)
+    assert set(firsts) >= {"direct", "openforge-inline", "openforge-ack", "litellm"}  # the order rotates
+    # Without a capture-off target nothing is paired, and the order only rotates.
+    rest = [t for t in targets if t.name != "openforge-nocap"]
+    assert [t.name for t, _g in round_order(rest, ["native"], 1)] == [*names[1:4], "litellm", "direct"]
+
+
+def test_the_verdict_reads_the_paired_rounds() -> None:
+    """A round disturbed for one side moves the ratio of medians, not the median of paired ratios."""
+    targets = [Target("openforge", "openforge, capture on", 2, lambda _r: None),
+               Target("openforge-nocap", "openforge, capture off", 3, lambda _r: None)]
+    args = parse_args(["--concurrency", "16", "--skip-litellm"])
+
+    def cells(*rps: float) -> dict[int, list[Cell]]:
+        return {16: [Cell(rps=r, requests=100, errors=0, server_cpu_us=1, server_own_cpu_us=1, upstream_cpu_us=1,
+                          broker_cpu_us=1, client_cpu_us=1) for r in rps]}
+
+    # Rounds 1-3 ran on a slow machine, rounds 4-5 on a fast one, each pair keeping 85 %, except
+    # that in round 3 capture off's cell alone had the fast machine.
+    by_key = {"openforge": cells(2550, 2550, 2550, 4250, 4250), "openforge-nocap": cells(3000, 3000, 3000, 5000, 5000)}
+    by_key["openforge-nocap"][16][2] = Cell(rps=5000, requests=100, errors=0, server_cpu_us=1, server_own_cpu_us=1,
+                                            upstream_cpu_us=1, broker_cpu_us=1, client_cpu_us=1)
+    samples = {"openforge": [0.6] * 5, "openforge-nocap": [0.55] * 5}
+    summary = summarize(targets, Results(samples, samples, by_key, None, {}), args)
+    goal = summary["goals"]["capture_on_vs_off"]
+    assert goal["ratios"]["16"] == pytest.approx(2550 / 5000)  # medians from different machines
+    assert goal["paired"]["16"] == pytest.approx(0.85)
+    assert goal["met"] is True
+    by_key["openforge"][16][:] = cells(2300, 2300, 2300, 3900, 3900)[16]
+    assert summarize(targets, Results(samples, samples, by_key, None, {}), args)["goals"]["capture_on_vs_off"][
+        "met"] is False
