@@ -29,7 +29,8 @@ _VISIBLE_ASK_S = 5.0
 
 The brokers are asked at once, each under this bound: one that stopped answering (a paused
 process, a dropped network) is passed over after it instead of holding the wait for the
-client's whole request timeout (40 s by default) on every poll."""
+client's whole request timeout (40 s by default) on every poll. When none answers, the wait
+polls on until its own deadline: one slow answer is not a failure."""
 
 
 @dataclass(frozen=True)
@@ -180,37 +181,56 @@ class KafkaAdmin:
 
         Raises:
             TimeoutError: a topic is still not shown, or has a partition without a leader, after
-                ``timeout_s``; the message names them.
+                ``timeout_s`` (the message names them), or no broker answered in that time.
+            KafkaError: no broker could be reached at all.
         """
+        from aiokafka.conn import AIOKafkaConnection
+
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        pending = list(names)
-        while pending:
-            pending = await self._not_usable_everywhere(pending)
-            if not pending:
-                return
-            if loop.time() >= deadline:
-                raise TimeoutError(
-                    f"the cluster did not show {', '.join(pending)} with a leader on every partition "
-                    f"within {timeout_s:g} s"
-                )
-            await asyncio.sleep(_VISIBLE_POLL_S)
+        pending: list[str] | None = list(names)
+        conns: dict[int, AIOKafkaConnection] = {}
+        try:
+            while pending is None or pending:
+                pending = await self._not_usable_everywhere(list(names) if pending is None else pending, conns)
+                if pending is not None and not pending:
+                    return
+                if loop.time() >= deadline:
+                    shown = "" if pending is not None else (
+                        f" (no broker answered a metadata request within {_VISIBLE_ASK_S:g} s)")
+                    raise TimeoutError(
+                        f"the cluster did not show {', '.join(pending or names)} with a leader on every "
+                        f"partition within {timeout_s:g} s{shown}"
+                    )
+                await asyncio.sleep(_VISIBLE_POLL_S)
+        finally:
+            for conn in conns.values():
+                conn.close()
 
-    async def _not_usable_everywhere(self, names: list[str], ask_s: float = _VISIBLE_ASK_S) -> list[str]:
+    async def _not_usable_everywhere(self, names: list[str], conns: dict[int, Any],
+                                     ask_s: float | None = None) -> list[str] | None:
         """Those of ``names`` that some broker does not yet show with a leader on every partition.
 
         Every broker the client knows of is asked, not one: a client may take its metadata from
-        any of them. They are asked at once, each given ``ask_s`` to answer; one that cannot be
-        reached or does not answer in time is passed over (it serves no client either), unless
-        none answers. Never a request that could create a topic on a cluster that auto-creates.
+        any of them. They are asked at once, each on a connection of its own (kept in ``conns``
+        between polls) and given ``ask_s`` (default 5 s) to answer. The admin client's own
+        connections are not used: it opens them one at a time under one lock, so a broker that
+        accepts a connection and then says nothing would hold every other broker's request. One
+        that cannot be reached or does not answer in time is passed over (it serves no client
+        either), unless none answers. Never a request that could create a topic on a cluster that
+        auto-creates.
+
+        Returns:
+            The names still pending, or None when brokers were reached but none answered in time.
 
         Raises:
             KafkaError: no broker could be reached (the last one's error).
-            TimeoutError: no broker answered within ``ask_s``.
         """
-        from aiokafka.errors import KafkaError
+        from aiokafka.conn import create_conn
+        from aiokafka.errors import KafkaConnectionError, KafkaError
         from aiokafka.protocol.metadata import MetadataRequest
 
+        ask_s = _VISIBLE_ASK_S if ask_s is None else ask_s
         client = self._admin._client
         if not client.cluster.brokers():
             await client.force_metadata_update()
@@ -218,21 +238,39 @@ class KafkaAdmin:
         if not nodes:
             return list(names)  # no broker known yet: nothing is shown anywhere
 
+        def drop(node: int) -> None:
+            conn = conns.pop(node, None)
+            if conn is not None:
+                conn.close()  # a request left unanswered would pin it open
+
         async def ask(node: int) -> Any:
-            error: BaseException
             try:
                 async with asyncio.timeout(ask_s):
-                    return await client.send(node, MetadataRequest(names, allow_auto_topic_creation=False))
+                    conn = conns.get(node)
+                    if conn is None or not conn.connected():
+                        broker = client.cluster.broker_metadata(node)
+                        if broker is None:
+                            raise KafkaConnectionError(f"broker {node} left the cluster's metadata")
+                        conn = conns[node] = await create_conn(
+                            broker.host, broker.port, client_id=f"{self.settings.client_id}-admin",
+                            request_timeout_ms=self.settings.request_timeout_ms)
+                    return await conn.send(MetadataRequest(names, allow_auto_topic_creation=False))
             except TimeoutError:
-                error = TimeoutError(f"broker {node} did not answer a metadata request within {ask_s:g} s")
-            except KafkaError as exc:
-                error = exc
-            logger.debug("broker %s did not answer a metadata request: %r", node, error)
-            return error
+                logger.debug("broker %s did not answer a metadata request within %g s", node, ask_s)
+                drop(node)
+                return None
+            except (KafkaError, OSError) as exc:
+                logger.debug("broker %s could not be asked for metadata: %r", node, exc)
+                drop(node)
+                return exc if isinstance(exc, KafkaError) else KafkaConnectionError(f"broker {node}: {exc!r}")
 
-        answers = await asyncio.gather(*(ask(node) for node in nodes))
-        responses = [a for a in answers if not isinstance(a, BaseException)]
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(ask(node)) for node in nodes]
+        answers = [task.result() for task in tasks]
+        responses = [a for a in answers if a is not None and not isinstance(a, KafkaError)]
         if not responses:
+            if any(a is None for a in answers):
+                return None
             raise answers[-1]
         pending: set[str] = set()
         for response in responses:
