@@ -816,8 +816,8 @@ def round_order(targets: Sequence[Target], generators: Sequence[str], turn: int)
         if target.name != PAIRED[0]:
             order.extend((target, g) for g in gens)
             continue
-        for i, g in enumerate(gens):
-            first, second = pair if (turn + i) % 2 == 0 else pair[::-1]
+        for g in gens:  # each client's pair alternates with the turn, whichever client goes first
+            first, second = pair if (turn + list(generators).index(g)) % 2 == 0 else pair[::-1]
             order.extend([(first, g), (second, g)])
     return order
 
@@ -901,7 +901,7 @@ async def equal_load(targets: Sequence[Target], args: argparse.Namespace, cells:
     if rate <= 0 or len(proxies) < 2:
         return None, {}
     paced: dict[str, list[Cell]] = {t.name: [] for t in proxies}
-    for round_no in range(args.rounds):
+    for round_no in range(args.equal_load_rounds):
         shift = round_no % len(proxies)
         for target in [*proxies[shift:], *proxies[:shift]]:
             cell = await throughput_cell(target, concurrency, args.duration, args.max_requests, counter,
@@ -909,7 +909,8 @@ async def equal_load(targets: Sequence[Target], args: argparse.Namespace, cells:
                                          rate=rate)
             counter += args.max_requests + 2 * concurrency
             paced[target.name].append(cell)
-            progress(f"equal load {round_no + 1}/{args.rounds} {rate:,.0f} req/s offered, {target.label:<26} "
+            progress(f"equal load {round_no + 1}/{args.equal_load_rounds} {rate:,.0f} req/s offered, "
+                     f"{target.label:<26} "
                      f"{cell.rps:8,.0f} served ({cell.late:.1%} late)  machine CPU {cell.machine_cpu_us:5,.0f} "
                      f"us/req, server {cell.server_cpu_us:5,.0f} (main process {cell.server_own_cpu_us:5,.0f})")
     return rate, paced
@@ -1174,6 +1175,7 @@ def summarize(targets: Sequence[Target], results: Results, args: argparse.Namesp
         "goals": goals,
         "kafka_ack_floor": ack_floor,
         "config": {"requests": args.requests, "warmup": args.warmup, "rounds": args.rounds,
+                   "equal_load_rounds": args.equal_load_rounds,
                    "duration_s": args.duration, "concurrency": args.concurrency,
                    "prompt_tokens": args.prompt_tokens, "completion_tokens": args.completion_tokens,
                    "partitions": args.partitions, "compression": args.compression,
@@ -1243,7 +1245,8 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
 
     equal = summary.get("equal_load")
     if equal:
-        header = (f"{'equal load, median of ' + str(args.rounds):<{width}} {'req/s':>8} {'late':>6}   CPU us/req: "
+        header = (f"{'equal load, median of ' + str(args.equal_load_rounds):<{width}} {'req/s':>8} {'late':>6}   "
+                  "CPU us/req: "
                   f"{'machine':>7} {'server':>7} {'main':>6} {'upstream':>9} {'broker':>7} {'client':>7}")
         lines.extend([header, "-" * len(header)])
         for name, row in equal["targets"].items():
@@ -1274,7 +1277,7 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
             continue
         ratios = "  ".join(
             f"c={c} {r:.0%} (rounds {min(capture['rounds'][c]):.0%}-{max(capture['rounds'][c]):.0%}; "
-            f"of medians {capture['ratios'][c]:.0%})"
+            + (f"of medians {capture['ratios'][c]:.0%})" if c in capture["ratios"] else "of medians n/a)")
             for c, r in capture["paired"].items()) or "not measured"
         lines.append(f"goal capture-on >= {GOAL_CAPTURE_RATIO:.0%} of capture-off throughput{client}: "
                      f"{_verdict(capture['met'])} ({ratios})")
@@ -1464,7 +1467,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=30, help="untimed sequential requests per target first (30)")
     parser.add_argument("--warmup-s", type=float, default=1.0,
                         help="seconds of untimed load (16 connections) per target before timing (default 1)")
-    parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (default 5)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="closed-loop throughput rounds (default 6: even, so that capture on and off each go "
+                             "first in half of them)")
+    parser.add_argument("--equal-load-rounds", type=int, default=3, help="equal-load rounds (default 3)")
     parser.add_argument("--duration", type=float, default=2.5, help="seconds per throughput cell (default 2.5)")
     parser.add_argument("--max-requests", type=int, default=20_000,
                         help="upper bound of requests per throughput cell (default 20000)")
@@ -1505,7 +1511,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "core for its shipper runs; default: every process on every core")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
-    if min(args.requests, args.rounds, args.max_requests, *args.concurrency) < 1 or args.warmup < 0:
+    if min(args.requests, args.rounds, args.equal_load_rounds, args.max_requests, *args.concurrency) < 1 \
+            or args.warmup < 0:
         parser.error("counts must be positive")
     if args.duration <= 0 or args.warmup_s < 0:
         parser.error("--duration must be positive, --warmup-s not negative")

@@ -293,10 +293,11 @@ def test_capture_on_and_off_run_back_to_back_in_alternating_order() -> None:
         for generators in (["native"], ["native", "python"]):
             order = [(t.name, g) for t, g in round_order(targets, generators, turn)]
             assert sorted(order) == sorted((n, g) for n in names for g in generators)
-            for g in generators:
+            for k, g in enumerate(generators):
                 cells = [n for n, gen in order if gen == g]
                 on, off = cells.index("openforge"), cells.index("openforge-nocap")
                 assert abs(on - off) == 1
+                assert (on < off) == ((turn + k) % 2 == 0)  # each client's order alternates with the turn
             pairs = [i for i, (n, _g) in enumerate(order) if n in ("openforge", "openforge-nocap")]
             assert pairs == list(range(pairs[0], pairs[0] + 2 * len(generators)))
         single = [t.name for t, _g in round_order(targets, ["native"], turn)]
