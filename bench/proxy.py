@@ -1276,7 +1276,7 @@ def format_report(targets: Sequence[Target], summary: dict[str, Any], args: argp
         if capture is None:
             continue
         ratios = "  ".join(
-            f"c={c} {r:.0%} (rounds {min(capture['rounds'][c]):.0%}-{max(capture['rounds'][c]):.0%}; "
+            f"c={c} {r:.1%} (rounds {min(capture['rounds'][c]):.0%}-{max(capture['rounds'][c]):.0%}; "
             + (f"of medians {capture['ratios'][c]:.0%})" if c in capture["ratios"] else "of medians n/a)")
             for c, r in capture["paired"].items()) or "not measured"
         lines.append(f"goal capture-on >= {GOAL_CAPTURE_RATIO:.0%} of capture-off throughput{client}: "

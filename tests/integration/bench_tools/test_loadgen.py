@@ -280,8 +280,8 @@ def test_both_generators_are_reported_side_by_side() -> None:
     report = format_report(targets, summary, args)
     assert "openforge, capture on [python]" in report
     assert "openforge, capture on [native]" in report
-    assert "throughput, compiled client: MET (c=16 82% (rounds 80%-84%; of medians 82%))" in report
-    assert "throughput, python client: MISSED (c=16 74% (rounds 74%-75%; of medians 74%))" in report
+    assert "throughput, compiled client: MET (c=16 82.0% (rounds 80%-84%; of medians 82%))" in report
+    assert "throughput, python client: MISSED (c=16 74.5% (rounds 74%-75%; of medians 74%))" in report
 
 
 def test_capture_on_and_off_run_back_to_back_in_alternating_order() -> None:
