@@ -646,31 +646,66 @@ _REFUSED_DEPTH = 64
 the 254 levels events are written and read to, so a refused body that is nested past what could
 be written is still recorded (cut there)."""
 
+_REFUSED_TOTAL = 1024 * 1024
+"""Most of a refused body its record keeps, counted in characters of strings and keys, and a few
+for every other value. A body may be 32 MiB and the calls topic takes 16: a body of many strings
+each under :data:`_REFUSED_STRING_CHARS` (or of many small values) would still take the event to
+the dead-letter topic. Past this, the rest of each list and object is one marker, so even text that
+escapes to six bytes a character keeps the event well inside the topic's limit."""
+
+_CUT_KEY = "[not recorded]"
+"""The key of the marker that stands for an object's fields past :data:`_REFUSED_TOTAL`."""
+
 
 def _untranslated(body: Any) -> NormalizedRequest:
     """What a refused request asked for, kept once, so the refusal can be studied later.
 
     The body goes under ``extra["untranslated"]`` as the harness sent it (not in chat form, so not
-    in ``messages``), save strings over :data:`_REFUSED_STRING_CHARS` and what is nested deeper
-    than :data:`_REFUSED_DEPTH`, each replaced by a marker.
+    in ``messages``), save strings over :data:`_REFUSED_STRING_CHARS`, what is nested deeper than
+    :data:`_REFUSED_DEPTH` and what comes after the first :data:`_REFUSED_TOTAL` characters, each
+    replaced by a marker.
     """
     if not isinstance(body, dict):
         return NormalizedRequest(messages=[])
-    return NormalizedRequest(messages=[], extra={"untranslated": _bounded(body, _REFUSED_DEPTH)})
+    return NormalizedRequest(messages=[], extra={"untranslated": _Bounded().value(body, _REFUSED_DEPTH)})
 
 
-def _bounded(value: Any, depth: int) -> Any:
-    if isinstance(value, str):
-        if len(value) <= _REFUSED_STRING_CHARS:
+class _Bounded:
+    """One walk over a refused body, with what is left of :data:`_REFUSED_TOTAL`."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = _REFUSED_TOTAL
+
+    def value(self, value: Any, depth: int) -> Any:
+        if isinstance(value, str):
+            if len(value) > _REFUSED_STRING_CHARS:
+                value = f"{value[:256]}…[{len(value) - 256} more characters not recorded]"
+            self.left -= len(value)
             return value
-        return f"{value[:256]}…[{len(value) - 256} more characters not recorded]"
-    if isinstance(value, dict | list) and depth == 0:
-        return f"[nested deeper than {_REFUSED_DEPTH} levels; not recorded]"
-    if isinstance(value, dict):
-        return {key: _bounded(item, depth - 1) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_bounded(item, depth - 1) for item in value]
-    return value
+        if isinstance(value, dict | list) and depth == 0:
+            self.left -= 48
+            return f"[nested deeper than {_REFUSED_DEPTH} levels; not recorded]"
+        if isinstance(value, dict):
+            fields: dict[str, Any] = {}
+            for i, (key, item) in enumerate(value.items()):
+                if self.left <= 0:
+                    fields[_CUT_KEY] = f"[{len(value) - i} more fields not recorded: the record's limit]"
+                    break
+                self.left -= len(key) + 4
+                fields[key] = self.value(item, depth - 1)
+            return fields
+        if isinstance(value, list):
+            items: list[Any] = []
+            for i, item in enumerate(value):
+                if self.left <= 0:
+                    items.append(f"[{len(value) - i} more items not recorded: the record's limit]")
+                    break
+                items.append(self.value(item, depth - 1))
+            return items
+        self.left -= 8
+        return value
 
 
 def _engine_message(detail: str) -> str:

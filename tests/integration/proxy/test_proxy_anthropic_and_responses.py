@@ -140,6 +140,26 @@ async def test_a_refused_request_is_recorded_once_without_its_media_or_its_deepe
     assert level == "[nested deeper than 64 levels; not recorded]" and depth == 64
 
 
+
+async def test_a_refused_body_of_many_texts_is_recorded_on_the_calls_topic_cut_to_its_limit(proxy) -> None:
+    # 300 texts of 60,000 characters: each under the per-string cut, together 18 MB, over the
+    # calls topic's 16 MiB. The record keeps the first megabyte of it and a marker for the rest,
+    # so its event is on the calls topic, not the dead-letter topic.
+    texts = [{"type": "text", "text": chr(65 + i % 26) * 60_000} for i in range(300)]
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}},
+        *texts]}]}
+    async with httpx.AsyncClient(timeout=60) as http:
+        answer = await http.post(f"{proxy.base('r-refused-texts')}/v1/messages", json=body,
+                                 headers={"x-api-key": proxy.token("r-refused-texts"), "anthropic-version": "2023-06-01"})
+    assert answer.status_code == 400 and "messages[0].content[0].type" in answer.text, answer.text
+    [event] = await calls_of(proxy, 1)
+    assert event.status is CallStatus.INVALID_REQUEST
+    content = event.request.extra["untranslated"]["messages"][0]["content"]
+    assert content[0]["type"] == "document" and content[1:-1] == texts[:len(content) - 2]
+    assert re.fullmatch(r"\[\d+ more items not recorded: the record's limit\]", content[-1])
+
+
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 
 
