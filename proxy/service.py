@@ -184,6 +184,7 @@ class CallService:
                 raise InvalidRequestError(f"the request could not be encoded: {exc}") from exc
         except (orjson.JSONDecodeError, ProxyError) as exc:
             error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
+            error.message = _clipped(error.message)
             # Not tracked as an attempt: a refused request is never a turn, and no re-send of it
             # is a retry of anything the assembler could count.
             capture = CallCapture(rollout_id=caller.rollout_id, call_id=new_event_id(), protocol=adapter.protocol,
@@ -570,6 +571,8 @@ class CallService:
         # With capture off the call is still counted: the metrics are the operator's view of the
         # proxy, and the benchmark's capture-off baseline must differ from capture on by capture alone.
         capture.recording = True
+        if error_message is not None:
+            error_message = _clipped(error_message)
         if fingerprint is not None:
             capture.attempt, capture.retry_of = self.retries.settle(capture.call_id)
         if self.settings.capture:
@@ -647,8 +650,8 @@ the 254 levels events are written and read to, so a refused body that is nested 
 be written is still recorded (cut there)."""
 
 _REFUSED_TOTAL = 1024 * 1024
-"""Most of a refused body its record keeps, counted in characters of strings and keys, and a few
-for every other value. A body may be 32 MiB and the calls topic takes 16: a body of many strings
+"""Most of a refused body its record keeps, counted in characters of strings and keys, and two
+for every value (scalars eight). A body may be 32 MiB and the calls topic takes 16: a body of many strings
 each under :data:`_REFUSED_STRING_CHARS` (or of many small values) would still take the event to
 the dead-letter topic. Past this, the rest of each list and object is one marker, so even text that
 escapes to six bytes a character keeps the event well inside the topic's limit."""
@@ -661,13 +664,31 @@ def _untranslated(body: Any) -> NormalizedRequest:
     """What a refused request asked for, kept once, so the refusal can be studied later.
 
     The body goes under ``extra["untranslated"]`` as the harness sent it (not in chat form, so not
-    in ``messages``), save strings over :data:`_REFUSED_STRING_CHARS`, what is nested deeper than
+    in ``messages``), save strings and keys over :data:`_REFUSED_STRING_CHARS`, what is nested deeper than
     :data:`_REFUSED_DEPTH` and what comes after the first :data:`_REFUSED_TOTAL` characters, each
     replaced by a marker.
     """
     if not isinstance(body, dict):
         return NormalizedRequest(messages=[])
     return NormalizedRequest(messages=[], extra={"untranslated": _Bounded().value(body, _REFUSED_DEPTH)})
+
+
+def _cut(text: str) -> str:
+    """``text``, or its first 256 characters and a marker when it is over :data:`_REFUSED_STRING_CHARS`."""
+    if len(text) <= _REFUSED_STRING_CHARS:
+        return text
+    return f"{text[:256]}…[{len(text) - 256} more characters not recorded]"
+
+
+_ERROR_CHARS = 4096
+"""Longest error message a call's event and its error answer carry. Refusals quote the value they
+refuse (``max_tokens must be an integer, got '…'``), and a value can be megabytes long."""
+
+
+def _clipped(message: str) -> str:
+    if len(message) <= _ERROR_CHARS:
+        return message
+    return f"{message[:_ERROR_CHARS]}…[{len(message) - _ERROR_CHARS} more characters]"
 
 
 class _Bounded:
@@ -679,9 +700,9 @@ class _Bounded:
         self.left = _REFUSED_TOTAL
 
     def value(self, value: Any, depth: int) -> Any:
+        self.left -= 2  # every value, so that a body of empty ones ([], "", {}) is bounded too
         if isinstance(value, str):
-            if len(value) > _REFUSED_STRING_CHARS:
-                value = f"{value[:256]}…[{len(value) - 256} more characters not recorded]"
+            value = _cut(value)
             self.left -= len(value)
             return value
         if isinstance(value, dict | list) and depth == 0:
@@ -693,8 +714,11 @@ class _Bounded:
                 if self.left <= 0:
                     fields[_CUT_KEY] = f"[{len(value) - i} more fields not recorded: the record's limit]"
                     break
-                self.left -= len(key) + 4
-                fields[key] = self.value(item, depth - 1)
+                name = _cut(key)
+                if name is not key:  # a key that long is cut as a string is; two cut alike stay apart
+                    name = f"{name}#{i}"
+                self.left -= len(name) + 4
+                fields[name] = self.value(item, depth - 1)
             return fields
         if isinstance(value, list):
             items: list[Any] = []

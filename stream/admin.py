@@ -248,9 +248,11 @@ class KafkaAdmin:
                 async with asyncio.timeout(ask_s):
                     conn = conns.get(node)
                     if conn is None or not conn.connected():
+                        drop(node)
                         broker = client.cluster.broker_metadata(node)
                         if broker is None:
                             raise KafkaConnectionError(f"broker {node} left the cluster's metadata")
+                        # The admin client's settings: any security setting it gains must come here too.
                         conn = conns[node] = await create_conn(
                             broker.host, broker.port, client_id=f"{self.settings.client_id}-admin",
                             request_timeout_ms=self.settings.request_timeout_ms)

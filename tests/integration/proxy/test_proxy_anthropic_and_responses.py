@@ -140,7 +140,6 @@ async def test_a_refused_request_is_recorded_once_without_its_media_or_its_deepe
     assert level == "[nested deeper than 64 levels; not recorded]" and depth == 64
 
 
-
 async def test_a_refused_body_of_many_texts_is_recorded_on_the_calls_topic_cut_to_its_limit(proxy) -> None:
     # 300 texts of 60,000 characters: each under the per-string cut, together 18 MB, over the
     # calls topic's 16 MiB. The record keeps the first megabyte of it and a marker for the rest,
@@ -158,6 +157,22 @@ async def test_a_refused_body_of_many_texts_is_recorded_on_the_calls_topic_cut_t
     content = event.request.extra["untranslated"]["messages"][0]["content"]
     assert content[0]["type"] == "document" and content[1:-1] == texts[:len(content) - 2]
     assert re.fullmatch(r"\[\d+ more items not recorded: the record's limit\]", content[-1])
+
+
+
+async def test_a_refusal_quoting_a_huge_value_is_cut_in_the_answer_and_the_record(proxy) -> None:
+    # The refusal quotes the value it refuses; a 5 MB one would have been quoted whole.
+    async with httpx.AsyncClient(timeout=60) as http:
+        answer = await http.post(f"{proxy.base('r-refused-quote')}/v1/messages",
+                                 json={"model": "m", "max_tokens": "9" * 5_000_000,
+                                       "messages": [{"role": "user", "content": "hi"}]},
+                                 headers={"x-api-key": proxy.token("r-refused-quote"), "anthropic-version": "2023-06-01"})
+    assert answer.status_code == 400 and "max_tokens" in answer.text
+    assert len(answer.content) < 6_000
+    [event] = await calls_of(proxy, 1)
+    assert event.status is CallStatus.INVALID_REQUEST
+    assert event.error_message.startswith("max_tokens") and event.error_message.endswith(" more characters]")
+    assert len(event.error_message) < 4_200
 
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="

@@ -52,3 +52,19 @@ def test_text_that_escapes_to_six_bytes_a_character_still_fits_the_topic() -> No
     blocks = [{"type": "text", "text": "\x01" * 60_000} for _ in range(500)]  # 30 M characters
     kept = _kept({"model": "m", "messages": [{"role": "user", "content": blocks}]})
     assert len(orjson.dumps(kept)) < CALLS.max_message_bytes // 2
+
+
+def test_a_body_of_empty_values_is_bounded_too() -> None:
+    # 3 bytes of body each ("[]," and the like): 30 MB holds ten million of them.
+    for empty in ([], "", {}):
+        kept = _kept({"model": "m", "x": [empty] * 10_000_000})
+        assert len(orjson.dumps(kept)) < CALLS.max_message_bytes // 4, type(empty)
+        assert kept["x"][-1].endswith("more items not recorded: the record's limit]")  # type: ignore[index]
+
+
+def test_a_key_over_the_string_cut_is_cut_as_a_string_is_and_kept_apart() -> None:
+    long_a, long_b = "a" * 5_000_000, "a" * 4_000_000 + "b"
+    kept = _kept({"model": "m", "metadata": {long_a: 1, long_b: 2}})
+    assert kept["metadata"] == {f"{'a' * 256}…[{len(long_a) - 256} more characters not recorded]#0": 1,
+                                f"{'a' * 256}…[{len(long_b) - 256} more characters not recorded]#1": 2}
+    assert len(orjson.dumps(kept)) < 2_000
