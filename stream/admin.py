@@ -188,19 +188,21 @@ class KafkaAdmin:
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        pending: list[str] | None = list(names)
+        pending = list(names)
         conns: dict[int, AIOKafkaConnection] = {}
         try:
-            while pending is None or pending:
-                pending = await self._not_usable_everywhere(list(names) if pending is None else pending, conns)
-                if pending is not None and not pending:
-                    return
+            while True:
+                still = await self._not_usable_everywhere(pending, conns)
+                if still is not None:  # None: no broker answered this time, so nothing changed
+                    if not still:
+                        return
+                    pending = still
                 if loop.time() >= deadline:
-                    shown = "" if pending is not None else (
+                    silent = "" if still is not None else (
                         f" (no broker answered a metadata request within {_VISIBLE_ASK_S:g} s)")
                     raise TimeoutError(
-                        f"the cluster did not show {', '.join(pending or names)} with a leader on every "
-                        f"partition within {timeout_s:g} s{shown}"
+                        f"the cluster did not show {', '.join(pending)} with a leader on every "
+                        f"partition within {timeout_s:g} s{silent}"
                     )
                 await asyncio.sleep(_VISIBLE_POLL_S)
         finally:
