@@ -118,7 +118,7 @@ async def latest_checkpoint(kafka: KafkaSettings, registry: TopicRegistry, model
                             timeout_ms: int = 10_000) -> CheckpointV1 | None:
     """The newest ``CheckpointV1`` of ``model`` on the checkpoints topic, read to its current end."""
     topic = registry[CHECKPOINTS].name
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-resume",
+    consumer = AIOKafkaConsumer(**kafka.client_kwargs(), client_id=f"{kafka.client_id}-resume",
                                 enable_auto_commit=False, group_id=None, isolation_level="read_committed")
     best: CheckpointV1 | None = None
     try:

@@ -98,7 +98,7 @@ class KafkaTrajectorySource:
         self._start_offsets = dict(start_offsets)
         self._queue: asyncio.Queue[Incoming] = asyncio.Queue(maxsize=prefetch)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-learner",
+            **kafka.client_kwargs(), client_id=f"{kafka.client_id}-learner",
             group_id=None, enable_auto_commit=False, isolation_level="read_committed",
             max_partition_fetch_bytes=self._topic.spec.max_message_bytes,
             fetch_max_bytes=max(self._topic.spec.max_message_bytes, 52_428_800),

@@ -64,7 +64,7 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
         return DurablePublisher(producer, spool, registry, ack_timeout_s=settings.publish_timeout_s)
     process = settings.journal_shipper == "process"
     journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes, shipped_elsewhere=process)
-    worker = WorkerSpec(kafka.model_dump(mode="json"), client_id="openforge-proxy",
+    worker = WorkerSpec(kafka.worker_json(), client_id="openforge-proxy",
                         ack_timeout_s=settings.publish_timeout_s,
                         linger_s=settings.journal_linger_ms / 1000) if process else None
     return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,

@@ -86,6 +86,30 @@ class LagRow:
         return self.end - (self.committed or 0)
 
 
+async def bootstrap_refusal(settings: KafkaSettings, timeout_s: float = 10.0) -> str | None:
+    """Why the bootstrap brokers turn a client away, or None when one of them lets it in.
+
+    aiokafka only logs why each bootstrap address failed and then raises "Unable to bootstrap",
+    which reads as a network fault also when the cluster refused the credentials or the TLS
+    handshake. This asks each address once with the same settings and returns the first reason.
+    """
+    from aiokafka.conn import create_conn
+
+    reasons: list[str] = []
+    for address in settings.bootstrap_servers.split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            async with asyncio.timeout(timeout_s):
+                conn = await create_conn(host.strip("[]"), int(port), client_id=f"{settings.client_id}-probe",
+                                         request_timeout_ms=int(timeout_s * 1000), **settings.client_options())
+        except Exception as exc:  # noqa: BLE001 - every reason is worth reporting
+            reasons.append(f"{address.strip()}: {exc!r}")
+            continue
+        conn.close()
+        return None
+    return "; ".join(reasons) or None
+
+
 def _usable(meta: dict[str, Any] | None) -> bool:
     """A topic's metadata shows it, with partitions that each have a leader."""
     if meta is None or meta["error_code"] != 0 or not meta["partitions"]:
@@ -100,12 +124,12 @@ class KafkaAdmin:
         self.settings = settings or KafkaSettings()
         self.registry = registry or TopicRegistry.from_settings(self.settings)
         self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **self.settings.client_kwargs(),
             client_id=f"{self.settings.client_id}-admin",
             request_timeout_ms=self.settings.request_timeout_ms,
         )
         self._offsets = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **self.settings.client_kwargs(),
             client_id=f"{self.settings.client_id}-admin",
             enable_auto_commit=False,
             request_timeout_ms=self.settings.request_timeout_ms,
@@ -233,6 +257,7 @@ class KafkaAdmin:
         from aiokafka.protocol.metadata import MetadataRequest
 
         ask_s = _VISIBLE_ASK_S if ask_s is None else ask_s
+        security = self.settings.client_options()  # what the admin client's own connections use
         client = self._admin._client
         if not client.cluster.brokers():
             await client.force_metadata_update()
@@ -254,10 +279,9 @@ class KafkaAdmin:
                         broker = client.cluster.broker_metadata(node)
                         if broker is None:
                             raise KafkaConnectionError(f"broker {node} left the cluster's metadata")
-                        # The admin client's settings: any security setting it gains must come here too.
                         conn = conns[node] = await create_conn(
                             broker.host, broker.port, client_id=f"{self.settings.client_id}-admin",
-                            request_timeout_ms=self.settings.request_timeout_ms)
+                            request_timeout_ms=self.settings.request_timeout_ms, **security)
                     return await conn.send(MetadataRequest(names, allow_auto_topic_creation=False))
             except TimeoutError:
                 logger.debug("broker %s did not answer a metadata request within %g s", node, ask_s)

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from stream.admin import KafkaAdmin
+from stream.admin import KafkaAdmin, bootstrap_refusal
 from stream.broker import BrokerError, LocalBroker, ensure_kafka_jars
 from stream.settings import BrokerSettings, KafkaSettings
 from stream.tooling import (
@@ -30,8 +30,12 @@ from stream.topics import TopicRegistry
 T = TypeVar("T")
 
 
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command; a cluster that cannot be reached or is slow to answer is one line, not a traceback."""
+def _run(coro: Coroutine[Any, Any, T], settings: KafkaSettings) -> T:
+    """Run a command; a cluster that cannot be reached or is slow to answer is one line, not a traceback.
+
+    When the client could not bootstrap, the line says why each address turned it away (refused
+    credentials, a failed TLS handshake), which aiokafka's own error leaves out.
+    """
     from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError, RequestTimedOutError
 
     unreachable = (KafkaConnectionError, NodeNotReadyError, KafkaTimeoutError, RequestTimedOutError, TimeoutError)
@@ -39,7 +43,11 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     except unreachable as exc:  # NodeNotReady: the bootstrap answered, a broker's advertised address did not
         text, name = str(exc) or "timed out", type(exc).__name__
-        raise click.ClickException(text if text.startswith(name) else f"{name}: {text}") from exc
+        message = text if text.startswith(name) else f"{name}: {text}"
+        if isinstance(exc, KafkaConnectionError) and "bootstrap" in text:
+            reason = asyncio.run(bootstrap_refusal(settings))
+            message += f" ({reason})" if reason else ""
+        raise click.ClickException(message) from exc
 
 
 def _kafka(bootstrap: str | None) -> KafkaSettings:
@@ -147,7 +155,7 @@ def topics_create(bootstrap: str | None) -> None:
                 for line in result.drift:
                     click.echo(f"         drift: {line}", err=True)
 
-    _run(go())
+    _run(go(), settings)
 
 
 @topics_group.command("list")
@@ -163,7 +171,7 @@ def topics_list(bootstrap: str | None, show_all: bool) -> None:
                 topic = admin.registry.by_name(name)
                 click.echo(f"{name}" + (f"  — {topic.spec.description}" if topic else ""))
 
-    _run(go())
+    _run(go(), settings)
 
 
 @topics_group.command("describe")
@@ -193,7 +201,7 @@ def topics_describe(bootstrap: str | None, names: tuple[str, ...]) -> None:
                 if key in d.configs:
                     click.echo(f"  {key}={d.configs[key]}")
 
-    _run(go())
+    _run(go(), settings)
 
 
 def _ids(ids: tuple[int, ...]) -> str:
@@ -251,7 +259,7 @@ def topics_tail(bootstrap: str | None, topic: str, follow: bool, last: int, from
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0])) from exc
 
-    _run(go())
+    _run(go(), settings)
 
 
 @topics_group.command("replay")
@@ -303,7 +311,7 @@ def topics_replay(bootstrap: str | None, from_topic: str | None, from_file: Path
             return await write_jsonl(source, out, progress=progress)
 
     try:
-        count = _run(go())
+        count = _run(go(), settings)
     except (KeyError, ValueError) as exc:
         raise click.ClickException(str(exc.args[0] if exc.args else exc)) from exc
     click.echo(f"\rreplayed {count:,} records", err=True)
@@ -333,4 +341,4 @@ def topics_lag(bootstrap: str | None, group: str | None) -> None:
             click.echo(f"{g}: total lag {lag:,}")
 
     with contextlib.suppress(KeyboardInterrupt):
-        _run(go())
+        _run(go(), settings)

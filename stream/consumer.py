@@ -132,7 +132,7 @@ class EventConsumer(Managed):
                                                   client_id=f"{self.kafka.client_id}-dlq")
         largest = max((t.spec.max_message_bytes for t in self._topics), default=1024 * 1024)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka.bootstrap_servers,
+            **self.kafka.client_kwargs(),
             client_id=self.kafka.client_id,
             group_id=group_id,
             enable_auto_commit=False,
@@ -173,7 +173,7 @@ class EventConsumer(Managed):
             self._consumer.subscribe(
                 topics=[t.name for t in self._topics], listener=_CommitOnRevoke(self)
             )
-            await start_consumer(self._consumer, [t.name for t in self._topics], self.kafka.bootstrap_servers)
+            await start_consumer(self._consumer, [t.name for t in self._topics], self.kafka)
         except BaseException:
             self._stopped = True  # nothing runs: there is nothing left to stop
             with contextlib.suppress(Exception):

@@ -111,7 +111,7 @@ class EventProducer(Managed):
         self._transactional_id = transactional_id
         compression = None if self.settings.compression == "none" else self.settings.compression
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **self.settings.client_kwargs(),
             client_id=client_id or self.settings.client_id,
             acks="all",
             enable_idempotence=True,

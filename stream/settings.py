@@ -6,12 +6,16 @@ environment stays the single source of configuration (``OPENFORGE_KAFKA_*``).
 
 from __future__ import annotations
 
-from typing import Literal
+import ssl
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Compression = Literal["zstd", "lz4", "gzip", "none"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
 class KafkaSettings(BaseSettings):
@@ -51,6 +55,107 @@ class KafkaSettings(BaseSettings):
 
     replication_factor: int = Field(default=1, ge=1)
     """Replicas per partition when topics are created. 1 suits the local broker only."""
+
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    """How clients talk to the brokers: ``SASL_SSL`` for most managed and shared clusters,
+    ``SSL`` for TLS alone (with client certificates for mutual TLS), ``PLAINTEXT`` for the local
+    broker and clusters reachable only inside their own network."""
+
+    ssl_cafile: str | None = None
+    """PEM file of the certificate authorities that signed the brokers' certificates; unset,
+    the system's authorities are trusted (as for a managed cluster's public certificates)."""
+
+    ssl_certfile: str | None = None
+    """PEM file of this client's certificate, for brokers that require mutual TLS."""
+
+    ssl_keyfile: str | None = None
+    """PEM file of the private key of ``ssl_certfile``."""
+
+    ssl_check_hostname: bool = True
+    """Check that a broker's certificate names the host it was reached at. Off only for
+    clusters whose certificates name other hosts; the connection is then open to an impostor."""
+
+    sasl_mechanism: SaslMechanism | None = None
+    """How clients authenticate under ``SASL_*``: SCRAM sends a proof, not the password; PLAIN
+    sends the password itself, so it belongs under ``SASL_SSL`` only."""
+
+    sasl_username: str | None = None
+    """The SASL user."""
+
+    sasl_password: SecretStr | None = None
+    """The SASL user's password (``OPENFORGE_KAFKA_SASL_PASSWORD``, e.g. from a Kubernetes secret).
+    Never logged or shown: ``repr`` and JSON dumps mask it."""
+
+    @model_validator(mode="after")
+    def _security_complete(self) -> KafkaSettings:
+        """Refuse half a security configuration at start, naming the setting to fix.
+
+        Otherwise it shows later, as a broker's disconnect or a handshake error at the first connection.
+        """
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol.endswith("SSL")
+        prefix = "OPENFORGE_KAFKA_"
+        if sasl:
+            missing = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+                       if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"security_protocol {self.security_protocol} needs "
+                                 + ", ".join(prefix + name.upper() for name in missing))
+        elif self.sasl_mechanism is not None or self.sasl_username is not None or self.sasl_password is not None:
+            raise ValueError(f"SASL settings are set but security_protocol is {self.security_protocol}; "
+                             f"use SASL_SSL (or SASL_PLAINTEXT) for them to be used")
+        files = {"ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile, "ssl_keyfile": self.ssl_keyfile}
+        if not tls and any(files.values()):
+            raise ValueError(f"TLS files are set but security_protocol is {self.security_protocol}; "
+                             f"use SSL or SASL_SSL for them to be used")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(f"{prefix}SSL_CERTFILE and {prefix}SSL_KEYFILE go together (a client certificate "
+                             f"and its key)")
+        for name, path in files.items():
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"{prefix}{name.upper()}: no file at {path}")
+        return self
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for ``SSL`` and ``SASL_SSL``, built from the PEM files; None otherwise.
+
+        Raises:
+            ssl.SSLError: a file is not a PEM certificate or key, or the key does not match.
+        """
+        if not self.security_protocol.endswith("SSL"):
+            return None
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ssl_cafile)
+        context.check_hostname = self.ssl_check_hostname
+        if self.ssl_certfile is not None:
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        return context
+
+    def client_options(self) -> dict[str, Any]:
+        """The security arguments of every aiokafka client (producer, consumer, admin, connection).
+
+        The one place these settings become aiokafka's arguments, so that no client is left
+        talking plaintext to a secured cluster.
+        """
+        options: dict[str, Any] = {"security_protocol": self.security_protocol, "ssl_context": self.ssl_context()}
+        if self.sasl_mechanism is not None:
+            assert self.sasl_password is not None  # the validator requires it with a mechanism
+            options.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
+                           sasl_plain_password=self.sasl_password.get_secret_value())
+        return options
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """:meth:`client_options` with ``bootstrap_servers``: the arguments of a new aiokafka client."""
+        return {"bootstrap_servers": self.bootstrap_servers, **self.client_options()}
+
+    def worker_json(self) -> dict[str, Any]:
+        """These settings as JSON values, the password included (a JSON dump masks it).
+
+        For a child process that gets them on a pipe, never on its command line or in its environment.
+        """
+        values = self.model_dump(mode="json")
+        if self.sasl_password is not None:
+            values["sasl_password"] = self.sasl_password.get_secret_value()
+        return values
 
 
 class BrokerSettings(BaseSettings):

@@ -134,7 +134,7 @@ async def read_topic(
     if rng.partitions is not None:
         tps = [tp for tp in tps if tp.partition in rng.partitions]
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, client_id=f"{settings.client_id}-tooling",
+        **settings.client_kwargs(), client_id=f"{settings.client_id}-tooling",
         enable_auto_commit=False, isolation_level=isolation_level,
         max_partition_fetch_bytes=64 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024,
     )

@@ -168,7 +168,7 @@ class MissingTopicsError(RuntimeError):
                    "cluster, the chart's KafkaTopic resources do)")
 
 
-async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) -> None:
+async def start_consumer(consumer: Any, names: Iterable[str], kafka: KafkaSettings) -> None:
     """Start a consumer subscribed to ``names``, or raise :class:`MissingTopicsError`.
 
     The topics are looked up first: a group consumer started on a missing topic waits out its
@@ -179,19 +179,20 @@ async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) ->
     Args:
         consumer: An ``AIOKafkaConsumer``, subscribed but not started.
         names: Full names of the topics it reads.
-        bootstrap: The cluster's address (for asking which topics exist, and for the message).
+        kafka: How to reach the cluster (to ask which topics exist; its address is in the message).
     """
     from aiokafka.errors import UnknownTopicOrPartitionError
 
     wanted = sorted(set(names))
+    bootstrap = kafka.bootstrap_servers
     try:
-        missing = await _missing_topics(wanted, bootstrap)
+        missing = await _missing_topics(wanted, kafka)
         if not missing:
             try:
                 await consumer.start()
                 return
             except UnknownTopicOrPartitionError:
-                missing = await _missing_topics(wanted, bootstrap)  # deleted since the lookup?
+                missing = await _missing_topics(wanted, kafka)  # deleted since the lookup?
                 if not missing:  # shown to the lookup by a broker the consumer did not ask
                     raise MissingTopicsError(
                         f"a broker of {bootstrap} did not yet know of {', '.join(wanted)}, which the "
@@ -203,11 +204,11 @@ async def start_consumer(consumer: Any, names: Iterable[str], bootstrap: str) ->
         raise
 
 
-async def _missing_topics(names: list[str], bootstrap: str) -> list[str]:
+async def _missing_topics(names: list[str], kafka: KafkaSettings) -> list[str]:
     """Those of ``names`` the cluster's metadata does not show."""
     from aiokafka import AIOKafkaConsumer
 
-    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    probe = AIOKafkaConsumer(**kafka.client_kwargs())
     try:
         await probe.start()
         present = await probe.topics()

@@ -128,7 +128,7 @@ class AssemblerService(Managed):
         )
         largest = max(t.spec.max_message_bytes for t in self._inputs)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka.bootstrap_servers,
+            **self.kafka.client_kwargs(),
             client_id=f"{self.kafka.client_id}-assembler",
             group_id=self.settings.group_id,
             enable_auto_commit=False,
@@ -169,7 +169,7 @@ class AssemblerService(Managed):
         try:
             await self._producer.start()
             self._consumer.subscribe([t.name for t in self._inputs], listener=_Rebalance(self))
-            await start_consumer(self._consumer, [t.name for t in self._inputs], self.kafka.bootstrap_servers)
+            await start_consumer(self._consumer, [t.name for t in self._inputs], self.kafka)
         except BaseException:
             self._stopped = True  # nothing runs: there is nothing left to stop
             with contextlib.suppress(Exception):
@@ -384,7 +384,7 @@ class AssemblerService(Managed):
         tps = sorted(assigned)
         committed = {tp: await self._consumer.committed(tp) for tp in tps}
         probe = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka.bootstrap_servers,
+            **self.kafka.client_kwargs(),
             client_id=f"{self.kafka.client_id}-assembler-readback",
             enable_auto_commit=False,
             isolation_level="read_committed",

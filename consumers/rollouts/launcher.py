@@ -241,7 +241,7 @@ class Launcher(Managed):
         self.producer = EventProducer(kafka, registry=self.registry, client_id=f"{kafka.client_id}-launcher")
         self.backend = backend if backend is not None else make_backend(self.settings, self.producer)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers, client_id=f"{kafka.client_id}-launcher",
+            **kafka.client_kwargs(), client_id=f"{kafka.client_id}-launcher",
             group_id=self.settings.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", request_timeout_ms=kafka.request_timeout_ms,
             max_partition_fetch_bytes=self.registry[TASKS].spec.max_message_bytes)
@@ -275,7 +275,7 @@ class Launcher(Managed):
             if self._known:
                 logger.info("launcher: %d rollouts already exist; they will not be launched again", len(self._known))
             self._consumer.subscribe([self.registry[TASKS].name], listener=_Rebalance(self))
-            await start_consumer(self._consumer, [self.registry[TASKS].name], self.settings.kafka.bootstrap_servers)
+            await start_consumer(self._consumer, [self.registry[TASKS].name], self.settings.kafka)
         except BaseException:
             try:
                 await self.stop()  # closes whichever clients were made, started or not

@@ -91,7 +91,7 @@ async def _unreachable_leaks(kafka: KafkaSettings, tmp_path: Path) -> dict[str, 
     async def consumer() -> None:
         client = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, group_id="g")
         with pytest.raises(KafkaConnectionError):
-            await start_consumer(client, ["t"], kafka.bootstrap_servers)
+            await start_consumer(client, ["t"], kafka)
 
     async def event_consumer() -> None:
         async def ignore(_: object) -> None:

@@ -1,0 +1,103 @@
+"""TLS and SASL settings: what a process reads from OPENFORGE_KAFKA_*, what it refuses, what it never shows.
+
+The connections themselves are tested against a real secured broker in
+tests/integration/stream/test_secured_broker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from producers.ship_worker import WorkerSpec
+from stream.settings import KafkaSettings
+
+
+@pytest.fixture(scope="module")
+def pem(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate and its key, from the openssl CLI."""
+    folder = tmp_path_factory.mktemp("pem")
+    done = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem",
+                           "-out", "cert.pem", "-days", "1", "-subj", "/CN=openforge-unit"],
+                          cwd=folder, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return folder / "cert.pem", folder / "key.pem"
+
+
+def test_the_default_is_plaintext_with_no_tls_context() -> None:
+    options = KafkaSettings().client_options()
+    assert options == {"security_protocol": "PLAINTEXT", "ssl_context": None}
+
+
+def test_sasl_ssl_comes_from_the_environment_and_the_password_is_never_shown(
+        monkeypatch: pytest.MonkeyPatch, pem: tuple[Path, Path]) -> None:
+    cert, _ = pem
+    for name, value in {"SECURITY_PROTOCOL": "SASL_SSL", "SASL_MECHANISM": "SCRAM-SHA-256",
+                        "SASL_USERNAME": "trainer", "SASL_PASSWORD": "hunter2-secret", "SSL_CAFILE": str(cert),
+                        "BOOTSTRAP_SERVERS": "k1:9093,k2:9093"}.items():
+        monkeypatch.setenv(f"OPENFORGE_KAFKA_{name}", value)
+    settings = KafkaSettings()
+    kwargs = settings.client_kwargs()
+    assert kwargs["bootstrap_servers"] == "k1:9093,k2:9093"
+    assert kwargs["security_protocol"] == "SASL_SSL" and kwargs["sasl_mechanism"] == "SCRAM-SHA-256"
+    assert kwargs["sasl_plain_username"] == "trainer" and kwargs["sasl_plain_password"] == "hunter2-secret"
+    context = kwargs["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.check_hostname and context.verify_mode is ssl.CERT_REQUIRED
+    assert len(context.get_ca_certs()) == 1  # the given authority, not the system's
+    shown = repr(settings) + str(settings) + settings.model_dump_json()
+    assert "hunter2" not in shown
+
+
+def test_the_shipping_worker_gets_the_password_on_its_pipe_and_reads_it_back() -> None:
+    """The worker is a child process: a masked password would leave it unable to log in."""
+    settings = KafkaSettings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u",
+                             sasl_password="p-secret")
+    assert settings.model_dump(mode="json")["sasl_password"] != "p-secret"  # why worker_json exists
+    spec = WorkerSpec(settings.worker_json())
+    received = KafkaSettings.model_validate(json.loads(json.dumps(spec.kafka)))
+    assert received.client_options()["sasl_plain_password"] == "p-secret"
+    assert received == settings
+
+
+def test_mutual_tls_loads_the_client_certificate(pem: tuple[Path, Path]) -> None:
+    cert, key = pem
+    settings = KafkaSettings(security_protocol="SSL", ssl_cafile=str(cert), ssl_certfile=str(cert),
+                             ssl_keyfile=str(key), ssl_check_hostname=False)
+    context = settings.client_options()["ssl_context"]
+    assert isinstance(context, ssl.SSLContext) and not context.check_hostname
+    assert "sasl_mechanism" not in settings.client_options()
+
+
+def test_a_key_that_is_not_a_key_fails_when_the_context_is_made(pem: tuple[Path, Path]) -> None:
+    cert, _ = pem
+    settings = KafkaSettings(security_protocol="SSL", ssl_certfile=str(cert), ssl_keyfile=str(cert))
+    with pytest.raises(ssl.SSLError):
+        settings.client_options()
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"security_protocol": "SASL_SSL"},
+     "needs OPENFORGE_KAFKA_SASL_MECHANISM, OPENFORGE_KAFKA_SASL_USERNAME, OPENFORGE_KAFKA_SASL_PASSWORD"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u"},
+     "needs OPENFORGE_KAFKA_SASL_PASSWORD"),
+    ({"sasl_username": "u", "sasl_password": "p"}, "SASL settings are set but security_protocol is PLAINTEXT"),
+    ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": "p",
+      "ssl_cafile": "/etc/hosts"}, "TLS files are set but security_protocol is SASL_PLAINTEXT"),
+    ({"security_protocol": "SSL", "ssl_certfile": "/etc/hosts"}, "SSL_CERTFILE and OPENFORGE_KAFKA_SSL_KEYFILE go"),
+    ({"security_protocol": "SSL", "ssl_cafile": "/no/such/ca.pem"}, "OPENFORGE_KAFKA_SSL_CAFILE: no file at /no/such"),
+    ({"security_protocol": "TLS"}, "security_protocol"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI", "sasl_username": "u", "sasl_password": "p"},
+     "sasl_mechanism"),
+])
+def test_half_a_security_configuration_is_refused_with_the_setting_named(values: dict[str, object],
+                                                                         message: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        KafkaSettings(**values)
+    assert message in str(raised.value)
+    assert "p-secret" not in str(raised.value)
