@@ -322,6 +322,41 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     assert env_of(one(objects, "Deployment", "-assembler"))["OPENFORGE_KAFKA_TOPIC_PREFIX"] == "exp42."
 
 
+_SECURED_KAFKA = {"kafka": {"mode": "external", "bootstrapServers": "kafka.example:9093", "security": {
+    "protocol": "SASL_SSL", "saslMechanism": "SCRAM-SHA-512", "credentialsSecret": "kafka-user",
+    "tlsSecret": "kafka-tls", "clientCertificate": True}}}
+
+
+def test_kafka_security_reaches_every_process_and_the_settings_take_it(helm: Helm, helm_tmp: Path) -> None:
+    from stream.settings import KafkaSettings
+
+    objects = helm.render(_SECURED_KAFKA, helm_tmp)
+    for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
+        workload = one(objects, "Deployment", f"-{name}")
+        env = env_of(workload)
+        assert env["OPENFORGE_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
+        assert env["OPENFORGE_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        paths = {key: env[f"OPENFORGE_KAFKA_SSL_{key}"] for key in ("CAFILE", "CERTFILE", "KEYFILE")}
+        assert paths == {"CAFILE": "/etc/openforge/kafka-tls/ca.crt", "CERTFILE": "/etc/openforge/kafka-tls/tls.crt",
+                         "KEYFILE": "/etc/openforge/kafka-tls/tls.key"}, name
+        pod = workload["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        # The password comes from the operator's secret, never from values or the rendered manifest.
+        assert {"secretRef": {"name": "kafka-user"}} in container["envFrom"], name
+        assert "OPENFORGE_KAFKA_SASL_PASSWORD" not in {e["name"] for e in container["env"]}
+        assert {"name": "kafka-tls", "mountPath": "/etc/openforge/kafka-tls", "readOnly": True} in container[
+            "volumeMounts"], name
+        assert {"name": "kafka-tls", "secret": {"secretName": "kafka-tls", "defaultMode": 288}} in pod["volumes"]
+        # What the secret adds, with the rendered variables: the settings the process reads.
+        env_vars = {k: v for k, v in env.items() if k.startswith("OPENFORGE_KAFKA_") and "SSL_" not in k}
+        settings = KafkaSettings.model_validate({k.removeprefix("OPENFORGE_KAFKA_").lower(): v
+                                                 for k, v in env_vars.items()}
+                                                | {"sasl_username": "u", "sasl_password": "p"})
+        assert settings.security_protocol == "SASL_SSL" and settings.sasl_mechanism == "SCRAM-SHA-512"
+    # The learner keeps its own envFrom (object store) beside the Kafka credentials.
+    assert len(one(objects, "Deployment", "-learner")["spec"]["template"]["spec"]["containers"][0]["envFrom"]) >= 1
+
+
 # --- bad input: a clear error, nothing rendered ---------------------------------------------------
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -342,6 +377,17 @@ def test_topic_prefix_reaches_topics_and_processes(helm: Helm, helm_tmp: Path) -
     ({"proxy": {"sampling": {"seed": 1}}}, "additional properties 'seed' not allowed"),  # the harness's, not forced
     ({"proxy": {"sampling": {"temperature": "hot"}}}, "at '/proxy/sampling/temperature'"),
     ({"proxy": {"images": "url"}}, "at '/proxy/images': value must be one of 'refuse', 'inline'"),
+    ({"kafka": {"security": {"protocol": "SASL_SSL"}}}, "kafka.security applies to kafka.mode external"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "PLAIN"}}},
+     "kafka.security.protocol SASL_SSL needs kafka.security.saslMechanism and kafka.security.credentialsSecret"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SSL", "credentialsSecret": "s"}}},
+     "saslMechanism and credentialsSecret need protocol SASL_SSL or SASL_PLAINTEXT, not SSL"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_PLAINTEXT", "saslMechanism": "PLAIN",
+                                                         "credentialsSecret": "s", "tlsSecret": "t"}}},
+     "kafka.security.tlsSecret needs protocol SSL or SASL_SSL, not SASL_PLAINTEXT"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SSL", "clientCertificate": True}}},
+     "kafka.security.clientCertificate needs kafka.security.tlsSecret"),
+    ({"kafka": {"security": {"protocol": "TLS"}}}, "at '/kafka/security/protocol': value must be one of"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)

@@ -18,6 +18,18 @@
 {{- $root := .root }}
 {{- $v := index $root.Values .name }}
 {{- $ctx := dict "root" $root "name" .name }}
+{{- /* Every process may talk to Kafka: each gets its credentials and certificates (never rollout pods). */}}
+{{- $kafkaSecurity := $root.Values.kafka.security }}
+{{- $envFrom := .envFrom | default list }}
+{{- $mounts := .mounts | default list }}
+{{- $volumes := .volumes | default list }}
+{{- if and (hasPrefix "SASL_" $kafkaSecurity.protocol) $kafkaSecurity.credentialsSecret }}
+{{- $envFrom = append $envFrom (dict "secretRef" (dict "name" $kafkaSecurity.credentialsSecret)) }}
+{{- end }}
+{{- if $kafkaSecurity.tlsSecret }}
+{{- $mounts = append $mounts (dict "name" "kafka-tls" "mountPath" "/etc/openforge/kafka-tls" "readOnly" true) }}
+{{- $volumes = append $volumes (dict "name" "kafka-tls" "secret" (dict "secretName" $kafkaSecurity.tlsSecret "defaultMode" 288)) }}
+{{- end }}
 apiVersion: apps/v1
 kind: {{ ternary "StatefulSet" "Deployment" (not (empty .claims)) }}
 metadata:
@@ -90,7 +102,7 @@ spec:
           args: [{{ .name | quote }}]
           env:
             {{- include "openforge.env" $ctx | trim | nindent 12 }}
-          {{- with .envFrom }}
+          {{- with $envFrom }}
           envFrom:
             {{- toYaml . | nindent 12 }}
           {{- end }}
@@ -108,13 +120,13 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
-            {{- with .mounts }}
+            {{- with $mounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
       volumes:
         - name: tmp
           emptyDir: {}
-        {{- with .volumes }}
+        {{- with $volumes }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
       {{- include "openforge.scheduling" $v | nindent 6 }}

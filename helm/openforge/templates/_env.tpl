@@ -14,6 +14,47 @@ OPENFORGE_KAFKA_CLIENT_ID: {{ include "openforge.fullname" . | quote }}
 {{- if eq .Values.kafka.mode "strimzi" }}
 OPENFORGE_KAFKA_REPLICATION_FACTOR: {{ .Values.kafka.strimzi.replicationFactor | quote }}
 {{- end }}
+{{- include "openforge.kafkaSecurityChecked" . }}
+{{- with .Values.kafka.security }}
+{{- if ne .protocol "PLAINTEXT" }}
+OPENFORGE_KAFKA_SECURITY_PROTOCOL: {{ .protocol | quote }}
+{{- end }}
+{{- if hasPrefix "SASL_" .protocol }}
+OPENFORGE_KAFKA_SASL_MECHANISM: {{ .saslMechanism | quote }}
+{{- end }}
+{{- if .tlsSecret }}
+OPENFORGE_KAFKA_SSL_CAFILE: "/etc/openforge/kafka-tls/ca.crt"
+{{- if .clientCertificate }}
+OPENFORGE_KAFKA_SSL_CERTFILE: "/etc/openforge/kafka-tls/tls.crt"
+OPENFORGE_KAFKA_SSL_KEYFILE: "/etc/openforge/kafka-tls/tls.key"
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+kafka.security as a whole, refused with the value to fix when half set or set where it cannot
+apply (the processes would refuse it too, but only after the pods start, one crash loop each).
+*/}}
+{{- define "openforge.kafkaSecurityChecked" -}}
+{{- $s := .Values.kafka.security }}
+{{- $sasl := hasPrefix "SASL_" $s.protocol }}
+{{- $tls := hasSuffix "SSL" $s.protocol }}
+{{- if and (eq .Values.kafka.mode "strimzi") (or (ne $s.protocol "PLAINTEXT") $s.saslMechanism $s.credentialsSecret $s.tlsSecret $s.clientCertificate) }}
+{{- fail "kafka.security applies to kafka.mode external; the Strimzi cluster is reached on its in-namespace listener" }}
+{{- end }}
+{{- if and $sasl (not (and $s.saslMechanism $s.credentialsSecret)) }}
+{{- fail (printf "kafka.security.protocol %s needs kafka.security.saslMechanism and kafka.security.credentialsSecret" $s.protocol) }}
+{{- end }}
+{{- if and (not $sasl) (or $s.saslMechanism $s.credentialsSecret) }}
+{{- fail (printf "kafka.security.saslMechanism and credentialsSecret need protocol SASL_SSL or SASL_PLAINTEXT, not %s" $s.protocol) }}
+{{- end }}
+{{- if and (not $tls) $s.tlsSecret }}
+{{- fail (printf "kafka.security.tlsSecret needs protocol SSL or SASL_SSL, not %s" $s.protocol) }}
+{{- end }}
+{{- if and $s.clientCertificate (not $s.tlsSecret) }}
+{{- fail "kafka.security.clientCertificate needs kafka.security.tlsSecret (its tls.crt and tls.key)" }}
+{{- end }}
 {{- end }}
 
 {{/*
