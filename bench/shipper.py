@@ -119,7 +119,7 @@ class Worker:
             sys.executable, "-m", "producers.ship_worker", str(self.directory),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         assert self._process.stdin is not None
-        spec = WorkerSpec(self.kafka.model_dump(mode="json"), native=self.native,
+        spec = WorkerSpec(self.kafka.worker_json(), native=self.native,
                           linger_s=ProxySettings.model_fields["journal_linger_ms"].default / 1000)
         self._process.stdin.write(orjson.dumps(asdict(spec)) + b"\n")
         self._reader = asyncio.create_task(self._follow())

@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import orjson
@@ -45,8 +45,9 @@ logger = logging.getLogger(__name__)
 class WorkerSpec:
     """What the shipping process needs to know; sent as JSON on its stdin, never on its command line."""
 
-    kafka: dict[str, object]
-    """``KafkaSettings`` as JSON values."""
+    kafka: dict[str, object] = field(repr=False)
+    """``KafkaSettings`` as JSON values (:meth:`KafkaSettings.worker_json`: the SASL password
+    included, so never in a repr)."""
     client_id: str = "openforge-proxy"
     ack_timeout_s: float = 5.0
     batch_records: int = 1024

@@ -96,14 +96,16 @@ async def bootstrap_refusal(settings: KafkaSettings, timeout_s: float = 10.0) ->
     from aiokafka.conn import create_conn
 
     reasons: list[str] = []
-    for address in settings.bootstrap_servers.split(","):
-        host, _, port = address.strip().rpartition(":")
+    for address in filter(None, (part.strip() for part in settings.bootstrap_servers.split(","))):
+        host, colon, port = address.rpartition(":")
+        if not colon or host.endswith(":") or not port.isdigit():  # no port (IPv6 needs brackets): aiokafka's default
+            host, port = address, "9092"
         try:
             async with asyncio.timeout(timeout_s):
                 conn = await create_conn(host.strip("[]"), int(port), client_id=f"{settings.client_id}-probe",
                                          request_timeout_ms=int(timeout_s * 1000), **settings.client_options())
         except Exception as exc:  # noqa: BLE001 - every reason is worth reporting
-            reasons.append(f"{address.strip()}: {exc!r}")
+            reasons.append(f"{address}: {exc!r}")
             continue
         conn.close()
         return None

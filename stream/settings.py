@@ -25,7 +25,10 @@ class KafkaSettings(BaseSettings):
     one-machine run needs no configuration at all.
     """
 
-    model_config = SettingsConfigDict(env_prefix="OPENFORGE_KAFKA_", frozen=True, extra="ignore")
+    # Errors never quote their input (it holds the SASL password); an empty variable counts as
+    # unset, as compose and .env files write them.
+    model_config = SettingsConfigDict(env_prefix="OPENFORGE_KAFKA_", frozen=True, extra="ignore",
+                                      hide_input_in_errors=True, env_ignore_empty=True)
 
     bootstrap_servers: str = "127.0.0.1:9092"
     """Comma-separated ``host:port`` list of brokers to bootstrap from."""
@@ -96,8 +99,9 @@ class KafkaSettings(BaseSettings):
         tls = self.security_protocol.endswith("SSL")
         prefix = "OPENFORGE_KAFKA_"
         if sasl:
-            missing = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password")
-                       if getattr(self, name) is None]
+            given = {"sasl_mechanism": self.sasl_mechanism, "sasl_username": self.sasl_username,
+                     "sasl_password": self.sasl_password and self.sasl_password.get_secret_value()}
+            missing = [name for name, value in given.items() if not value]
             if missing:
                 raise ValueError(f"security_protocol {self.security_protocol} needs "
                                  + ", ".join(prefix + name.upper() for name in missing))

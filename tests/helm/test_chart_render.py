@@ -330,7 +330,8 @@ _SECURED_KAFKA = {"kafka": {"mode": "external", "bootstrapServers": "kafka.examp
 def test_kafka_security_reaches_every_process_and_the_settings_take_it(helm: Helm, helm_tmp: Path) -> None:
     from stream.settings import KafkaSettings
 
-    objects = helm.render(_SECURED_KAFKA, helm_tmp)
+    own = {"secretRef": {"name": "learner-extra"}}
+    objects = helm.render({**_SECURED_KAFKA, "learner": {"extraEnvFrom": [own]}}, helm_tmp)
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
         workload = one(objects, "Deployment", f"-{name}")
         env = env_of(workload)
@@ -347,14 +348,15 @@ def test_kafka_security_reaches_every_process_and_the_settings_take_it(helm: Hel
         assert {"name": "kafka-tls", "mountPath": "/etc/openforge/kafka-tls", "readOnly": True} in container[
             "volumeMounts"], name
         assert {"name": "kafka-tls", "secret": {"secretName": "kafka-tls", "defaultMode": 288}} in pod["volumes"]
-        # What the secret adds, with the rendered variables: the settings the process reads.
+        # The rendered variables and what the secret adds are settings the process takes (the
+        # certificate paths are left out: their files exist only in the pod).
         env_vars = {k: v for k, v in env.items() if k.startswith("OPENFORGE_KAFKA_") and "SSL_" not in k}
-        settings = KafkaSettings.model_validate({k.removeprefix("OPENFORGE_KAFKA_").lower(): v
-                                                 for k, v in env_vars.items()}
-                                                | {"sasl_username": "u", "sasl_password": "p"})
+        settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env_vars.items()},
+                                 sasl_username="u", sasl_password="p")
         assert settings.security_protocol == "SASL_SSL" and settings.sasl_mechanism == "SCRAM-SHA-512"
-    # The learner keeps its own envFrom (object store) beside the Kafka credentials.
-    assert len(one(objects, "Deployment", "-learner")["spec"]["template"]["spec"]["containers"][0]["envFrom"]) >= 1
+    # The learner keeps its own envFrom beside the Kafka credentials.
+    learner = one(objects, "Deployment", "-learner")["spec"]["template"]["spec"]["containers"][0]
+    assert own in learner["envFrom"] and {"secretRef": {"name": "kafka-user"}} in learner["envFrom"]
 
 
 # --- bad input: a clear error, nothing rendered ---------------------------------------------------

@@ -86,13 +86,18 @@ def test_a_key_that_is_not_a_key_fails_when_the_context_is_made(pem: tuple[Path,
      "needs OPENFORGE_KAFKA_SASL_MECHANISM, OPENFORGE_KAFKA_SASL_USERNAME, OPENFORGE_KAFKA_SASL_PASSWORD"),
     ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u"},
      "needs OPENFORGE_KAFKA_SASL_PASSWORD"),
-    ({"sasl_username": "u", "sasl_password": "p"}, "SASL settings are set but security_protocol is PLAINTEXT"),
-    ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": "p",
-      "ssl_cafile": "/etc/hosts"}, "TLS files are set but security_protocol is SASL_PLAINTEXT"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": ""},
+     "needs OPENFORGE_KAFKA_SASL_PASSWORD"),
+    ({"sasl_username": "u", "sasl_password": "p-secret"}, "SASL settings are set but security_protocol is PLAINTEXT"),
+    ({"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+      "sasl_password": "p-secret", "ssl_cafile": "/etc/hosts"},
+     "TLS files are set but security_protocol is SASL_PLAINTEXT"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": "p-secret",
+      "ssl_cafile": "/no/such/ca.pem"}, "OPENFORGE_KAFKA_SSL_CAFILE: no file at /no/such"),
     ({"security_protocol": "SSL", "ssl_certfile": "/etc/hosts"}, "SSL_CERTFILE and OPENFORGE_KAFKA_SSL_KEYFILE go"),
     ({"security_protocol": "SSL", "ssl_cafile": "/no/such/ca.pem"}, "OPENFORGE_KAFKA_SSL_CAFILE: no file at /no/such"),
     ({"security_protocol": "TLS"}, "security_protocol"),
-    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI", "sasl_username": "u", "sasl_password": "p"},
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI", "sasl_username": "u", "sasl_password": "p-secret"},
      "sasl_mechanism"),
 ])
 def test_half_a_security_configuration_is_refused_with_the_setting_named(values: dict[str, object],
@@ -100,4 +105,11 @@ def test_half_a_security_configuration_is_refused_with_the_setting_named(values:
     with pytest.raises(ValidationError) as raised:
         KafkaSettings(**values)
     assert message in str(raised.value)
-    assert "p-secret" not in str(raised.value)
+    assert "p-secret" not in str(raised.value)  # errors never quote their input
+
+
+def test_empty_variables_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose and .env files write unset values as empty ones."""
+    for name in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD", "SSL_CAFILE"):
+        monkeypatch.setenv(f"OPENFORGE_KAFKA_{name}", "")
+    assert KafkaSettings().client_options() == {"security_protocol": "PLAINTEXT", "ssl_context": None}
