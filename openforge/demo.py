@@ -21,7 +21,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
@@ -148,7 +148,8 @@ def run_demo(options: DemoOptions) -> tuple[Summary, Curve]:
     children: list[Child] = []
     engine: LocalEngine | None = None
     try:
-        kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"{run_id}.")
+        kafka = KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"{run_id}.",
+                              **(_LOCAL_KAFKA if broker is not None else {}))
         click.echo("==> vLLM's CPU build (installed once, about 3 GiB) and a tiny model made locally")
         python = install_vllm()
         model_dir = make_tiny_model(python, cache_root() / "models" / f"tiny-seed{options.seed}", seed=options.seed)
@@ -158,7 +159,7 @@ def run_demo(options: DemoOptions) -> tuple[Summary, Curve]:
         asyncio.run(_create_topics(kafka))
         key = secrets.token_hex(32)
         proxy_port = free_port()
-        base = _base_env(kafka, key)
+        base = _base_env(kafka, key, local=broker is not None)
         specs = _components(options, out, base, engine.url, proxy_port, model_dir)
         for name, args, env in specs:
             child = Child(name, args, env, out / "logs" / f"{name}.log")
@@ -189,8 +190,15 @@ def run_demo(options: DemoOptions) -> tuple[Summary, Curve]:
     return summary, curve
 
 
-def _base_env(kafka: KafkaSettings, key: str) -> dict[str, str]:
-    return {
+# The demo's own broker listens in plaintext: Kafka security settings in the shell (for some other
+# cluster) must reach neither this process nor the ones it starts.
+_LOCAL_KAFKA: dict[str, Any] = {
+    name: None for name, field in KafkaSettings.model_fields.items()
+    if name.startswith(("ssl_", "sasl_")) and field.default is None} | {"security_protocol": "PLAINTEXT"}
+
+
+def _base_env(kafka: KafkaSettings, key: str, *, local: bool) -> dict[str, str]:
+    env = {
         "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka.topic_prefix,
         "OPENFORGE_PROXY_CREDENTIAL_KEY": key,
@@ -198,6 +206,10 @@ def _base_env(kafka: KafkaSettings, key: str) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
     }
+    if local:  # an empty variable counts as unset
+        env |= {f"OPENFORGE_KAFKA_{name.upper()}": "" if value is None else str(value)
+                for name, value in _LOCAL_KAFKA.items()}
+    return env
 
 
 def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_url: str, proxy_port: int,

@@ -62,3 +62,21 @@ def test_the_demos_proxy_samples_as_the_policy_the_learner_scores(monkeypatch: p
     for name, value in next(env for name, _, env in components if name == "proxy").items():
         monkeypatch.setenv(name, value)
     assert ProxySettings().sampling == POLICY_SAMPLING
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_the_shells_kafka_security_reaches_an_external_cluster_and_never_the_demos_own_broker(
+        monkeypatch: pytest.MonkeyPatch, local: bool) -> None:
+    from openforge.demo import _LOCAL_KAFKA, _base_env
+    from stream import KafkaSettings
+
+    shell = {"SECURITY_PROTOCOL": "SASL_PLAINTEXT", "SASL_MECHANISM": "SCRAM-SHA-512", "SASL_USERNAME": "u",
+             "SASL_PASSWORD": "elsewhere-secret"}
+    for name, value in shell.items():
+        monkeypatch.setenv(f"OPENFORGE_KAFKA_{name}", value)
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:9092", **(_LOCAL_KAFKA if local else {}))
+    for name, value in _base_env(kafka, "key", local=local).items():  # what the demo's processes read
+        monkeypatch.setenv(name, value)
+    for settings in (kafka, KafkaSettings()):
+        assert settings.security_protocol == ("PLAINTEXT" if local else "SASL_PLAINTEXT")
+        assert (settings.sasl_password is None) == local
