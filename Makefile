@@ -69,7 +69,7 @@ demo: install kafka-jars learner
 
 bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
-	@$(PY) -m bench.proxy
+	@$(PY) -m bench.proxy --json out/bench/proxy.json --plot out/bench/proxy.png
 	@$(PY) -m bench.shipper
 	@$(PY) -m bench.journal
 	@$(PY) -m bench.learner

@@ -87,6 +87,10 @@ Knobs for what capture costs: ``--compression`` (the capturing proxy's and the p
 compression, ``OPENFORGE_KAFKA_COMPRESSION``) and ``--linger-ms`` (the capturing proxy's
 ``OPENFORGE_PROXY_CAPTURE_LINGER_MS``).
 
+``--json PATH`` also writes the results as JSON, ``--plot PATH`` draws them (throughput with every
+round, capture's paired ratios against the goal, added latency, CPU per call at equal load;
+``bench/proxy_plot.py``, which also draws a saved ``--json`` again).
+
 Checks: every target's answer is validated once before timing; after the run (once the
 journalling proxy has shipped its backlog) the calls topic must hold exactly one event per call
 answered by the capturing proxies, and the upstream must have served
@@ -1510,6 +1514,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "ship on the second (each proxy's shipping worker, the broker), as a proxy with a "
                              "core for its shipper runs; default: every process on every core")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--plot", metavar="PATH", type=Path,
+                        help="also draw the results here (.png, .svg, .pdf); bench/proxy_plot.py draws a --json again")
     args = parser.parse_args(argv)
     if min(args.requests, args.rounds, args.equal_load_rounds, args.max_requests, *args.concurrency) < 1 \
             or args.warmup < 0:
@@ -1541,8 +1547,18 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"capture linger {args.linger_ms} ms; closed loops from {_LOADGEN_WORDS[args.loadgen]}; "
           f"wall {wall_s:.0f}s)")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
         progress(f"wrote {args.json}")
+    if args.plot:
+        from bench.proxy_plot import PlotError, write_plot
+
+        try:
+            write_plot(summary, args.plot)
+        except PlotError as exc:
+            summary["failures"].append(f"cannot draw {args.plot}: {exc}")
+        else:
+            progress(f"drew {args.plot}")
     for failure in summary["failures"]:
         progress(f"ERROR: {failure}")
     return 1 if summary["failures"] else 0
