@@ -287,6 +287,7 @@ class LocalBroker:
             "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            *self._jvm_options(),
             "-cp",
             f"{libs}/*",
             "kafka.Kafka",
@@ -359,6 +360,10 @@ class LocalBroker:
         if self._proc is not None and self._proc.pid == pid:
             return self._proc.poll() is not None
         return not _alive(pid)
+
+    def _jvm_options(self) -> list[str]:
+        """System properties for the broker's JVM beyond the defaults (a subclass's listeners may need some)."""
+        return []
 
     def _write_config(self) -> Path:
         props = _BROKER_PROPERTIES.format(

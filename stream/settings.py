@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Compression = Literal["zstd", "lz4", "gzip", "none"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
 
 
 class KafkaSettings(BaseSettings):
@@ -80,14 +80,25 @@ class KafkaSettings(BaseSettings):
 
     sasl_mechanism: SaslMechanism | None = None
     """How clients authenticate under ``SASL_*``: SCRAM sends a proof, not the password; PLAIN
-    sends the password itself, so it belongs under ``SASL_SSL`` only."""
+    sends the password itself, so it belongs under ``SASL_SSL`` only; OAUTHBEARER sends a token
+    from an identity provider (``sasl_oauth_token_url``), got with the user and password as the
+    OAuth client's id and secret."""
 
     sasl_username: str | None = None
-    """The SASL user."""
+    """The SASL user (with OAUTHBEARER: the OAuth client id)."""
 
     sasl_password: SecretStr | None = None
-    """The SASL user's password (``OPENFORGE_KAFKA_SASL_PASSWORD``, e.g. from a Kubernetes secret).
-    Never logged or shown: ``repr`` and JSON dumps mask it."""
+    """The SASL user's password, or with OAUTHBEARER the OAuth client secret
+    (``OPENFORGE_KAFKA_SASL_PASSWORD``, e.g. from a Kubernetes secret). Never logged or shown:
+    ``repr`` and JSON dumps mask it."""
+
+    sasl_oauth_token_url: str | None = None
+    """OAUTHBEARER: the identity provider's token endpoint (``https://…/token``), asked for a token
+    with the client-credentials grant. Its certificate is checked against the system's
+    authorities (``SSL_CERT_FILE`` names others to trust instead, e.g. a private one)."""
+
+    sasl_oauth_scope: str | None = None
+    """OAUTHBEARER: the scope to ask for, where the identity provider needs one."""
 
     @model_validator(mode="after")
     def _security_complete(self) -> KafkaSettings:
@@ -101,13 +112,30 @@ class KafkaSettings(BaseSettings):
         if sasl:
             given = {"sasl_mechanism": self.sasl_mechanism, "sasl_username": self.sasl_username,
                      "sasl_password": self.sasl_password and self.sasl_password.get_secret_value()}
+            meaning: dict[str, str] = {}
+            if self.sasl_mechanism == "OAUTHBEARER":
+                given["sasl_oauth_token_url"] = self.sasl_oauth_token_url
+                meaning = {"sasl_username": " (the OAuth client id)", "sasl_password": " (the OAuth client secret)",
+                           "sasl_oauth_token_url": " (the identity provider's token endpoint)"}
             missing = [name for name, value in given.items() if not value]
             if missing:
                 raise ValueError(f"security_protocol {self.security_protocol} needs "
-                                 + ", ".join(prefix + name.upper() for name in missing))
-        elif self.sasl_mechanism is not None or self.sasl_username is not None or self.sasl_password is not None:
+                                 + ", ".join(prefix + name.upper() + meaning.get(name, "") for name in missing))
+        elif any(value is not None for value in (self.sasl_mechanism, self.sasl_username, self.sasl_password,
+                                                 self.sasl_oauth_token_url, self.sasl_oauth_scope)):
             raise ValueError(f"SASL settings are set but security_protocol is {self.security_protocol}; "
                              f"use SASL_SSL (or SASL_PLAINTEXT) for them to be used")
+        oauth = {"sasl_oauth_token_url": self.sasl_oauth_token_url, "sasl_oauth_scope": self.sasl_oauth_scope}
+        if sasl and self.sasl_mechanism != "OAUTHBEARER" and any(v is not None for v in oauth.values()):
+            raise ValueError(", ".join(prefix + name.upper() for name, v in oauth.items() if v is not None)
+                             + f" set, but the SASL mechanism is {self.sasl_mechanism}; set "
+                             f"{prefix}SASL_MECHANISM=OAUTHBEARER for them to be used")
+        if self.sasl_oauth_token_url is not None:
+            from stream.oauth import check_token_url, shown_url
+
+            problem = check_token_url(self.sasl_oauth_token_url)
+            if problem is not None:
+                raise ValueError(f"{prefix}SASL_OAUTH_TOKEN_URL {shown_url(self.sasl_oauth_token_url)} {problem}")
         files = {"ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile, "ssl_keyfile": self.ssl_keyfile}
         if not tls and any(files.values()):
             raise ValueError(f"TLS files are set but security_protocol is {self.security_protocol}; "
@@ -141,11 +169,30 @@ class KafkaSettings(BaseSettings):
         talking plaintext to a secured cluster.
         """
         options: dict[str, Any] = {"security_protocol": self.security_protocol, "ssl_context": self.ssl_context()}
-        if self.sasl_mechanism is not None:
+        if self.sasl_mechanism == "OAUTHBEARER":
+            options.update(sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=self.oauth_token_provider())
+        elif self.sasl_mechanism is not None:
             assert self.sasl_password is not None  # the validator requires it with a mechanism
             options.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
                            sasl_plain_password=self.sasl_password.get_secret_value())
         return options
+
+    def oauth_token_provider(self) -> Any:
+        """OAUTHBEARER's token source (None without OAUTHBEARER).
+
+        The process's one source for this client at this endpoint (:func:`stream.oauth.token_provider`),
+        so that every Kafka client it makes shares the token, whichever settings object made it.
+        """
+        if self.sasl_mechanism != "OAUTHBEARER":
+            return None
+        from stream.oauth import token_provider
+
+        # The validator requires all three.
+        assert self.sasl_oauth_token_url is not None
+        assert self.sasl_username is not None
+        assert self.sasl_password is not None
+        return token_provider(self.sasl_oauth_token_url, self.sasl_username, self.sasl_password,
+                              self.sasl_oauth_scope)
 
     def client_kwargs(self) -> dict[str, Any]:
         """:meth:`client_options` with ``bootstrap_servers``: the arguments of a new aiokafka client."""

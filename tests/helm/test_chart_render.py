@@ -359,6 +359,25 @@ def test_kafka_security_reaches_every_process_and_the_settings_take_it(helm: Hel
     assert own in learner["envFrom"] and {"secretRef": {"name": "kafka-user"}} in learner["envFrom"]
 
 
+def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, helm_tmp: Path) -> None:
+    from stream.settings import KafkaSettings
+
+    security = {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER", "credentialsSecret": "kafka-oauth-client",
+                "oauthTokenUrl": "https://idp.example/realms/kafka/protocol/openid-connect/token",
+                "oauthScope": "kafka"}
+    objects = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": security}}, helm_tmp)
+    for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
+        container = one(objects, "Deployment", f"-{name}")["spec"]["template"]["spec"]["containers"][0]
+        env = env_of(one(objects, "Deployment", f"-{name}"))
+        assert env["OPENFORGE_KAFKA_SASL_MECHANISM"] == "OAUTHBEARER", name
+        assert env["OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL"] == security["oauthTokenUrl"], name
+        assert env["OPENFORGE_KAFKA_SASL_OAUTH_SCOPE"] == "kafka", name
+        assert {"secretRef": {"name": "kafka-oauth-client"}} in container["envFrom"], name
+        settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
+                                    if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
+        assert settings.oauth_token_provider().token_url == security["oauthTokenUrl"], name
+
+
 # --- bad input: a clear error, nothing rendered ---------------------------------------------------
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -390,6 +409,15 @@ def test_kafka_security_reaches_every_process_and_the_settings_take_it(helm: Hel
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SSL", "clientCertificate": True}}},
      "kafka.security.clientCertificate needs kafka.security.tlsSecret"),
     ({"kafka": {"security": {"protocol": "TLS"}}}, "at '/kafka/security/protocol': value must be one of"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
+                                                         "credentialsSecret": "s"}}},
+     "kafka.security.saslMechanism OAUTHBEARER needs kafka.security.oauthTokenUrl"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "PLAIN",
+                                                         "credentialsSecret": "s", "oauthScope": "kafka"}}},
+     "kafka.security.oauthTokenUrl and oauthScope need saslMechanism OAUTHBEARER"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
+                                                         "credentialsSecret": "s", "oauthTokenUrl": "idp/token"}}},
+     "at '/kafka/security/oauthTokenUrl': 'idp/token' does not match pattern"),
 ])
 def test_bad_values_fail_with_a_clear_error(helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
     proc = helm.template(values, helm_tmp)

@@ -22,6 +22,12 @@ OPENFORGE_KAFKA_SECURITY_PROTOCOL: {{ .protocol | quote }}
 {{- if hasPrefix "SASL_" .protocol }}
 OPENFORGE_KAFKA_SASL_MECHANISM: {{ .saslMechanism | quote }}
 {{- end }}
+{{- if .oauthTokenUrl }}
+OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL: {{ .oauthTokenUrl | quote }}
+{{- end }}
+{{- if .oauthScope }}
+OPENFORGE_KAFKA_SASL_OAUTH_SCOPE: {{ .oauthScope | quote }}
+{{- end }}
 {{- if .tlsSecret }}
 OPENFORGE_KAFKA_SSL_CAFILE: "/etc/openforge/kafka-tls/ca.crt"
 {{- if .clientCertificate }}
@@ -40,7 +46,7 @@ apply (the processes would refuse it too, but only after the pods start, one cra
 {{- $s := .Values.kafka.security }}
 {{- $sasl := hasPrefix "SASL_" $s.protocol }}
 {{- $tls := hasSuffix "SSL" $s.protocol }}
-{{- if and (eq .Values.kafka.mode "strimzi") (or (ne $s.protocol "PLAINTEXT") $s.saslMechanism $s.credentialsSecret $s.tlsSecret $s.clientCertificate) }}
+{{- if and (eq .Values.kafka.mode "strimzi") (or (ne $s.protocol "PLAINTEXT") $s.saslMechanism $s.credentialsSecret $s.tlsSecret $s.clientCertificate $s.oauthTokenUrl $s.oauthScope) }}
 {{- fail "kafka.security applies to kafka.mode external; the Strimzi cluster is reached on its in-namespace listener" }}
 {{- end }}
 {{- if and $sasl (not (and $s.saslMechanism $s.credentialsSecret)) }}
@@ -48,6 +54,13 @@ apply (the processes would refuse it too, but only after the pods start, one cra
 {{- end }}
 {{- if and (not $sasl) (or $s.saslMechanism $s.credentialsSecret) }}
 {{- fail (printf "kafka.security.saslMechanism and credentialsSecret need protocol SASL_SSL or SASL_PLAINTEXT, not %s" $s.protocol) }}
+{{- end }}
+{{- $oauth := eq $s.saslMechanism "OAUTHBEARER" }}
+{{- if and $oauth (not $s.oauthTokenUrl) }}
+{{- fail "kafka.security.saslMechanism OAUTHBEARER needs kafka.security.oauthTokenUrl (the identity provider's token endpoint)" }}
+{{- end }}
+{{- if and (not $oauth) (or $s.oauthTokenUrl $s.oauthScope) }}
+{{- fail "kafka.security.oauthTokenUrl and oauthScope need saslMechanism OAUTHBEARER" }}
 {{- end }}
 {{- if and (not $tls) $s.tlsSecret }}
 {{- fail (printf "kafka.security.tlsSecret needs protocol SSL or SASL_SSL, not %s" $s.protocol) }}

@@ -16,26 +16,18 @@ proxy's shipping worker, which gets the password on its stdin.
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
-from aiokafka.errors import KafkaError
 from netutil import free_port, free_port_pair
-from proxy_helpers import proxy_in_front_of
+from secured_kafka import cli_names_the_refusal, refused_start, round_trip, shipped_call
 
-from schemas import ModelCallV1, decode
-from stream import CALLS, EventProducer, KafkaSettings, TopicRegistry
-from stream.admin import KafkaAdmin
+from stream import KafkaSettings
 from stream.broker import BrokerSettings, LocalBroker, ensure_kafka_jars
 
 pytestmark = pytest.mark.kafka
@@ -141,109 +133,33 @@ def _sasl(secured: Secured, mechanism: str = "SCRAM-SHA-512", password: str = PA
                          topic_prefix=f"sec{uuid.uuid4().hex[:8]}.", partitions=1)
 
 
-async def _created(kafka: KafkaSettings) -> TopicRegistry:
-    registry = TopicRegistry.from_settings(kafka)
-    admin = KafkaAdmin(kafka, registry)
-    await admin.start()
-    try:
-        await admin.create_topics([registry[CALLS]])
-    finally:
-        await admin.stop()
-    return registry
-
-
-async def _read(kafka: KafkaSettings, topic: str, expect: int, timeout_s: float = 30.0
-                ) -> list[ConsumerRecord[bytes, bytes]]:
-    consumer = AIOKafkaConsumer(topic, **kafka.client_kwargs(), auto_offset_reset="earliest",
-                                enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
-    await consumer.start()
-    records: list[ConsumerRecord[bytes, bytes]] = []
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while len(records) < expect and asyncio.get_running_loop().time() < deadline:
-            for batch in (await consumer.getmany(timeout_ms=300)).values():
-                records.extend(batch)
-    finally:
-        await consumer.stop()
-    return records
-
-
-async def _round_trip(kafka: KafkaSettings) -> None:
-    registry = await _created(kafka)
-    producer = EventProducer(kafka, registry=registry)
-    await producer.start()
-    try:
-        await (await producer.send_raw(registry[CALLS].name, b"over a secured listener", key=b"rollout-1"))
-    finally:
-        await producer.stop()
-    assert [r.value for r in await _read(kafka, registry[CALLS].name, expect=1)] == [b"over a secured listener"]
-
-
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "PLAIN"])
 async def test_topics_events_and_reads_go_over_sasl_ssl(secured: Secured, mechanism: str) -> None:
-    await _round_trip(_sasl(secured, mechanism))
+    await round_trip(_sasl(secured, mechanism), b"over a secured listener")
 
 
 async def test_mutual_tls_takes_the_client_certificate_and_a_client_without_one_is_refused(secured: Secured) -> None:
     with_cert = KafkaSettings(bootstrap_servers=secured.mtls, security_protocol="SSL", ssl_cafile=str(secured.ca),
                               ssl_certfile=str(secured.client_cert), ssl_keyfile=str(secured.client_key),
                               topic_prefix=f"mtls{uuid.uuid4().hex[:8]}.", partitions=1)
-    await _round_trip(with_cert)
+    await round_trip(with_cert, b"over a secured listener")
 
     without = with_cert.model_copy(update={"ssl_certfile": None, "ssl_keyfile": None})
-    producer = EventProducer(without, registry=TopicRegistry.from_settings(without))
-    with pytest.raises(KafkaError):
-        async with asyncio.timeout(60):
-            await producer.start()
-    await producer.stop()
+    await refused_start(without)
 
 
 async def test_a_wrong_password_fails_the_start_and_the_cli_says_the_credentials_were_refused(
         secured: Secured) -> None:
-    wrong = _sasl(secured, password="not-the-password")
-    producer = EventProducer(wrong, registry=TopicRegistry.from_settings(wrong))
-    with pytest.raises(KafkaError):
-        async with asyncio.timeout(60):
-            await producer.start()
-    await producer.stop()
+    await refused_start(_sasl(secured, password="not-the-password"))
 
     # aiokafka's error only says it could not bootstrap; the command line names the refusal.
-    env = {**os.environ, "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": secured.sasl_ssl,
-           "OPENFORGE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "OPENFORGE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-           "OPENFORGE_KAFKA_SASL_USERNAME": USER, "OPENFORGE_KAFKA_SASL_PASSWORD": "not-the-password",
+    env = {"OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": secured.sasl_ssl, "OPENFORGE_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "OPENFORGE_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "OPENFORGE_KAFKA_SASL_USERNAME": USER,
            "OPENFORGE_KAFKA_SSL_CAFILE": str(secured.ca)}
-    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "openforge", "topics", "list"], env=env,
-                                   capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 1, done.stdout + done.stderr
-    # aiokafka's own log line names the refusal too; the command's error line must, by itself.
-    error = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
-    assert len(error) == 1 and "Unable to bootstrap" in error[0], done.stderr
-    assert "SaslAuthenticationFailed" in error[0], done.stderr
-    assert "not-the-password" not in done.stderr + done.stdout
-
-    # The right password through the same environment lists the cluster's topics.
-    env["OPENFORGE_KAFKA_SASL_PASSWORD"] = PASSWORD
-    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "openforge", "topics", "list", "--all"],
-                                   env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    await cli_names_the_refusal(env, "SaslAuthenticationFailed", "not-the-password", right_secret=PASSWORD)
 
 
 async def test_the_proxys_shipping_worker_publishes_captured_calls_over_sasl_ssl(
         secured: Secured, vllm_url: str, tmp_path: Path) -> None:
     """The worker is a child process: it can only have the password if the proxy handed it over."""
-    kafka = _sasl(secured)
-    registry = await _created(kafka)
-    async with proxy_in_front_of(vllm_url, kafka, registry, tmp_path) as proxy:
-        assert proxy.settings.journal_shipper == "process"
-        async with httpx.AsyncClient(timeout=60) as client:
-            answer = await client.post(f"{proxy.base('r-secured')}/v1/chat/completions",
-                                       headers={"Authorization": f"Bearer {proxy.token('r-secured')}"},
-                                       json={"model": "m", "max_tokens": 4,
-                                             "messages": [{"role": "user", "content": "hello"}]})
-        assert answer.status_code == 200, answer.text
-        records = await _read(kafka, registry[CALLS].name, expect=1)
-    assert len(records) == 1
-    event = decode(list(records[0].headers), records[0].value)
-    assert isinstance(event, ModelCallV1)
-    assert event.rollout_id == "r-secured" and event.prompt_token_ids and event.choices[0].completion_token_ids
-
+    await shipped_call(_sasl(secured), vllm_url, tmp_path, "r-secured")

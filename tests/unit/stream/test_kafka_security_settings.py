@@ -99,6 +99,24 @@ def test_a_key_that_is_not_a_key_fails_when_the_context_is_made(pem: tuple[Path,
     ({"security_protocol": "TLS"}, "security_protocol"),
     ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI", "sasl_username": "u", "sasl_password": "p-secret"},
      "sasl_mechanism"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_username": "u",
+      "sasl_password": "p-secret"}, "needs OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL (the identity provider's token"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_url": "https://idp/t"},
+     "needs OPENFORGE_KAFKA_SASL_USERNAME (the OAuth client id), OPENFORGE_KAFKA_SASL_PASSWORD (the OAuth client "
+     "secret)"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "u",
+      "sasl_password": "p-secret", "sasl_oauth_token_url": "https://idp/t"},
+     "OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL set, but the SASL mechanism is SCRAM-SHA-512"),
+    ({"sasl_oauth_scope": "kafka"}, "SASL settings are set but security_protocol is PLAINTEXT"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_username": "u",
+      "sasl_password": "p-secret", "sasl_oauth_token_url": "idp.example/token"},
+     "OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL idp.example/token must be an http(s) URL with a host"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_username": "u",
+      "sasl_password": "p-secret", "sasl_oauth_token_url": "https://[::1/token"}, "is not a URL"),
+    # Credentials in the URL are not quoted back.
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_username": "u",
+      "sasl_password": "p-secret", "sasl_oauth_token_url": "ftp://u:p-secret@idp/t?key=p-secret"},
+     "OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL ftp://idp/t must be an http(s) URL"),
 ])
 def test_half_a_security_configuration_is_refused_with_the_setting_named(values: dict[str, object],
                                                                          message: str) -> None:
@@ -110,6 +128,7 @@ def test_half_a_security_configuration_is_refused_with_the_setting_named(values:
 
 def test_empty_variables_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose and .env files write unset values as empty ones."""
-    for name in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD", "SSL_CAFILE"):
+    for name in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD", "SSL_CAFILE",
+                 "SASL_OAUTH_TOKEN_URL", "SASL_OAUTH_SCOPE"):
         monkeypatch.setenv(f"OPENFORGE_KAFKA_{name}", "")
     assert KafkaSettings().client_options() == {"security_protocol": "PLAINTEXT", "ssl_context": None}

@@ -1,0 +1,251 @@
+"""OAuth 2.0 tokens for Kafka's SASL/OAUTHBEARER, from an identity provider's token endpoint.
+
+Clusters that log clients in with OAuth (Strimzi with Keycloak, Redpanda, a broker with Kafka's
+own OIDC validator) accept a bearer token in place of a password. Each client gets one with the
+client-credentials grant (RFC 6749, section 4.4): its id and secret, sent to the identity
+provider's token endpoint with HTTP basic authentication as Kafka's own Java client sends them
+(not URL-encoded), and an optional scope. aiokafka asks :meth:`ClientCredentialsTokenProvider.token`
+at every new broker connection; the token is kept until most of its lifetime has passed, and
+every client of a process with the same client and endpoint shares it (:func:`token_provider`),
+so a proxy with many connections asks the identity provider about once per token, not once per
+connection. A token a broker refused is not offered again.
+
+A broker closes a connection whose token has expired (when it sets
+``connections.max.reauth.ms``); aiokafka then connects again and this provider gives it a fresh
+token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ipaddress
+import logging
+import ssl
+import time
+import weakref
+from typing import Any
+
+import httpx
+import orjson
+from aiokafka.abc import AbstractTokenProvider
+from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
+from pydantic import SecretStr
+
+logger = logging.getLogger(__name__)
+
+REFRESH_AT = 0.8
+"""Share of a token's lifetime after which the next connection gets a new one: room for a slow
+identity provider before the old token expires."""
+
+DEFAULT_LIFETIME_S = 300.0
+"""How long a token is kept when the identity provider says nothing of its lifetime (neither
+``expires_in`` nor a JWT ``exp``)."""
+
+
+def _end_refused_exchanges() -> None:
+    r"""Make aiokafka's OAUTHBEARER client answer a broker's refusal, so that the refusal is raised.
+
+    A broker that rejects a token does not fail the exchange at once: as RFC 7628 (3.2.2) has it,
+    it sends an error challenge (``{"status": "invalid_token"}``) and waits for the client's
+    ``\x01`` before it answers with ``SASL_AUTHENTICATION_FAILED`` and its reason. aiokafka 0.14
+    ends the exchange after sending the token, whatever comes back, so a refused client believes
+    it is logged in; the broker then drops the connection at its first request, and the client
+    reports only that it cannot reach the cluster. Kafka's Java client, librdkafka and sarama
+    all send the ``\x01``; with this, aiokafka does too and raises ``SaslAuthenticationFailed``
+    with the broker's reason.
+    """
+    from aiokafka.conn import OAuthAuthenticator
+
+    if getattr(OAuthAuthenticator, "_openforge_ends_refusals", False):
+        return
+    first_step = OAuthAuthenticator.step
+
+    async def step(self: Any, payload: bytes | None) -> tuple[bytes, bool] | None:
+        if getattr(self, "_token_sent", False) and payload:
+            # The broker's error challenge. Its token is not offered again; the "\x01" ends the
+            # exchange, and the broker answers with the failure and its reason (raised by aiokafka).
+            if getattr(self, "_openforge_answered", False):
+                raise SaslAuthenticationFailed(f"the broker challenged the token again: {payload[:200]!r}")
+            invalidate = getattr(self._sasl_oauth_token_provider, "invalidate", None)
+            if callable(invalidate):
+                invalidate()
+            self._openforge_answered = True
+            return b"\x01", True
+        result: tuple[bytes, bool] | None = await first_step(self, payload)
+        return result
+
+    OAuthAuthenticator.step = step
+    OAuthAuthenticator._openforge_ends_refusals = True
+
+
+_end_refused_exchanges()
+
+
+class OAuthTokenError(KafkaConnectionError):  # type: ignore[misc]
+    """No token from the identity provider; says which endpoint and why, never the secret.
+
+    A connection error to aiokafka: a client that cannot log in tries its other brokers and
+    again later, as when a broker is away, and "Unable to bootstrap" is what a start raises.
+    """
+
+
+class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
+    """Bearer tokens from ``token_url`` for the client ``client_id``, kept until near their expiry."""
+
+    def __init__(self, token_url: str, client_id: str, client_secret: SecretStr, scope: str | None = None,
+                 *, timeout_s: float = 10.0) -> None:
+        self.token_url = token_url
+        self.client_id = client_id
+        self._secret = client_secret
+        self.scope = scope
+        self.timeout_s = timeout_s
+        self.fetched = 0
+        """Tokens fetched from the identity provider so far."""
+        self._shown_url = shown_url(token_url)
+        self._token: str | None = None
+        self._refresh_at = 0.0
+        self._fetches_ended = 0
+        self._failure: OAuthTokenError | None = None
+        self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+        if _in_the_clear(token_url):
+            logger.warning("the OAuth token endpoint %s is plain http: the client secret crosses the network "
+                           "unencrypted", self._shown_url)
+
+    def __repr__(self) -> str:
+        return f"ClientCredentialsTokenProvider({self._shown_url!r}, client_id={self.client_id!r})"
+
+    def invalidate(self) -> None:
+        """Forget the token (a broker refused it): the next connection gets a new one."""
+        self._token, self._refresh_at = None, 0.0
+
+    async def token(self) -> str:
+        """A token that is not near its expiry; fetched once for connections made at the same time.
+
+        Connections that waited for a fetch take its outcome, a failure included, rather than
+        asking again one after another (each up to the timeout, with a provider that does not
+        answer).
+
+        Raises:
+            OAuthTokenError: the endpoint could not be reached, refused the client, or answered
+                without an ``access_token``.
+        """
+        if self._token is not None and time.monotonic() < self._refresh_at:
+            return self._token
+        ended = self._fetches_ended
+        # One lock per event loop: the settings (and this provider) outlive an ``asyncio.run``.
+        lock = self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        async with lock:
+            if self._fetches_ended != ended:  # a fetch ended while this one waited: its outcome holds
+                if self._failure is not None:
+                    raise self._failure
+                if self._token is not None:
+                    return self._token
+            self._failure = None  # a fetch cut short (cancelled) leaves its waiters to ask again
+            try:
+                token, lifetime_s = await self._fetch()
+            except OAuthTokenError as exc:
+                self._failure = exc
+                raise
+            finally:
+                self._fetches_ended += 1
+            self._token, self._refresh_at = token, time.monotonic() + REFRESH_AT * lifetime_s
+            self.fetched += 1
+            return token
+
+    async def _fetch(self) -> tuple[str, float]:
+        form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
+        where = f"the OAuth token endpoint {self._shown_url}"
+        try:
+            # The system's authorities, as the settings say (and OpenSSL's SSL_CERT_FILE), not certifi's.
+            async with httpx.AsyncClient(timeout=self.timeout_s, verify=ssl.create_default_context()) as client:
+                answer = await client.post(self.token_url, data=form,
+                                           auth=(self.client_id, self._secret.get_secret_value()),
+                                           headers={"Accept": "application/json"})
+        except (httpx.HTTPError, httpx.InvalidURL, ssl.SSLError, OSError) as exc:
+            raise OAuthTokenError(f"{where} could not be reached: {type(exc).__name__}: {exc}") from exc
+        try:
+            body: Any = orjson.loads(answer.content)
+        except orjson.JSONDecodeError:
+            body = None
+        if answer.status_code != 200:
+            # RFC 6749 5.2: {"error": "invalid_client", "error_description": "..."}
+            reason = ""
+            if isinstance(body, dict) and body.get("error"):
+                reason = f": {body['error']}" + (f" ({body['error_description']})" if body.get("error_description")
+                                                  else "")
+            if 400 <= answer.status_code < 500:
+                raise OAuthTokenError(f"{where} refused client {self.client_id!r} with HTTP "
+                                      f"{answer.status_code}{reason}")
+            if answer.is_redirect:
+                raise OAuthTokenError(f"{where} redirects (HTTP {answer.status_code}) to "
+                                      f"{shown_url(answer.headers.get('location', '?'))}: set that URL instead")
+            raise OAuthTokenError(f"{where} failed with HTTP {answer.status_code}{reason}")
+        if not isinstance(body, dict) or not isinstance(body.get("access_token"), str) or not body["access_token"]:
+            raise OAuthTokenError(f"{where} answered without an access_token")
+        token: str = body["access_token"]
+        return token, _lifetime_s(body.get("expires_in"), token)
+
+
+_PROVIDERS: dict[tuple[str, str, str, str | None], ClientCredentialsTokenProvider] = {}
+
+
+def token_provider(token_url: str, client_id: str, client_secret: SecretStr,
+                   scope: str | None) -> ClientCredentialsTokenProvider:
+    """The process's one token source for this client at this endpoint, shared by all its Kafka clients."""
+    key = (token_url, client_id, client_secret.get_secret_value(), scope)
+    provider = _PROVIDERS.get(key)
+    if provider is None:
+        provider = _PROVIDERS[key] = ClientCredentialsTokenProvider(token_url, client_id, client_secret, scope)
+    return provider
+
+
+def shown_url(url: str) -> str:
+    """``url`` fit for messages: without user information or query, which may hold credentials."""
+    try:
+        parsed = httpx.URL(url)
+        return str(parsed.copy_with(userinfo=b"", query=None, fragment=None))
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return "<an unreadable URL>"
+
+
+def check_token_url(url: str) -> str | None:
+    """Why ``url`` cannot be a token endpoint (None when it can): an http(s) URL with a host."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        return f"is not a URL ({exc})"
+    if parsed.scheme not in ("http", "https") or not parsed.host or " " in url:
+        return "must be an http(s) URL with a host, like https://idp.example/oauth2/token"
+    return None
+
+
+def _in_the_clear(url: str) -> bool:
+    parsed = httpx.URL(url)
+    if parsed.scheme != "http" or parsed.host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(parsed.host).is_loopback
+    except ValueError:
+        return True
+
+
+def _lifetime_s(expires_in: object, token: str) -> float:
+    """Seconds the token is valid: ``expires_in``, else the JWT's ``exp``, else a default."""
+    if isinstance(expires_in, int | float) and not isinstance(expires_in, bool) and expires_in > 0:
+        return float(expires_in)
+    if isinstance(expires_in, str) and expires_in.isdigit() and int(expires_in) > 0:  # some providers quote it
+        return float(expires_in)
+    parts = token.split(".")
+    if len(parts) == 3:
+        try:
+            claims = orjson.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        except (ValueError, orjson.JSONDecodeError):
+            return DEFAULT_LIFETIME_S
+        exp = claims.get("exp") if isinstance(claims, dict) else None
+        if isinstance(exp, int | float) and not isinstance(exp, bool):
+            return max(float(exp) - time.time(), 0.0)  # already expired: used once, not kept
+    return DEFAULT_LIFETIME_S
+
+
+__all__ = ["ClientCredentialsTokenProvider", "OAuthTokenError", "check_token_url", "shown_url", "token_provider"]

@@ -1,0 +1,226 @@
+"""OAUTHBEARER's token source (``stream/oauth.py``) against a stand-in identity provider.
+
+No real identity provider runs on these machines; ``tests/oauth_idp.py`` is the smallest one that
+speaks the client-credentials grant. What is tested is the client side: the request it sends,
+how long it keeps a token, and what it says when the provider refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from oauth_idp import CLIENT_ID, CLIENT_SECRET, StandInIdentityProvider
+from pydantic import SecretStr
+
+from stream import KafkaSettings
+from stream.oauth import (
+    DEFAULT_LIFETIME_S,
+    ClientCredentialsTokenProvider,
+    OAuthTokenError,
+    _lifetime_s,
+    shown_url,
+)
+
+
+@pytest.fixture(scope="module")
+def idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInIdentityProvider]:
+    server = StandInIdentityProvider(tmp_path_factory.mktemp("idp")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset(idp: StandInIdentityProvider) -> None:
+    idp.answer, idp.lifetime_s, idp.requests[:] = None, 3600, []
+
+
+def _provider(idp: StandInIdentityProvider, secret: str = CLIENT_SECRET, scope: str | None = None
+              ) -> ClientCredentialsTokenProvider:
+    return ClientCredentialsTokenProvider(idp.token_url, CLIENT_ID, SecretStr(secret), scope)
+
+
+def _claims(token: str) -> dict[str, object]:
+    body = token.split(".")[1]
+    claims: dict[str, object] = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    return claims
+
+
+async def test_a_token_from_the_stand_in_idp_is_kept_and_shared_by_concurrent_connections(
+        idp: StandInIdentityProvider) -> None:
+    provider = _provider(idp, scope="kafka.write")
+    before = idp.issued
+    tokens = await asyncio.gather(*(provider.token() for _ in range(8)))
+    assert len(set(tokens)) == 1
+    assert await provider.token() == tokens[0]
+    assert idp.issued - before == provider.fetched == 1
+    assert idp.requests == [{"grant_type": ["client_credentials"], "scope": ["kafka.write"]}]
+    assert _claims(tokens[0])["sub"] == CLIENT_ID
+
+
+async def test_a_token_near_its_expiry_is_replaced_by_the_stand_in_idp(idp: StandInIdentityProvider) -> None:
+    idp.lifetime_s = 1
+    provider = _provider(idp)
+    first = await provider.token()
+    assert await provider.token() == first  # well inside its lifetime
+    await asyncio.sleep(0.9)  # past 80 % of it
+    second = await provider.token()
+    assert second != first
+    assert provider.fetched == 2
+
+
+async def test_a_refused_client_is_named_with_the_stand_in_idps_reason_and_never_its_secret(
+        idp: StandInIdentityProvider) -> None:
+    provider = _provider(idp, secret="not-the-secret")
+    with pytest.raises(OAuthTokenError) as refused:
+        await provider.token()
+    message = str(refused.value)
+    assert idp.token_url in message and "HTTP 401" in message and CLIENT_ID in message
+    assert "invalid_client (client authentication failed)" in message
+    assert "not-the-secret" not in message and "not-the-secret" not in repr(provider)
+    assert provider.fetched == 0
+
+
+@pytest.mark.parametrize(("status", "body", "kind", "expected"), [
+    (500, b"<html>upstream gone</html>", "text/html", "failed with HTTP 500$"),
+    (503, b'{"error": "temporarily_unavailable"}', "application/json", "failed with HTTP 503: temporarily_unavail"),
+    (400, b'{"error": "invalid_scope"}', "application/json", "refused client 'openforge-proxy' with HTTP 400: inv"),
+    (200, b"<html>a login page</html>", "text/html", "without an access_token"),
+    (200, b'{"token_type": "Bearer"}', "application/json", "without an access_token"),
+    (200, b'{"access_token": ""}', "application/json", "without an access_token"),
+])
+async def test_what_is_not_a_token_from_the_stand_in_idp_is_an_error(
+        idp: StandInIdentityProvider, status: int, body: bytes, kind: str, expected: str) -> None:
+    idp.answer = lambda: (status, body, kind)
+    with pytest.raises(OAuthTokenError, match=expected):
+        await _provider(idp).token()
+
+
+async def test_waiters_share_a_failed_fetch_from_the_stand_in_idp_and_the_next_caller_asks_again(
+        idp: StandInIdentityProvider) -> None:
+    """A provider that fails (slowly, or at all) is asked once for the connections waiting on it."""
+    idp.answer = lambda: (500, b"{}", "application/json")
+    provider = _provider(idp)
+    results = await asyncio.gather(*(provider.token() for _ in range(5)), return_exceptions=True)
+    assert all(isinstance(r, OAuthTokenError) for r in results)
+    assert len(idp.requests) == 1
+    idp.answer = None
+    assert _claims(await provider.token())["sub"] == CLIENT_ID
+    assert len(idp.requests) == 2
+
+
+async def test_a_token_a_broker_refused_is_not_offered_again_by_the_stand_in_idps_client(
+        idp: StandInIdentityProvider) -> None:
+    provider = _provider(idp)
+    first = await provider.token()
+    provider.invalidate()
+    assert await provider.token() != first
+    assert provider.fetched == 2
+
+
+async def test_a_redirecting_stand_in_idp_is_named_with_where_it_points(idp: StandInIdentityProvider) -> None:
+    idp.answer = lambda: (302, b"", "text/plain")
+    with pytest.raises(OAuthTokenError, match="redirects \\(HTTP 302\\)"):
+        await _provider(idp).token()
+
+
+def test_a_plain_http_endpoint_off_this_machine_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="stream.oauth"):
+        ClientCredentialsTokenProvider("http://127.0.0.1:1/token", CLIENT_ID, SecretStr("s"))
+        ClientCredentialsTokenProvider("http://localhost:1/token", CLIENT_ID, SecretStr("s"))
+        ClientCredentialsTokenProvider("https://idp.example/token", CLIENT_ID, SecretStr("s"))
+        assert not caplog.records
+        ClientCredentialsTokenProvider("http://idp.example/token", CLIENT_ID, SecretStr("s"))
+    assert ["unencrypted" in r.getMessage() for r in caplog.records] == [True]
+
+
+def test_urls_in_messages_lose_their_credentials() -> None:
+    assert shown_url("https://user:pw@idp.example:8443/t?client_secret=x#f") == "https://idp.example:8443/t"
+    assert shown_url("http://[::1/token") == "<an unreadable URL>"
+    provider = ClientCredentialsTokenProvider("https://user:pw@idp.example/t", CLIENT_ID, SecretStr("s"))
+    assert "pw" not in repr(provider)
+
+
+async def test_an_unreachable_token_endpoint_is_named(idp: StandInIdentityProvider) -> None:
+    from netutil import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/token"
+    provider = ClientCredentialsTokenProvider(url, CLIENT_ID, SecretStr(CLIENT_SECRET), timeout_s=5)
+    with pytest.raises(OAuthTokenError, match=f"{url} could not be reached"):
+        await provider.token()
+
+
+async def test_a_token_endpoint_behind_a_private_authority_is_trusted_through_ssl_cert_file_with_a_stand_in_idp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An authority the system does not know is refused; OpenSSL's variable adds it, as the settings say."""
+    idp = StandInIdentityProvider(tmp_path / "tls-idp", tls=True).start()
+    try:
+        assert idp.token_url.startswith("https://") and idp.ca is not None
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        with pytest.raises(OAuthTokenError, match="CERTIFICATE_VERIFY_FAILED"):
+            await _provider(idp).token()
+        monkeypatch.setenv("SSL_CERT_FILE", str(idp.ca))
+        assert _claims(await _provider(idp).token())["sub"] == CLIENT_ID
+    finally:
+        idp.stop()
+
+
+def test_a_tokens_lifetime_comes_from_expires_in_else_its_exp_claim(idp: StandInIdentityProvider) -> None:
+    token = idp.sign({"sub": CLIENT_ID, "exp": int(time.time()) + 600})
+    assert _lifetime_s(120, token) == 120
+    assert _lifetime_s("90", token) == 90
+    assert 595 < _lifetime_s(None, token) <= 600
+    assert _lifetime_s(None, "opaque-token") == DEFAULT_LIFETIME_S
+    assert _lifetime_s(0, "a.bm90IGpzb24.c") == DEFAULT_LIFETIME_S  # a zero lifetime, a body that is not JSON
+    assert _lifetime_s(None, idp.sign({"exp": int(time.time()) - 5})) == 0  # already expired: not kept
+
+
+def test_every_kafka_client_of_a_process_shares_one_token_source() -> None:
+    """Whichever settings object made the client: the shipping worker's copy, a copy with another linger."""
+    kafka = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER", sasl_username=CLIENT_ID,
+                          sasl_password=CLIENT_SECRET, sasl_oauth_token_url="https://idp.example/token",
+                          sasl_oauth_scope="kafka")
+    options = kafka.client_options()
+    assert options["sasl_mechanism"] == "OAUTHBEARER"
+    assert "sasl_plain_password" not in options
+    provider = options["sasl_oauth_token_provider"]
+    assert (provider.token_url, provider.client_id, provider.scope) == ("https://idp.example/token", CLIENT_ID, "kafka")
+    assert KafkaSettings.model_validate(kafka.worker_json()).oauth_token_provider() is provider
+    assert kafka.model_copy(update={"linger_ms": 0}).oauth_token_provider() is provider
+    assert kafka == kafka.model_copy()  # no hidden state on the settings
+    # Another client, or the same client at another endpoint, has its own.
+    other = kafka.model_copy(update={"sasl_password": SecretStr("another-secret")})
+    assert other.oauth_token_provider() is not provider
+    assert KafkaSettings().oauth_token_provider() is None
+
+
+def test_the_patched_exchange_answers_a_brokers_refusal_and_ends() -> None:
+    """RFC 7628 3.2.2: an error challenge after the token is answered with \\x01 (the broker then fails the
+    login with its reason); a success (no challenge) ends the exchange; a second challenge is a failure."""
+    from aiokafka.conn import OAuthAuthenticator
+    from aiokafka.errors import SaslAuthenticationFailed
+
+    provider = ClientCredentialsTokenProvider("https://idp.example/token", CLIENT_ID, SecretStr("s"))
+    provider._token, provider._refresh_at = "a-token", time.monotonic() + 60
+
+    async def exchange(*challenges: bytes) -> list[object]:
+        authenticator = OAuthAuthenticator(sasl_oauth_token_provider=provider)
+        steps: list[object] = [await authenticator.step(None)]
+        steps.extend([await authenticator.step(challenge) for challenge in challenges])  # in order
+        return steps
+
+    first, end = asyncio.run(exchange(b""))
+    assert first == (b"n,,\x01auth=Bearer a-token\x01\x01", True) and end is None
+    refused = asyncio.run(exchange(b'{"status":"invalid_token"}'))
+    assert refused[1] == (b"\x01", True)
+    assert provider._token is None  # not offered again
+    provider._token, provider._refresh_at = "a-token", time.monotonic() + 60
+    with pytest.raises(SaslAuthenticationFailed, match="challenged the token again"):
+        asyncio.run(exchange(b'{"status":"invalid_token"}', b'{"status":"invalid_token"}'))
