@@ -38,12 +38,33 @@ REFRESH_AT = 0.8
 """Share of a token's lifetime after which the next connection gets a new one: room for a slow
 identity provider before the old token expires."""
 
+RETRY_BACKOFF_S = 0.1
+"""Wait before asking the identity provider again after one failure (Kafka's
+``sasl.login.retry.backoff.ms``); it doubles with each failure in a row."""
+
+RETRY_BACKOFF_MAX_S = 10.0
+"""The longest wait between requests after failures (``sasl.login.retry.backoff.max.ms``)."""
+
 DEFAULT_LIFETIME_S = 300.0
 """How long a token is kept when the identity provider says nothing of its lifetime (neither
 ``expires_in`` nor a JWT ``exp``)."""
 
 
-def _end_refused_exchanges() -> None:
+PATCHED_AIOKAFKA = "0.14."
+"""The aiokafka releases whose OAUTHBEARER client the patch below was checked against; another
+release is left as it is (a unit test fails on it, so the patch is checked again at an upgrade)."""
+
+
+def _error_challenge(payload: bytes) -> bool:
+    """Whether the broker's answer to a token is RFC 7628's error challenge (a JSON ``status``)."""
+    try:
+        challenge = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(challenge, dict) and "status" in challenge
+
+
+def _end_refused_exchanges() -> bool:
     r"""Make aiokafka's OAUTHBEARER client answer a broker's refusal, so that the refusal is raised.
 
     A broker that rejects a token does not fail the exchange at once: as RFC 7628 (3.2.2) has it,
@@ -53,30 +74,49 @@ def _end_refused_exchanges() -> None:
     it is logged in; the broker then drops the connection at its first request, and the client
     reports only that it cannot reach the cluster. Kafka's Java client, librdkafka and sarama
     all send the ``\x01``; with this, aiokafka does too and raises ``SaslAuthenticationFailed``
-    with the broker's reason.
+    with the broker's reason. The token provider hears of the outcome (``accepted``,
+    ``refused``), so that a refused token is not offered again and a run of refusals slows its
+    requests to the identity provider down.
+
+    Returns:
+        Whether the patch is in place (only for :data:`PATCHED_AIOKAFKA`).
     """
+    import aiokafka
     from aiokafka.conn import OAuthAuthenticator
 
     if getattr(OAuthAuthenticator, "_openforge_ends_refusals", False):
-        return
-    first_step = OAuthAuthenticator.step
+        return True
+    if not aiokafka.__version__.startswith(PATCHED_AIOKAFKA):
+        logger.warning("aiokafka %s: a broker's refusal of an OAuth token shows only as a dropped connection "
+                       "(OpenForge answers it for aiokafka %sx)", aiokafka.__version__, PATCHED_AIOKAFKA)
+        return False
 
     async def step(self: Any, payload: bytes | None) -> tuple[bytes, bool] | None:
-        if getattr(self, "_token_sent", False) and payload:
-            # The broker's error challenge. Its token is not offered again; the "\x01" ends the
-            # exchange, and the broker answers with the failure and its reason (raised by aiokafka).
-            if getattr(self, "_openforge_answered", False):
-                raise SaslAuthenticationFailed(f"the broker challenged the token again: {payload[:200]!r}")
-            invalidate = getattr(self._sasl_oauth_token_provider, "invalidate", None)
-            if callable(invalidate):
-                invalidate()
+        provider = self._sasl_oauth_token_provider
+        if not self._token_sent:  # aiokafka's own first step, keeping the token to report on
+            token = await provider.token()
+            self._openforge_token = token
+            self._token_sent = True
+            return self._build_oauth_client_request(token, self._token_extensions()).encode("utf-8"), True
+        sent = getattr(self, "_openforge_token", None)
+        if getattr(self, "_openforge_answered", False):
+            raise SaslAuthenticationFailed(f"the broker challenged the token again: {(payload or b'')[:200]!r}")
+        if payload and _error_challenge(payload):
+            # The token is not offered again; the "\x01" ends the exchange, and the broker answers
+            # with the failure and its reason (raised by aiokafka).
+            refused = getattr(provider, "refused", None)
+            if callable(refused):
+                refused(sent)
             self._openforge_answered = True
             return b"\x01", True
-        result: tuple[bytes, bool] | None = await first_step(self, payload)
-        return result
+        accepted = getattr(provider, "accepted", None)
+        if callable(accepted):
+            accepted(sent)
+        return None
 
     OAuthAuthenticator.step = step
     OAuthAuthenticator._openforge_ends_refusals = True
+    return True
 
 
 _end_refused_exchanges()
@@ -91,14 +131,22 @@ class OAuthTokenError(KafkaConnectionError):  # type: ignore[misc]
 
 
 class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[misc]
-    """Bearer tokens from ``token_url`` for the client ``client_id``, kept until near their expiry."""
+    """Bearer tokens from ``token_url`` for the client ``client_id``, kept until near their expiry.
+
+    Failures slow it down as Kafka's Java client does (``sasl.login.retry.backoff.ms`` and
+    ``.max.ms``): after a failed request or a refused token it asks again only after
+    :data:`RETRY_BACKOFF_S`, doubling with each failure in a row up to :data:`RETRY_BACKOFF_MAX_S`,
+    so that clients retrying every 100 ms against a misconfigured audience do not flood the
+    identity provider. Until then a connection gets the last failure's reason.
+    """
 
     def __init__(self, token_url: str, client_id: str, client_secret: SecretStr, scope: str | None = None,
-                 *, timeout_s: float = 10.0) -> None:
+                 *, ca_file: str | None = None, timeout_s: float = 10.0) -> None:
         self.token_url = token_url
         self.client_id = client_id
         self._secret = client_secret
         self.scope = scope
+        self.ca_file = ca_file
         self.timeout_s = timeout_s
         self.fetched = 0
         """Tokens fetched from the identity provider so far."""
@@ -106,7 +154,12 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         self._token: str | None = None
         self._refresh_at = 0.0
         self._fetches_ended = 0
-        self._failure: OAuthTokenError | None = None
+        self._failure: str | None = None
+        """The last fetch's failure (its message: an exception would keep the request's frames alive)."""
+        self._fetch_failures = 0
+        self._refusals = 0
+        self._retry_at = 0.0
+        self._warned_in_the_clear = False
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
         if _in_the_clear(token_url):
             logger.warning("the OAuth token endpoint %s is plain http: the client secret crosses the network "
@@ -115,9 +168,52 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
     def __repr__(self) -> str:
         return f"ClientCredentialsTokenProvider({self._shown_url!r}, client_id={self.client_id!r})"
 
-    def invalidate(self) -> None:
-        """Forget the token (a broker refused it): the next connection gets a new one."""
+    def refused(self, token: str | None = None) -> None:
+        """A broker refused ``token``: it is not offered again, and the next fetch waits a while.
+
+        A refusal of an older token than the one now kept changes nothing (that one may be good).
+        """
+        if token is not None and token != self._token:
+            return
         self._token, self._refresh_at = None, 0.0
+        self._refusals += 1
+        self._back_off(self._refusals)
+
+    def accepted(self, token: str | None = None) -> None:
+        """A broker took ``token``: a run of refusals has ended."""
+        if token is None or token == self._token:
+            self._refusals = 0
+
+    def warn_once_if_sent_in_the_clear(self, bootstrap_servers: str) -> None:
+        """Warn (once per provider) when tokens go to brokers off this machine without TLS (``SASL_PLAINTEXT``).
+
+        A token is a password for its lifetime; aiokafka warns of PLAIN's password in the clear, not of a token.
+        """
+        hosts = [server.rsplit(":", 1)[0].strip("[]") for server in bootstrap_servers.split(",") if server.strip()]
+        if self._warned_in_the_clear or not any(_remote(host.strip()) for host in hosts):
+            return
+        self._warned_in_the_clear = True
+        logger.warning("OAuth tokens from %s go to the brokers (%s) unencrypted under SASL_PLAINTEXT; "
+                       "use SASL_SSL", self._shown_url, bootstrap_servers)
+
+    def asks_again_in_s(self) -> float:
+        """Seconds until the identity provider is asked again after failures (0 when it may be now)."""
+        return max(self._retry_at - time.monotonic(), 0.0)
+
+    def _back_off(self, failures: int) -> None:
+        self._retry_at = time.monotonic() + min(RETRY_BACKOFF_S * 2 ** (failures - 1), RETRY_BACKOFF_MAX_S)
+
+    def _fresh(self) -> str | None:
+        if self._token is not None and time.monotonic() < self._refresh_at:
+            return self._token
+        return None
+
+    def _backing_off(self) -> OAuthTokenError | None:
+        wait_s = self.asks_again_in_s()
+        if wait_s <= 0:
+            return None
+        why = self._failure or f"a broker refused the last token from the OAuth token endpoint {self._shown_url}"
+        return OAuthTokenError(f"{why}; asking again in {wait_s:.2g} s")
 
     async def token(self) -> str:
         """A token that is not near its expiry; fetched once for connections made at the same time.
@@ -127,28 +223,37 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         answer).
 
         Raises:
-            OAuthTokenError: the endpoint could not be reached, refused the client, or answered
-                without an ``access_token``.
+            OAuthTokenError: the endpoint could not be reached, refused the client, answered
+                without an ``access_token`` or not within ``timeout_s``; or it failed (or a broker
+                refused its token) moments ago and is not asked again yet.
         """
-        if self._token is not None and time.monotonic() < self._refresh_at:
-            return self._token
+        if (token := self._fresh()) is not None:
+            return token
+        if (backing_off := self._backing_off()) is not None:
+            raise backing_off
         ended = self._fetches_ended
         # One lock per event loop: the settings (and this provider) outlive an ``asyncio.run``.
         lock = self._locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
         async with lock:
             if self._fetches_ended != ended:  # a fetch ended while this one waited: its outcome holds
                 if self._failure is not None:
-                    raise self._failure
-                if self._token is not None:
-                    return self._token
-            self._failure = None  # a fetch cut short (cancelled) leaves its waiters to ask again
+                    raise OAuthTokenError(self._failure)  # a new one each: no traceback shared across tasks
+                if (token := self._fresh()) is not None:
+                    return token
+                # Cut short (cancelled), or its token already refused: ask again below.
+            if (backing_off := self._backing_off()) is not None:
+                raise backing_off
+            self._failure = None
             try:
                 token, lifetime_s = await self._fetch()
             except OAuthTokenError as exc:
-                self._failure = exc
+                self._failure = str(exc.args[0]) if exc.args else str(exc)  # the message, without the class
+                self._fetch_failures += 1
+                self._back_off(self._fetch_failures)
                 raise
             finally:
                 self._fetches_ended += 1
+            self._fetch_failures = 0
             self._token, self._refresh_at = token, time.monotonic() + REFRESH_AT * lifetime_s
             self.fetched += 1
             return token
@@ -157,11 +262,19 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
         where = f"the OAuth token endpoint {self._shown_url}"
         try:
-            # The system's authorities, as the settings say (and OpenSSL's SSL_CERT_FILE), not certifi's.
-            async with httpx.AsyncClient(timeout=self.timeout_s, verify=ssl.create_default_context()) as client:
+            # The system's authorities (not certifi's), and a private one's where the settings name it.
+            verify = ssl.create_default_context()
+            if self.ca_file is not None:
+                verify.load_verify_locations(self.ca_file)
+            # httpx's timeout bounds each read; this bounds the whole request, so a provider that
+            # trickles its answer cannot hold aiokafka's connection lock (every new connection) for long.
+            async with asyncio.timeout(self.timeout_s), \
+                    httpx.AsyncClient(timeout=self.timeout_s, verify=verify) as client:
                 answer = await client.post(self.token_url, data=form,
                                            auth=(self.client_id, self._secret.get_secret_value()),
                                            headers={"Accept": "application/json"})
+        except TimeoutError as exc:
+            raise OAuthTokenError(f"{where} did not answer within {self.timeout_s:g} s") from exc
         except (httpx.HTTPError, httpx.InvalidURL, ssl.SSLError, OSError) as exc:
             raise OAuthTokenError(f"{where} could not be reached: {type(exc).__name__}: {exc}") from exc
         try:
@@ -187,17 +300,23 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         return token, _lifetime_s(body.get("expires_in"), token)
 
 
-_PROVIDERS: dict[tuple[str, str, str, str | None], ClientCredentialsTokenProvider] = {}
+_PROVIDERS: dict[tuple[str, str, str, str | None, str | None], ClientCredentialsTokenProvider] = {}
 
 
-def token_provider(token_url: str, client_id: str, client_secret: SecretStr,
-                   scope: str | None) -> ClientCredentialsTokenProvider:
+def token_provider(token_url: str, client_id: str, client_secret: SecretStr, scope: str | None,
+                   ca_file: str | None = None) -> ClientCredentialsTokenProvider:
     """The process's one token source for this client at this endpoint, shared by all its Kafka clients."""
-    key = (token_url, client_id, client_secret.get_secret_value(), scope)
+    key = (token_url, client_id, client_secret.get_secret_value(), scope, ca_file)
     provider = _PROVIDERS.get(key)
     if provider is None:
-        provider = _PROVIDERS[key] = ClientCredentialsTokenProvider(token_url, client_id, client_secret, scope)
+        provider = _PROVIDERS[key] = ClientCredentialsTokenProvider(token_url, client_id, client_secret, scope,
+                                                                    ca_file=ca_file)
     return provider
+
+
+def forget_token_providers() -> None:
+    """Drop the process's token sources (and their tokens): the next client starts afresh."""
+    _PROVIDERS.clear()
 
 
 def shown_url(url: str) -> str:
@@ -222,10 +341,15 @@ def check_token_url(url: str) -> str | None:
 
 def _in_the_clear(url: str) -> bool:
     parsed = httpx.URL(url)
-    if parsed.scheme != "http" or parsed.host == "localhost":
+    return parsed.scheme == "http" and _remote(parsed.host)
+
+
+def _remote(host: str) -> bool:
+    """Whether traffic to ``host`` leaves this machine (anything but localhost and loopback addresses)."""
+    if host == "localhost":
         return False
     try:
-        return not ipaddress.ip_address(parsed.host).is_loopback
+        return not ipaddress.ip_address(host).is_loopback
     except ValueError:
         return True
 
@@ -248,4 +372,5 @@ def _lifetime_s(expires_in: object, token: str) -> float:
     return DEFAULT_LIFETIME_S
 
 
-__all__ = ["ClientCredentialsTokenProvider", "OAuthTokenError", "check_token_url", "shown_url", "token_provider"]
+__all__ = ["ClientCredentialsTokenProvider", "OAuthTokenError", "check_token_url", "forget_token_providers",
+           "shown_url", "token_provider"]

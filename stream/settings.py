@@ -6,6 +6,7 @@ environment stays the single source of configuration (``OPENFORGE_KAFKA_*``).
 
 from __future__ import annotations
 
+import logging
 import ssl
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +15,28 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Compression = Literal["zstd", "lz4", "gzip", "none"]
+
+
+class _HideSaslPayloads(logging.Filter):
+    """Keep SASL credentials out of aiokafka's debug log of every request it sends.
+
+    ``SaslAuthenticateRequest`` carries the PLAIN password, the OAUTHBEARER token or SCRAM's proof;
+    aiokafka logs each request it sends at DEBUG with its fields, so turning debug logging on to
+    diagnose a connection would write the credentials out.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(_sasl_request(arg) for arg in record.args):
+            record.args = tuple(f"{type(arg).__name__}(sasl_auth_bytes=<hidden>)" if _sasl_request(arg) else arg
+                                for arg in record.args)
+        return True
+
+
+def _sasl_request(value: object) -> bool:
+    return type(value).__name__.startswith("SaslAuthenticateRequest")
+
+
+logging.getLogger("aiokafka.conn").addFilter(_HideSaslPayloads())
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
 
@@ -95,10 +118,15 @@ class KafkaSettings(BaseSettings):
     sasl_oauth_token_url: str | None = None
     """OAUTHBEARER: the identity provider's token endpoint (``https://…/token``), asked for a token
     with the client-credentials grant. Its certificate is checked against the system's
-    authorities (``SSL_CERT_FILE`` names others to trust instead, e.g. a private one)."""
+    authorities, and those of ``sasl_oauth_ca_file`` when set."""
 
     sasl_oauth_scope: str | None = None
     """OAUTHBEARER: the scope to ask for, where the identity provider needs one."""
+
+    sasl_oauth_ca_file: str | None = None
+    """OAUTHBEARER: PEM file of a private authority that signed the token endpoint's certificate,
+    trusted besides the system's (only for the token endpoint: the process's other HTTPS clients
+    keep the system's authorities)."""
 
     @model_validator(mode="after")
     def _security_complete(self) -> KafkaSettings:
@@ -122,10 +150,12 @@ class KafkaSettings(BaseSettings):
                 raise ValueError(f"security_protocol {self.security_protocol} needs "
                                  + ", ".join(prefix + name.upper() + meaning.get(name, "") for name in missing))
         elif any(value is not None for value in (self.sasl_mechanism, self.sasl_username, self.sasl_password,
-                                                 self.sasl_oauth_token_url, self.sasl_oauth_scope)):
+                                                 self.sasl_oauth_token_url, self.sasl_oauth_scope,
+                                                 self.sasl_oauth_ca_file)):
             raise ValueError(f"SASL settings are set but security_protocol is {self.security_protocol}; "
                              f"use SASL_SSL (or SASL_PLAINTEXT) for them to be used")
-        oauth = {"sasl_oauth_token_url": self.sasl_oauth_token_url, "sasl_oauth_scope": self.sasl_oauth_scope}
+        oauth = {"sasl_oauth_token_url": self.sasl_oauth_token_url, "sasl_oauth_scope": self.sasl_oauth_scope,
+                 "sasl_oauth_ca_file": self.sasl_oauth_ca_file}
         if sasl and self.sasl_mechanism != "OAUTHBEARER" and any(v is not None for v in oauth.values()):
             raise ValueError(", ".join(prefix + name.upper() for name, v in oauth.items() if v is not None)
                              + f" set, but the SASL mechanism is {self.sasl_mechanism}; set "
@@ -143,7 +173,7 @@ class KafkaSettings(BaseSettings):
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError(f"{prefix}SSL_CERTFILE and {prefix}SSL_KEYFILE go together (a client certificate "
                              f"and its key)")
-        for name, path in files.items():
+        for name, path in {**files, "sasl_oauth_ca_file": self.sasl_oauth_ca_file}.items():
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"{prefix}{name.upper()}: no file at {path}")
         return self
@@ -191,8 +221,11 @@ class KafkaSettings(BaseSettings):
         assert self.sasl_oauth_token_url is not None
         assert self.sasl_username is not None
         assert self.sasl_password is not None
-        return token_provider(self.sasl_oauth_token_url, self.sasl_username, self.sasl_password,
-                              self.sasl_oauth_scope)
+        provider = token_provider(self.sasl_oauth_token_url, self.sasl_username, self.sasl_password,
+                                  self.sasl_oauth_scope, self.sasl_oauth_ca_file)
+        if self.security_protocol == "SASL_PLAINTEXT":
+            provider.warn_once_if_sent_in_the_clear(self.bootstrap_servers)
+        return provider
 
     def client_kwargs(self) -> dict[str, Any]:
         """:meth:`client_options` with ``bootstrap_servers``: the arguments of a new aiokafka client."""

@@ -68,6 +68,9 @@ class StandInIdentityProvider:
         """Every token request's form, in order."""
         self.answer: Callable[[], tuple[int, bytes, str]] | None = None
         """When set, what ``/token`` answers instead (status, body, content type)."""
+        self.trickle_s: float | None = None
+        """When set, answers are sent a byte at a time with this pause between bytes (a provider that
+        never stops sending, so no read ever times out)."""
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.port = self._server.server_address[1]
         self.ca: Path | None = None
@@ -118,7 +121,16 @@ class StandInIdentityProvider:
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if idp.trickle_s is None:
+                    self.wfile.write(body)
+                    return
+                try:
+                    for i in range(len(body)):
+                        self.wfile.write(body[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(idp.trickle_s)
+                except OSError:  # the client gave up
+                    pass
 
             def do_GET(self) -> None:
                 if self.path == "/jwks":

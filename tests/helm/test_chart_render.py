@@ -373,9 +373,16 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL"] == security["oauthTokenUrl"], name
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_SCOPE"] == "kafka", name
         assert {"secretRef": {"name": "kafka-oauth-client"}} in container["envFrom"], name
+        assert "OPENFORGE_KAFKA_SASL_OAUTH_CA_FILE" not in env, name
         settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
                                     if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
         assert settings.oauth_token_provider().token_url == security["oauthTokenUrl"], name
+    # An identity provider whose certificate the cluster's private authority signed.
+    trusting = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": {
+        **security, "tlsSecret": "kafka-ca", "oauthTrustsTlsSecretCa": True}}}, helm_tmp)
+    for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
+        env = env_of(one(trusting, "Deployment", f"-{name}"))
+        assert env["OPENFORGE_KAFKA_SASL_OAUTH_CA_FILE"] == env["OPENFORGE_KAFKA_SSL_CAFILE"], name
 
 
 # --- bad input: a clear error, nothing rendered ---------------------------------------------------
@@ -414,7 +421,11 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
      "kafka.security.saslMechanism OAUTHBEARER needs kafka.security.oauthTokenUrl"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "PLAIN",
                                                          "credentialsSecret": "s", "oauthScope": "kafka"}}},
-     "kafka.security.oauthTokenUrl and oauthScope need saslMechanism OAUTHBEARER"),
+     "kafka.security.oauthTokenUrl, oauthScope and oauthTrustsTlsSecretCa need saslMechanism OAUTHBEARER"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
+                                                         "credentialsSecret": "s", "oauthTokenUrl": "https://i/t",
+                                                         "oauthTrustsTlsSecretCa": True}}},
+     "kafka.security.oauthTrustsTlsSecretCa needs kafka.security.tlsSecret (its ca.crt)"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
                                                          "credentialsSecret": "s", "oauthTokenUrl": "idp/token"}}},
      "at '/kafka/security/oauthTokenUrl': 'idp/token' does not match pattern"),

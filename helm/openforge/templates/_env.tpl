@@ -30,6 +30,9 @@ OPENFORGE_KAFKA_SASL_OAUTH_SCOPE: {{ .oauthScope | quote }}
 {{- end }}
 {{- if .tlsSecret }}
 OPENFORGE_KAFKA_SSL_CAFILE: "/etc/openforge/kafka-tls/ca.crt"
+{{- if .oauthTrustsTlsSecretCa }}
+OPENFORGE_KAFKA_SASL_OAUTH_CA_FILE: "/etc/openforge/kafka-tls/ca.crt"
+{{- end }}
 {{- if .clientCertificate }}
 OPENFORGE_KAFKA_SSL_CERTFILE: "/etc/openforge/kafka-tls/tls.crt"
 OPENFORGE_KAFKA_SSL_KEYFILE: "/etc/openforge/kafka-tls/tls.key"
@@ -46,7 +49,7 @@ apply (the processes would refuse it too, but only after the pods start, one cra
 {{- $s := .Values.kafka.security }}
 {{- $sasl := hasPrefix "SASL_" $s.protocol }}
 {{- $tls := hasSuffix "SSL" $s.protocol }}
-{{- if and (eq .Values.kafka.mode "strimzi") (or (ne $s.protocol "PLAINTEXT") $s.saslMechanism $s.credentialsSecret $s.tlsSecret $s.clientCertificate $s.oauthTokenUrl $s.oauthScope) }}
+{{- if and (eq .Values.kafka.mode "strimzi") (or (ne $s.protocol "PLAINTEXT") $s.saslMechanism $s.credentialsSecret $s.tlsSecret $s.clientCertificate $s.oauthTokenUrl $s.oauthScope $s.oauthTrustsTlsSecretCa) }}
 {{- fail "kafka.security applies to kafka.mode external; the Strimzi cluster is reached on its in-namespace listener" }}
 {{- end }}
 {{- if and $sasl (not (and $s.saslMechanism $s.credentialsSecret)) }}
@@ -59,8 +62,11 @@ apply (the processes would refuse it too, but only after the pods start, one cra
 {{- if and $oauth (not $s.oauthTokenUrl) }}
 {{- fail "kafka.security.saslMechanism OAUTHBEARER needs kafka.security.oauthTokenUrl (the identity provider's token endpoint)" }}
 {{- end }}
-{{- if and (not $oauth) (or $s.oauthTokenUrl $s.oauthScope) }}
-{{- fail "kafka.security.oauthTokenUrl and oauthScope need saslMechanism OAUTHBEARER" }}
+{{- if and (not $oauth) (or $s.oauthTokenUrl $s.oauthScope $s.oauthTrustsTlsSecretCa) }}
+{{- fail "kafka.security.oauthTokenUrl, oauthScope and oauthTrustsTlsSecretCa need saslMechanism OAUTHBEARER" }}
+{{- end }}
+{{- if and $s.oauthTrustsTlsSecretCa (not $s.tlsSecret) }}
+{{- fail "kafka.security.oauthTrustsTlsSecretCa needs kafka.security.tlsSecret (its ca.crt)" }}
 {{- end }}
 {{- if and (not $tls) $s.tlsSecret }}
 {{- fail (printf "kafka.security.tlsSecret needs protocol SSL or SASL_SSL, not %s" $s.protocol) }}

@@ -21,6 +21,7 @@ from secured_kafka import cli_names_the_refusal, refused_start, round_trip, ship
 from stream import KafkaSettings
 from stream.admin import bootstrap_refusal
 from stream.broker import BrokerSettings, LocalBroker
+from stream.oauth import forget_token_providers
 
 pytestmark = pytest.mark.kafka
 
@@ -82,7 +83,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthCluster]:
 
 @pytest.fixture(autouse=True)
 def _fresh_idp(cluster: OAuthCluster) -> None:
+    """Each test starts with the provider's audience and no token kept from another test."""
     cluster.idp.audience = AUDIENCE
+    forget_token_providers()
 
 
 def _oauth(cluster: OAuthCluster, secret: str = CLIENT_SECRET, scope: str = "kafka") -> KafkaSettings:

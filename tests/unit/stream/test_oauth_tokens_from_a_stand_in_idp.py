@@ -21,8 +21,11 @@ from pydantic import SecretStr
 from stream import KafkaSettings
 from stream.oauth import (
     DEFAULT_LIFETIME_S,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_BACKOFF_S,
     ClientCredentialsTokenProvider,
     OAuthTokenError,
+    _end_refused_exchanges,
     _lifetime_s,
     shown_url,
 )
@@ -39,7 +42,7 @@ def idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInIdentityPro
 
 @pytest.fixture(autouse=True)
 def _reset(idp: StandInIdentityProvider) -> None:
-    idp.answer, idp.lifetime_s, idp.requests[:] = None, 3600, []
+    idp.answer, idp.trickle_s, idp.lifetime_s, idp.requests[:] = None, None, 3600, []
 
 
 def _provider(idp: StandInIdentityProvider, secret: str = CLIENT_SECRET, scope: str | None = None
@@ -110,17 +113,120 @@ async def test_waiters_share_a_failed_fetch_from_the_stand_in_idp_and_the_next_c
     provider = _provider(idp)
     results = await asyncio.gather(*(provider.token() for _ in range(5)), return_exceptions=True)
     assert all(isinstance(r, OAuthTokenError) for r in results)
+    assert len({id(r) for r in results}) == 5  # each its own error: no traceback shared across tasks
+    assert [str(r).count("OAuthTokenError") for r in results] == [1] * 5
     assert len(idp.requests) == 1
     idp.answer = None
+    with pytest.raises(OAuthTokenError, match=r"failed with HTTP 500; asking again in 0\.\d+ s"):
+        await provider.token()  # at once: not asked again yet
+    assert len(idp.requests) == 1
+    await asyncio.sleep(RETRY_BACKOFF_S * 1.5)
     assert _claims(await provider.token())["sub"] == CLIENT_ID
     assert len(idp.requests) == 2
+
+
+def _wait_s(error: OAuthTokenError) -> float:
+    return float(str(error).rsplit("asking again in ", 1)[1].split(" s", 1)[0])
+
+
+async def test_failures_in_a_row_slow_the_requests_to_the_stand_in_idp_down(idp: StandInIdentityProvider,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misconfigured client asks at most a few times a second, then once per RETRY_BACKOFF_MAX_S."""
+    monkeypatch.setattr("stream.oauth.RETRY_BACKOFF_S", 0.02)
+    monkeypatch.setattr("stream.oauth.RETRY_BACKOFF_MAX_S", 0.1)
+    idp.answer = lambda: (503, b"{}", "application/json")
+    provider = _provider(idp)
+    waits = []
+    for _ in range(5):
+        with pytest.raises(OAuthTokenError):
+            await provider.token()
+        with pytest.raises(OAuthTokenError, match="asking again") as backing_off:
+            await provider.token()
+        waits.append(_wait_s(backing_off.value))
+        await asyncio.sleep(waits[-1] + 0.02)
+    assert len(idp.requests) == 5
+    assert waits[0] <= 0.02 < waits[1] <= 0.04 < waits[2] <= 0.08 < waits[3] <= waits[4] <= 0.1
+    idp.answer = None
+    await provider.token()
+    idp.answer = lambda: (503, b"{}", "application/json")
+    provider._token = None  # the next failure after a success starts from the first wait again
+    with pytest.raises(OAuthTokenError):
+        await provider.token()
+    with pytest.raises(OAuthTokenError) as backing_off:
+        await provider.token()
+    assert _wait_s(backing_off.value) <= 0.02
+
+
+async def test_refusals_in_a_row_slow_the_requests_down_until_a_broker_accepts_a_token_from_the_stand_in_idp(
+        idp: StandInIdentityProvider) -> None:
+    provider = _provider(idp)
+    first = await provider.token()
+    provider.refused(first)
+    with pytest.raises(OAuthTokenError, match="a broker refused the last token .* asking again") as backing_off:
+        await provider.token()
+    assert _wait_s(backing_off.value) <= RETRY_BACKOFF_S
+    await asyncio.sleep(RETRY_BACKOFF_S * 1.5)
+    second = await provider.token()
+    provider.refused(second)
+    with pytest.raises(OAuthTokenError) as backing_off:
+        await provider.token()
+    assert RETRY_BACKOFF_S < _wait_s(backing_off.value) <= 2 * RETRY_BACKOFF_S  # doubled
+    await asyncio.sleep(RETRY_BACKOFF_S * 2.5)
+    third = await provider.token()
+    provider.accepted(third)
+    provider.refused(third)  # after an acceptance, from the first wait again
+    with pytest.raises(OAuthTokenError) as backing_off:
+        await provider.token()
+    assert _wait_s(backing_off.value) <= RETRY_BACKOFF_S
+    assert provider.fetched == 3 and len(idp.requests) == 3
+    assert RETRY_BACKOFF_MAX_S == 10.0  # Kafka's sasl.login.retry.backoff.max.ms
+
+
+async def test_a_refusal_of_an_older_token_keeps_the_stand_in_idps_newer_one(idp: StandInIdentityProvider) -> None:
+    provider = _provider(idp)
+    first = await provider.token()
+    provider.refused(first)
+    await asyncio.sleep(RETRY_BACKOFF_S * 1.5)
+    second = await provider.token()
+    provider.refused(first)  # a connection that logged in with the first token hears of it late
+    assert await provider.token() == second
+    assert provider.fetched == 2
+
+
+async def test_a_cancelled_fetch_leaves_its_waiters_a_fresh_token_from_the_stand_in_idp_not_the_expired_one(
+        idp: StandInIdentityProvider) -> None:
+    """A connection given up (a start's timeout) while it fetched must not hand its waiters the old token."""
+    provider = _provider(idp)
+    provider._token, provider._refresh_at = "expired-token", time.monotonic() - 1
+    idp.trickle_s = 0.001  # about a second for a signed token: time to cancel the first fetch
+    first = asyncio.create_task(provider.token())
+    await asyncio.sleep(0.2)
+    waiter = asyncio.create_task(provider.token())
+    await asyncio.sleep(0.05)
+    first.cancel()
+    idp.trickle_s = None
+    token = await asyncio.wait_for(waiter, 10)
+    assert token != "expired-token" and _claims(token)["sub"] == CLIENT_ID
+    assert first.cancelled()
+
+
+async def test_a_stand_in_idp_that_never_finishes_its_answer_is_given_up_on(idp: StandInIdentityProvider) -> None:
+    """Each read gets a byte in time, so only the whole request's limit ends it (aiokafka waits on it,
+    holding the lock every new connection of the client needs)."""
+    idp.trickle_s = 0.05
+    provider = ClientCredentialsTokenProvider(idp.token_url, CLIENT_ID, SecretStr(CLIENT_SECRET), timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(OAuthTokenError, match=r"did not answer within 0\.5 s"):
+        await provider.token()
+    assert time.monotonic() - started < 3
 
 
 async def test_a_token_a_broker_refused_is_not_offered_again_by_the_stand_in_idps_client(
         idp: StandInIdentityProvider) -> None:
     provider = _provider(idp)
     first = await provider.token()
-    provider.invalidate()
+    provider.refused()
+    await asyncio.sleep(RETRY_BACKOFF_S * 1.5)
     assert await provider.token() != first
     assert provider.fetched == 2
 
@@ -157,19 +263,66 @@ async def test_an_unreachable_token_endpoint_is_named(idp: StandInIdentityProvid
         await provider.token()
 
 
-async def test_a_token_endpoint_behind_a_private_authority_is_trusted_through_ssl_cert_file_with_a_stand_in_idp(
+async def test_a_token_endpoint_behind_a_private_authority_is_trusted_through_its_ca_file_with_a_stand_in_idp(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An authority the system does not know is refused; OpenSSL's variable adds it, as the settings say."""
+    """An authority the system does not know is refused; sasl_oauth_ca_file adds it for the token endpoint."""
     idp = StandInIdentityProvider(tmp_path / "tls-idp", tls=True).start()
     try:
         assert idp.token_url.startswith("https://") and idp.ca is not None
         monkeypatch.delenv("SSL_CERT_FILE", raising=False)
         with pytest.raises(OAuthTokenError, match="CERTIFICATE_VERIFY_FAILED"):
             await _provider(idp).token()
-        monkeypatch.setenv("SSL_CERT_FILE", str(idp.ca))
-        assert _claims(await _provider(idp).token())["sub"] == CLIENT_ID
+        kafka = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER", sasl_username=CLIENT_ID,
+                              sasl_password=CLIENT_SECRET, sasl_oauth_token_url=idp.token_url,
+                              sasl_oauth_ca_file=str(idp.ca))
+        assert _claims(await kafka.oauth_token_provider().token())["sub"] == CLIENT_ID
     finally:
         idp.stop()
+
+
+def test_aiokafkas_debug_log_of_a_login_keeps_the_credentials_out() -> None:
+    """aiokafka logs every request it sends at DEBUG, the SASL login's token or password included."""
+    import logging
+
+    from aiokafka.protocol.admin import SaslAuthenticateRequest_v1
+
+    import stream.settings  # noqa: F401  (installs the filter)
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    log = logging.getLogger("aiokafka.conn")
+    keep, level = Keep(), log.level
+    log.addHandler(keep)
+    log.setLevel(logging.DEBUG)
+    try:
+        request = SaslAuthenticateRequest_v1(b"n,,\x01auth=Bearer the-token-itself\x01\x01")
+        assert "the-token-itself" in str(request)  # what aiokafka would write out
+        log.debug("Request to %s:%d %d: %s", "broker", 9093, 7, request)
+        log.debug("Request to %s:%d %d: %s", "broker", 9093, 8, "MetadataRequest_v1(topics=[])")
+    finally:
+        log.removeHandler(keep)
+        log.setLevel(level)
+    assert seen == ["Request to broker:9093 7: SaslAuthenticateRequest_v1(sasl_auth_bytes=<hidden>)",
+                    "Request to broker:9093 8: MetadataRequest_v1(topics=[])"]
+
+
+def test_tokens_sent_to_remote_brokers_without_tls_are_warned_of_once(caplog: pytest.LogCaptureFixture) -> None:
+    def settings(bootstrap: str, protocol: str = "SASL_PLAINTEXT") -> KafkaSettings:
+        return KafkaSettings(bootstrap_servers=bootstrap, security_protocol=protocol, sasl_mechanism="OAUTHBEARER",
+                             sasl_username=CLIENT_ID, sasl_password="warned-secret",
+                             sasl_oauth_token_url="https://idp.example/token", sasl_oauth_scope="warned")
+
+    with caplog.at_level("WARNING", logger="stream.oauth"):
+        settings("127.0.0.1:9092,localhost:9093,[::1]:9094").oauth_token_provider()
+        settings("kafka.example:9093", "SASL_SSL").oauth_token_provider()
+        assert not caplog.records
+        settings("127.0.0.1:9092,kafka.example:9093").oauth_token_provider()
+        settings("kafka.example:9093").oauth_token_provider()
+    assert ["unencrypted under SASL_PLAINTEXT" in r.getMessage() for r in caplog.records] == [True]
 
 
 def test_a_tokens_lifetime_comes_from_expires_in_else_its_exp_claim(idp: StandInIdentityProvider) -> None:
@@ -216,11 +369,16 @@ def test_the_patched_exchange_answers_a_brokers_refusal_and_ends() -> None:
         steps.extend([await authenticator.step(challenge) for challenge in challenges])  # in order
         return steps
 
+    assert _end_refused_exchanges()  # aiokafka is the release the patch was checked against
+    provider._refusals = 2
     first, end = asyncio.run(exchange(b""))
     assert first == (b"n,,\x01auth=Bearer a-token\x01\x01", True) and end is None
+    assert provider._refusals == 0  # accepted
+    _, end = asyncio.run(exchange(b"not an error challenge"))
+    assert end is None and provider._token == "a-token"  # ends as aiokafka ends it; the token is kept
     refused = asyncio.run(exchange(b'{"status":"invalid_token"}'))
     assert refused[1] == (b"\x01", True)
-    assert provider._token is None  # not offered again
+    assert provider._token is None and provider._refusals == 1  # not offered again
     provider._token, provider._refresh_at = "a-token", time.monotonic() + 60
     with pytest.raises(SaslAuthenticationFailed, match="challenged the token again"):
         asyncio.run(exchange(b'{"status":"invalid_token"}', b'{"status":"invalid_token"}'))
