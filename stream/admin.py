@@ -98,7 +98,7 @@ async def bootstrap_refusal(settings: KafkaSettings, timeout_s: float = 10.0) ->
     reasons: list[str] = []
     provider = settings.oauth_token_provider()
     if provider is not None:  # after a refused token: wait to ask for a new one, so the broker can say why
-        await asyncio.sleep(min(provider.asks_again_in_s(), timeout_s))
+        await asyncio.sleep(min(provider.pause_after_refusal_s(), timeout_s))
     for address in filter(None, (part.strip() for part in settings.bootstrap_servers.split(","))):
         host, colon, port = address.rpartition(":")
         if not colon or host.endswith(":") or not port.isdigit():  # no port (IPv6 needs brackets): aiokafka's default

@@ -200,8 +200,17 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         """Seconds until the identity provider is asked again after failures (0 when it may be now)."""
         return max(self._retry_at - time.monotonic(), 0.0)
 
+    def pause_after_refusal_s(self) -> float:
+        """:meth:`asks_again_in_s` when a broker's refusal caused the pause, else 0.
+
+        After a failed request the pause's own error already gives the reason; after a refusal
+        only a new login can have the broker say why.
+        """
+        return 0.0 if self._failure is not None else self.asks_again_in_s()
+
     def _back_off(self, failures: int) -> None:
-        self._retry_at = time.monotonic() + min(RETRY_BACKOFF_S * 2 ** (failures - 1), RETRY_BACKOFF_MAX_S)
+        doublings = min(failures - 1, 30)  # past the cap long before; a float power would overflow at 1024
+        self._retry_at = time.monotonic() + min(RETRY_BACKOFF_S * 2**doublings, RETRY_BACKOFF_MAX_S)
 
     def _fresh(self) -> str | None:
         if self._token is not None and time.monotonic() < self._refresh_at:
@@ -213,7 +222,7 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         if wait_s <= 0:
             return None
         why = self._failure or f"a broker refused the last token from the OAuth token endpoint {self._shown_url}"
-        return OAuthTokenError(f"{why}; asking again in {wait_s:.2g} s")
+        return OAuthTokenError(f"{why}; asking again in {wait_s:.2f} s")
 
     async def token(self) -> str:
         """A token that is not near its expiry; fetched once for connections made at the same time.

@@ -121,14 +121,15 @@ class StandInIdentityProvider:
                 self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if idp.trickle_s is None:
+                pause = idp.trickle_s  # once: a test may change it while this answer is being sent
+                if pause is None:
                     self.wfile.write(body)
                     return
                 try:
                     for i in range(len(body)):
                         self.wfile.write(body[i:i + 1])
                         self.wfile.flush()
-                        time.sleep(idp.trickle_s)
+                        time.sleep(pause)
                 except OSError:  # the client gave up
                     pass
 

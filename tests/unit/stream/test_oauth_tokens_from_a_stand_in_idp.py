@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from oauth_idp import CLIENT_ID, CLIENT_SECRET, StandInIdentityProvider
@@ -106,9 +107,17 @@ async def test_what_is_not_a_token_from_the_stand_in_idp_is_an_error(
         await _provider(idp).token()
 
 
+def _clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The provider's monotonic clock, moved by the test alone: waits are exact whatever the machine's load."""
+    now = [1000.0]
+    monkeypatch.setattr("stream.oauth.time", SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    return now
+
+
 async def test_waiters_share_a_failed_fetch_from_the_stand_in_idp_and_the_next_caller_asks_again(
-        idp: StandInIdentityProvider) -> None:
+        idp: StandInIdentityProvider, monkeypatch: pytest.MonkeyPatch) -> None:
     """A provider that fails (slowly, or at all) is asked once for the connections waiting on it."""
+    now = _clock(monkeypatch)
     idp.answer = lambda: (500, b"{}", "application/json")
     provider = _provider(idp)
     results = await asyncio.gather(*(provider.token() for _ in range(5)), return_exceptions=True)
@@ -119,8 +128,9 @@ async def test_waiters_share_a_failed_fetch_from_the_stand_in_idp_and_the_next_c
     idp.answer = None
     with pytest.raises(OAuthTokenError, match=r"failed with HTTP 500; asking again in 0\.\d+ s"):
         await provider.token()  # at once: not asked again yet
+    assert provider.asks_again_in_s() > 0 and provider.pause_after_refusal_s() == 0  # the error says why
     assert len(idp.requests) == 1
-    await asyncio.sleep(RETRY_BACKOFF_S * 1.5)
+    now[0] += RETRY_BACKOFF_S
     assert _claims(await provider.token())["sub"] == CLIENT_ID
     assert len(idp.requests) == 2
 
@@ -132,20 +142,20 @@ def _wait_s(error: OAuthTokenError) -> float:
 async def test_failures_in_a_row_slow_the_requests_to_the_stand_in_idp_down(idp: StandInIdentityProvider,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A misconfigured client asks at most a few times a second, then once per RETRY_BACKOFF_MAX_S."""
-    monkeypatch.setattr("stream.oauth.RETRY_BACKOFF_S", 0.02)
-    monkeypatch.setattr("stream.oauth.RETRY_BACKOFF_MAX_S", 0.1)
+    now = _clock(monkeypatch)
     idp.answer = lambda: (503, b"{}", "application/json")
     provider = _provider(idp)
     waits = []
-    for _ in range(5):
+    for _ in range(10):
         with pytest.raises(OAuthTokenError):
             await provider.token()
         with pytest.raises(OAuthTokenError, match="asking again") as backing_off:
-            await provider.token()
+            await provider.token()  # not asked: still waiting
         waits.append(_wait_s(backing_off.value))
-        await asyncio.sleep(waits[-1] + 0.02)
-    assert len(idp.requests) == 5
-    assert waits[0] <= 0.02 < waits[1] <= 0.04 < waits[2] <= 0.08 < waits[3] <= waits[4] <= 0.1
+        now[0] += waits[-1]
+    assert len(idp.requests) == 10
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0, 10.0]
+    assert (RETRY_BACKOFF_S, RETRY_BACKOFF_MAX_S) == (0.1, 10.0)  # Kafka's sasl.login.retry.backoff.(max.)ms
     idp.answer = None
     await provider.token()
     idp.answer = lambda: (503, b"{}", "application/json")
@@ -154,7 +164,12 @@ async def test_failures_in_a_row_slow_the_requests_to_the_stand_in_idp_down(idp:
         await provider.token()
     with pytest.raises(OAuthTokenError) as backing_off:
         await provider.token()
-    assert _wait_s(backing_off.value) <= 0.02
+    assert _wait_s(backing_off.value) == 0.1
+    provider._fetch_failures = 5000  # hours of failures: the wait stays at its cap
+    now[0] += 1
+    with pytest.raises(OAuthTokenError):
+        await provider.token()
+    assert provider.asks_again_in_s() == 10.0
 
 
 async def test_refusals_in_a_row_slow_the_requests_down_until_a_broker_accepts_a_token_from_the_stand_in_idp(
@@ -162,6 +177,7 @@ async def test_refusals_in_a_row_slow_the_requests_down_until_a_broker_accepts_a
     provider = _provider(idp)
     first = await provider.token()
     provider.refused(first)
+    assert 0 < provider.pause_after_refusal_s() <= RETRY_BACKOFF_S  # a diagnosis waits to log in again
     with pytest.raises(OAuthTokenError, match="a broker refused the last token .* asking again") as backing_off:
         await provider.token()
     assert _wait_s(backing_off.value) <= RETRY_BACKOFF_S
@@ -179,7 +195,6 @@ async def test_refusals_in_a_row_slow_the_requests_down_until_a_broker_accepts_a
         await provider.token()
     assert _wait_s(backing_off.value) <= RETRY_BACKOFF_S
     assert provider.fetched == 3 and len(idp.requests) == 3
-    assert RETRY_BACKOFF_MAX_S == 10.0  # Kafka's sasl.login.retry.backoff.max.ms
 
 
 async def test_a_refusal_of_an_older_token_keeps_the_stand_in_idps_newer_one(idp: StandInIdentityProvider) -> None:
