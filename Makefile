@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .PHONY: install test test-fast lint demo bench image kafka-jars engine harnesses learner helm kube parts \
-        engine-then-learner clean
+        python-parts clean
 
 # The compiled fast path of the proxy's journal and its shipping worker (native/, Rust); its build output is
 # cached beside the other downloads, so a fresh clone compiles only the crate itself again.
@@ -56,14 +56,17 @@ kube:
 
 # Everything the suite needs, installed side by side: unpacking wheels keeps about one core busy while the
 # Go and Rust builds can use both, so on a fresh machine the overlap saves minutes. The learner waits for
-# the engine because it reuses the torch wheels the engine's install downloads.
+# the engine because it reuses the torch wheels the engine's install downloads, and Kafka's jars are
+# fetched by .venv's own Python only once nothing installs into .venv any more. Output is not held back
+# per job (a cold kube-apiserver build takes minutes), so the jobs' lines interleave; the install
+# scripts' own progress lines say which script they come from ([kube-install +95s] ...).
 PARTS_JOBS ?= 3
 parts:
-	@$(MAKE) --no-print-directory -j$(PARTS_JOBS) --output-sync=line \
-	    kube engine-then-learner kafka-jars helm harnesses
+	@$(MAKE) --no-print-directory -j$(PARTS_JOBS) kube python-parts helm harnesses
 
-engine-then-learner: engine $(STAMP)
+python-parts: engine $(STAMP)
 	@$(MAKE) --no-print-directory learner
+	@$(MAKE) --no-print-directory kafka-jars
 
 test: parts
 	@$(PY) -m pytest

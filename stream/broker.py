@@ -165,7 +165,8 @@ def ensure_kafka_jars(version: str, cache_dir: str | None = None) -> Path:
             )
         logger.info("fetching Apache Kafka %s broker jars from Maven Central (once)", version)
         root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=root) as tmp:
+        # One Maven at a time in the shared local repository (the chart tests' Strimzi CRDs use it too).
+        with tempfile.TemporaryDirectory(dir=root) as tmp, _file_lock(cache_root(cache_dir) / "m2.lock"):
             tmp_path = Path(tmp)
             (tmp_path / "pom.xml").write_text(_pom(version))
             started = time.monotonic()

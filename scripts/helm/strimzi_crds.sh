@@ -73,8 +73,9 @@ cat >"$WORK/pom.xml" <<POM
 </dependencies></project>
 POM
 log "fetching io.strimzi:api and io.strimzi:crd-generator $VERSION from Maven Central"
-(cd "$WORK" && nice -n 10 mvn -B -q "-Dmaven.repo.local=$CACHE/m2" "$DEPENDENCY_PLUGIN:copy-dependencies" \
-    "-DoutputDirectory=$WORK/libs" -DincludeScope=runtime) >&2
+# One Maven at a time in the shared local repository (Kafka's jars are fetched into it too, maybe at once).
+(cd "$WORK" && flock "$CACHE/m2.lock" nice -n 10 mvn -B -q "-Dmaven.repo.local=$CACHE/m2" \
+    "$DEPENDENCY_PLUGIN:copy-dependencies" "-DoutputDirectory=$WORK/libs" -DincludeScope=runtime) >&2
 
 log "generating CRDs with $JAVA ($(java_major "$JAVA"))"
 mkdir -p "$WORK/crds"
