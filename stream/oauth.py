@@ -3,8 +3,11 @@
 Clusters that log clients in with OAuth (Strimzi with Keycloak, Redpanda, a broker with Kafka's
 own OIDC validator) accept a bearer token in place of a password. Each client gets one with the
 client-credentials grant (RFC 6749, section 4.4): its id and secret, sent to the identity
-provider's token endpoint with HTTP basic authentication as Kafka's own Java client sends them
-(not URL-encoded), and an optional scope. aiokafka asks :meth:`ClientCredentialsTokenProvider.token`
+provider's token endpoint with HTTP basic authentication, and an optional scope. By default the
+id and secret go as they are, as Kafka's own Java client sends them; RFC 6749 (section 2.3.1) has
+them form-encoded first, and providers that decode them so (Keycloak, PingAM) refuse a secret
+holding ``+`` or ``%`` sent as it is: ``header_urlencode`` (Kafka's
+``sasl.oauthbearer.header.urlencode``) encodes them. aiokafka asks :meth:`ClientCredentialsTokenProvider.token`
 at every new broker connection; the token is kept until most of its lifetime has passed, and
 every client of a process with the same client and endpoint shares it (:func:`token_provider`),
 so a proxy with many connections asks the identity provider about once per token, not once per
@@ -25,6 +28,7 @@ import ssl
 import time
 import weakref
 from typing import Any
+from urllib.parse import quote_plus
 
 import httpx
 import orjson
@@ -141,12 +145,14 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
     """
 
     def __init__(self, token_url: str, client_id: str, client_secret: SecretStr, scope: str | None = None,
-                 *, ca_file: str | None = None, timeout_s: float = 10.0) -> None:
+                 *, ca_file: str | None = None, header_urlencode: bool = False, timeout_s: float = 10.0) -> None:
         self.token_url = token_url
         self.client_id = client_id
         self._secret = client_secret
         self.scope = scope
         self.ca_file = ca_file
+        self.header_urlencode = header_urlencode
+        """Form-encode the id and secret before they are joined for basic authentication (RFC 6749, 2.3.1)."""
         self.timeout_s = timeout_s
         self.fetched = 0
         """Tokens fetched from the identity provider so far."""
@@ -267,6 +273,27 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
             self.fetched += 1
             return token
 
+    def _basic_credentials(self) -> tuple[str, str]:
+        secret = self._secret.get_secret_value()
+        if self.header_urlencode:
+            # application/x-www-form-urlencoded, as RFC 6749's appendix B: space as "+", the rest escaped.
+            return quote_plus(self.client_id, safe=""), quote_plus(secret, safe="")
+        return self.client_id, secret
+
+    def _encoding_hint(self, status: int) -> str:
+        """A hint for a refused client whose id or secret a form-decoding provider reads differently.
+
+        Such a provider turns ``+`` into a space and ``%xx`` into a byte, and splits an id at ``:``.
+        The hint never says which characters, nor where.
+        """
+        id_, secret = self.client_id, self._secret.get_secret_value()
+        changed = any(c in text for text in (id_, secret) for c in "+%") or ":" in id_
+        if status not in (400, 401) or self.header_urlencode or not changed:
+            return ""
+        return ("; the client id or secret holds characters that identity providers which form-decode basic "
+                "authentication (RFC 6749, 2.3.1) read differently: if the secret is right, set "
+                "OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE=true")
+
     async def _fetch(self) -> tuple[str, float]:
         form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}
         where = f"the OAuth token endpoint {self._shown_url}"
@@ -279,8 +306,7 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
             # trickles its answer cannot hold aiokafka's connection lock (every new connection) for long.
             async with asyncio.timeout(self.timeout_s), \
                     httpx.AsyncClient(timeout=self.timeout_s, verify=verify) as client:
-                answer = await client.post(self.token_url, data=form,
-                                           auth=(self.client_id, self._secret.get_secret_value()),
+                answer = await client.post(self.token_url, data=form, auth=self._basic_credentials(),
                                            headers={"Accept": "application/json"})
         except TimeoutError as exc:
             raise OAuthTokenError(f"{where} did not answer within {self.timeout_s:g} s") from exc
@@ -298,7 +324,7 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
                                                   else "")
             if 400 <= answer.status_code < 500:
                 raise OAuthTokenError(f"{where} refused client {self.client_id!r} with HTTP "
-                                      f"{answer.status_code}{reason}")
+                                      f"{answer.status_code}{reason}{self._encoding_hint(answer.status_code)}")
             if answer.is_redirect:
                 raise OAuthTokenError(f"{where} redirects (HTTP {answer.status_code}) to "
                                       f"{shown_url(answer.headers.get('location', '?'))}: set that URL instead")
@@ -309,17 +335,18 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         return token, _lifetime_s(body.get("expires_in"), token)
 
 
-_PROVIDERS: dict[tuple[str, str, str, str | None, str | None], ClientCredentialsTokenProvider] = {}
+_PROVIDERS: dict[tuple[str, str, str, str | None, str | None, bool], ClientCredentialsTokenProvider] = {}
 
 
 def token_provider(token_url: str, client_id: str, client_secret: SecretStr, scope: str | None,
-                   ca_file: str | None = None) -> ClientCredentialsTokenProvider:
+                   ca_file: str | None = None, header_urlencode: bool = False) -> ClientCredentialsTokenProvider:
     """The process's one token source for this client at this endpoint, shared by all its Kafka clients."""
-    key = (token_url, client_id, client_secret.get_secret_value(), scope, ca_file)
+    key = (token_url, client_id, client_secret.get_secret_value(), scope, ca_file, header_urlencode)
     provider = _PROVIDERS.get(key)
     if provider is None:
         provider = _PROVIDERS[key] = ClientCredentialsTokenProvider(token_url, client_id, client_secret, scope,
-                                                                    ca_file=ca_file)
+                                                                    ca_file=ca_file,
+                                                                    header_urlencode=header_urlencode)
     return provider
 
 

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote_plus
 
 CLIENT_ID = "openforge-proxy"
 CLIENT_SECRET = "idp-secret-" + uuid.uuid4().hex[:8]
@@ -66,6 +66,10 @@ class StandInIdentityProvider:
         self.issued = 0
         self.requests: list[dict[str, list[str]]] = []
         """Every token request's form, in order."""
+        self.client_secret = CLIENT_SECRET
+        """The secret the client must show (a test sets one that form-encoding changes)."""
+        self.form_decodes_basic = False
+        """Read the basic-authentication id and secret form-decoded (RFC 6749, 2.3.1), as Keycloak does."""
         self.answer: Callable[[], tuple[int, bytes, str]] | None = None
         """When set, what ``/token`` answers instead (status, body, content type)."""
         self.trickle_s: float | None = None
@@ -109,6 +113,19 @@ class StandInIdentityProvider:
         return json.dumps({"access_token": self.sign(claims), "token_type": "Bearer",
                            "expires_in": self.lifetime_s}).encode()
 
+    def _client(self, authorization: str) -> tuple[str, str] | None:
+        """The id and secret of a basic ``Authorization`` header, read as this provider reads them."""
+        scheme, _, encoded = authorization.partition(" ")
+        try:
+            id_, colon, secret = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if scheme != "Basic" or not colon:
+            return None
+        if self.form_decodes_basic:
+            return unquote_plus(id_), unquote_plus(secret)
+        return id_, secret
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         idp = self
 
@@ -149,8 +166,7 @@ class StandInIdentityProvider:
                     status, body, kind = idp.answer()
                     self._send(status, body, kind)
                     return
-                expected = "Basic " + base64.b64encode(f"{CLIENT_ID}:{CLIENT_SECRET}".encode()).decode()
-                if self.headers.get("Authorization") != expected:
+                if idp._client(self.headers.get("Authorization") or "") != (CLIENT_ID, idp.client_secret):
                     self._send(401, json.dumps({"error": "invalid_client",
                                                 "error_description": "client authentication failed"}).encode())
                     return

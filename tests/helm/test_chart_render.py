@@ -374,6 +374,7 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_SCOPE"] == "kafka", name
         assert {"secretRef": {"name": "kafka-oauth-client"}} in container["envFrom"], name
         assert "OPENFORGE_KAFKA_SASL_OAUTH_CA_FILE" not in env, name
+        assert "OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE" not in env, name
         settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
                                     if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
         assert settings.oauth_token_provider().token_url == security["oauthTokenUrl"], name
@@ -383,6 +384,14 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
         env = env_of(one(trusting, "Deployment", f"-{name}"))
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_CA_FILE"] == env["OPENFORGE_KAFKA_SSL_CAFILE"], name
+    # An identity provider that form-decodes the client's id and secret.
+    encoding = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": {
+        **security, "oauthHeaderUrlencode": True}}}, helm_tmp)
+    for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
+        env = env_of(one(encoding, "Deployment", f"-{name}"))
+        settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
+                                    if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
+        assert settings.oauth_token_provider().header_urlencode, name
 
 
 # --- bad input: a clear error, nothing rendered ---------------------------------------------------
@@ -421,7 +430,11 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
      "kafka.security.saslMechanism OAUTHBEARER needs kafka.security.oauthTokenUrl"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "PLAIN",
                                                          "credentialsSecret": "s", "oauthScope": "kafka"}}},
-     "kafka.security.oauthTokenUrl, oauthScope and oauthTrustsTlsSecretCa need saslMechanism OAUTHBEARER"),
+     "kafka.security.oauthTokenUrl, oauthScope, oauthTrustsTlsSecretCa and oauthHeaderUrlencode need saslMechanism "
+     "OAUTHBEARER"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "SCRAM-SHA-512",
+                                                         "credentialsSecret": "s", "oauthHeaderUrlencode": True}}},
+     "oauthTrustsTlsSecretCa and oauthHeaderUrlencode need saslMechanism OAUTHBEARER"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
                                                          "credentialsSecret": "s", "oauthTokenUrl": "https://i/t",
                                                          "oauthTrustsTlsSecretCa": True}}},

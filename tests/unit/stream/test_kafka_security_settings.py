@@ -124,6 +124,10 @@ def test_a_key_that_is_not_a_key_fails_when_the_context_is_made(pem: tuple[Path,
       "sasl_password": "p-secret", "sasl_oauth_ca_file": "/no/such/ca.pem"},
      "OPENFORGE_KAFKA_SASL_OAUTH_CA_FILE set, but the SASL mechanism is PLAIN"),
     ({"sasl_oauth_ca_file": "/no/such/ca.pem"}, "SASL settings are set but security_protocol is PLAINTEXT"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": "u",
+      "sasl_password": "p-secret", "sasl_oauth_header_urlencode": True},
+     "OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE set, but the SASL mechanism is SCRAM-SHA-256"),
+    ({"sasl_oauth_header_urlencode": True}, "SASL settings are set but security_protocol is PLAINTEXT"),
 ])
 def test_half_a_security_configuration_is_refused_with_the_setting_named(values: dict[str, object],
                                                                          message: str) -> None:
@@ -136,6 +140,6 @@ def test_half_a_security_configuration_is_refused_with_the_setting_named(values:
 def test_empty_variables_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose and .env files write unset values as empty ones."""
     for name in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD", "SSL_CAFILE",
-                 "SASL_OAUTH_TOKEN_URL", "SASL_OAUTH_SCOPE", "SASL_OAUTH_CA_FILE"):
+                 "SASL_OAUTH_TOKEN_URL", "SASL_OAUTH_SCOPE", "SASL_OAUTH_CA_FILE", "SASL_OAUTH_HEADER_URLENCODE"):
         monkeypatch.setenv(f"OPENFORGE_KAFKA_{name}", "")
     assert KafkaSettings().client_options() == {"security_protocol": "PLAINTEXT", "ssl_context": None}

@@ -44,11 +44,13 @@ def idp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInIdentityPro
 @pytest.fixture(autouse=True)
 def _reset(idp: StandInIdentityProvider) -> None:
     idp.answer, idp.trickle_s, idp.lifetime_s, idp.requests[:] = None, None, 3600, []
+    idp.client_secret, idp.form_decodes_basic = CLIENT_SECRET, False
 
 
-def _provider(idp: StandInIdentityProvider, secret: str = CLIENT_SECRET, scope: str | None = None
-              ) -> ClientCredentialsTokenProvider:
-    return ClientCredentialsTokenProvider(idp.token_url, CLIENT_ID, SecretStr(secret), scope)
+def _provider(idp: StandInIdentityProvider, secret: str = CLIENT_SECRET, scope: str | None = None, *,
+              header_urlencode: bool = False) -> ClientCredentialsTokenProvider:
+    return ClientCredentialsTokenProvider(idp.token_url, CLIENT_ID, SecretStr(secret), scope,
+                                          header_urlencode=header_urlencode)
 
 
 def _claims(token: str) -> dict[str, object]:
@@ -90,6 +92,33 @@ async def test_a_refused_client_is_named_with_the_stand_in_idps_reason_and_never
     assert "invalid_client (client authentication failed)" in message
     assert "not-the-secret" not in message and "not-the-secret" not in repr(provider)
     assert provider.fetched == 0
+
+
+async def test_a_secret_that_form_encoding_changes_reaches_a_form_decoding_stand_in_idp_only_encoded(
+        idp: StandInIdentityProvider) -> None:
+    secret = "s+cr%2Ft 9/=:~" + CLIENT_SECRET
+    idp.client_secret, idp.form_decodes_basic = secret, True
+
+    as_it_is = _provider(idp, secret)
+    with pytest.raises(OAuthTokenError) as refused:
+        await as_it_is.token()
+    message = str(refused.value)
+    assert "invalid_client" in message and "OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE=true" in message
+    assert secret not in message and CLIENT_SECRET not in message
+
+    encoded = _provider(idp, secret, header_urlencode=True)
+    assert _claims(await encoded.token())["sub"] == CLIENT_ID
+
+    # A provider that takes the header as it is (Kafka's default) still gets the secret unchanged.
+    idp.form_decodes_basic = False
+    assert _claims(await _provider(idp, secret).token())["sub"] == CLIENT_ID
+
+
+async def test_a_refused_secret_that_form_encoding_leaves_alone_gets_no_encoding_hint(
+        idp: StandInIdentityProvider) -> None:
+    with pytest.raises(OAuthTokenError) as refused:
+        await _provider(idp, "wrong/secret=").token()
+    assert "HEADER_URLENCODE" not in str(refused.value)
 
 
 @pytest.mark.parametrize(("status", "body", "kind", "expected"), [
@@ -366,6 +395,9 @@ def test_every_kafka_client_of_a_process_shares_one_token_source() -> None:
     # Another client, or the same client at another endpoint, has its own.
     other = kafka.model_copy(update={"sasl_password": SecretStr("another-secret")})
     assert other.oauth_token_provider() is not provider
+    assert not provider.header_urlencode
+    encoding = kafka.model_copy(update={"sasl_oauth_header_urlencode": True}).oauth_token_provider()
+    assert encoding is not provider and encoding.header_urlencode
     assert KafkaSettings().oauth_token_provider() is None
 
 
