@@ -28,8 +28,9 @@ from producers.spool import DiskSpool, SpooledRecord
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
-from stream import CALLS, EventProducer, TopicRegistry, TopicSpec
+from stream import CALLS, EventProducer, NotAuthorizedError, TopicRegistry, TopicSpec
 from stream.producer import EventTooLargeError, encode_record
+from stream.topics import unauthorized_topics
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,10 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
     try:
         await asyncio.wait_for(producer.start(), timeout_s)
     except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
-        logger.warning("Kafka unreachable (%r); %s", exc, meanwhile)
+        if (topics := unauthorized_topics(exc, ())) is not None:
+            logger.error("%s; %s", NotAuthorizedError.of(topics, producer.settings), meanwhile)
+        else:
+            logger.warning("Kafka unreachable (%r); %s", exc, meanwhile)
         with contextlib.suppress(Exception):
             await producer.stop()
         return None
@@ -56,13 +60,17 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
 
 REFUSED: tuple[type[Exception], ...] = (
     kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
-    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError, kafka_errors.TopicAuthorizationFailedError,
+    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError,
     kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError, EventTooLargeError,
 )
 """Kafka's ways of refusing a record itself rather than the connection: sending it again cannot
 help, and every record behind it would wait for ever. Such a record goes to the dead-letter topic.
-The broker's answer and the client's own checks while queueing (its size limit, a topic the
-metadata says is not ours to write) alike."""
+The broker's answer and the client's own checks while queueing (its size limit) alike.
+
+Not among them: a topic this client may not write (``TopicAuthorizationFailedError``). That is
+the cluster's ACLs, an operator's to fix; until then the events wait on local disk
+(:class:`stream.NotAuthorizedError` says what to grant) instead of every one going to the
+dead-letter topic."""
 
 
 def _read_outcome(future: asyncio.Future[Any]) -> None:
@@ -270,6 +278,7 @@ class DurablePublisher:
 
     async def _drain_forever(self) -> None:
         backoff = self.drain_interval_s
+        unauthorized: list[str] | None = None  # the topics last reported as not this client's to write
         while not self._stopped:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), backoff)
@@ -279,11 +288,18 @@ class DurablePublisher:
             try:
                 drained = await self._drain_once()
             except Exception as exc:  # noqa: BLE001 - keep trying; Kafka may be restarting
-                logger.info("spool drain paused: %s", exc)
+                topics = unauthorized_topics(exc, ())
+                if topics is not None and topics != unauthorized and self._producer is not None:
+                    unauthorized = topics  # said once while it lasts
+                    logger.error("%s; spooled events wait in %s and are sent once it is granted",
+                                 NotAuthorizedError.of(topics, self._producer.settings), self.spool.directory)
+                else:
+                    logger.info("spool drain paused: %s", exc)
                 await self._drop_producer()  # a fresh one: an idempotent producer may be stuck in a bad sequence
                 backoff = min(backoff * 2, 30.0)
                 continue
             backoff = self.drain_interval_s
+            unauthorized = None
             if drained:
                 self._wake.set()  # more may be waiting: go again at once
 

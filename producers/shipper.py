@@ -46,8 +46,9 @@ from producers.spool import DiskSpool
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
-from stream import EventProducer, MissingTopicsError, TopicRegistry, TopicSpec
+from stream import EventProducer, MissingTopicsError, NotAuthorizedError, TopicRegistry, TopicSpec
 from stream.producer import encode_record
+from stream.topics import unauthorized_topics
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,13 @@ class JournalSource(Protocol):
 
     def mark_shipped(self, records: list[JournalRecord]) -> None:
         """Kafka acknowledged ``records``."""
+
+
+class _UnreachableError(ConnectionError):
+    """No producer: Kafka did not answer (already logged, with the reason, by ``connect_producer``)."""
+
+    def __init__(self) -> None:
+        super().__init__("Kafka unreachable")
 
 
 class Shipper:
@@ -121,6 +129,7 @@ class Shipper:
         to the dead-letter topic instead."""
         self._one_by_one_to = -1  # records up to this one go one at a time, to find one Kafka refuses
         self._missing_reported: list[str] = []  # the missing topics last logged, so a wait is logged once
+        self._unauthorized_reported: list[str] = []  # likewise the topics last found not ours to write
 
     def wake(self) -> None:
         """Something was appended: look now instead of at the next poll."""
@@ -200,7 +209,7 @@ class Shipper:
             outgoing: list[Record] = []
             try:
                 if not await self.connect():
-                    raise ConnectionError("Kafka unreachable")
+                    raise _UnreachableError  # connect_producer said why
                 outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq, native=self.native)
                             for r in records]
                 await self._send(outgoing)
@@ -218,16 +227,20 @@ class Shipper:
                     self.publish_errors += 1
                     continue
                 self.publish_errors += 1
-                if self._producer is not None:
-                    # Waiting for a missing topic ends in our timeout, or in aiokafka's own
-                    # (UnknownTopicOrPartition) where its request timeout is the shorter.
-                    waited = isinstance(exc, TimeoutError | kafka_errors.KafkaTimeoutError
-                                        | kafka_errors.UnknownTopicOrPartitionError)
-                    missing = await self._missing_topics(outgoing) if waited and not self.stopping else []
-                    if missing:
-                        self._report_missing(missing, len(records))
-                    else:
-                        logger.warning("shipping %d journalled events failed (%r); will retry", len(records), exc)
+                # Waiting for a missing topic ends in our timeout, or in aiokafka's own
+                # (UnknownTopicOrPartition) where its request timeout is the shorter.
+                waited = isinstance(exc, TimeoutError | kafka_errors.KafkaTimeoutError
+                                    | kafka_errors.UnknownTopicOrPartitionError)
+                missing = (await self._missing_topics(outgoing)
+                           if waited and self._producer is not None and not self.stopping else [])
+                if (unauthorized := unauthorized_topics(exc, (r.topic for r in records))) is not None \
+                        and self._producer is not None:
+                    self._report_unauthorized(unauthorized, len(records))
+                elif missing:
+                    self._report_missing(missing, len(records))
+                elif not isinstance(exc, _UnreachableError):
+                    # Also a failure to make the producer (its settings, say): never a silent retry loop.
+                    logger.warning("shipping %d journalled events failed (%r); will retry", len(records), exc)
                 await self.close()
                 self._progress()
                 if self.stopping:
@@ -237,7 +250,9 @@ class Shipper:
                 backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
                 continue
             backoff = 0.5
-            self._missing_reported = []
+            if self._unauthorized_reported:
+                logger.info("topics %s take this client's events again", ", ".join(self._unauthorized_reported))
+            self._missing_reported, self._unauthorized_reported = [], []
             self.kafka_ok = True
             self.source.mark_shipped(records)
             self.shipped = records[-1].seq
@@ -301,6 +316,23 @@ class Shipper:
         remedy = MissingTopicsError.of(missing, self._producer.settings.bootstrap_servers)
         logger.error("%s; journalled events (a batch of %d) wait in %s and ship once it exists. (A topic this "
                      "client may not describe looks missing too.)", remedy, records, self.source.directory)
+
+    def _report_unauthorized(self, topics: list[str], records: int) -> None:
+        """Say which topics this client may not write and what to grant: loudly once, quietly while it lasts.
+
+        The events wait in the journal, as for a missing topic, rather than go to the dead-letter
+        topic: a missing ACL is the operator's to fix, and every call of the run would otherwise
+        be set aside.
+        """
+        if topics == self._unauthorized_reported:
+            logger.info("journalled events (a batch of %d) still wait for the right to write to %s", records,
+                        ", ".join(topics))
+            return
+        self._unauthorized_reported = topics
+        assert self._producer is not None  # the failure came from a send
+        remedy = NotAuthorizedError.of(topics, self._producer.settings)
+        logger.error("%s; journalled events (a batch of %d) wait in %s and ship once it is granted", remedy,
+                     records, self.source.directory)
 
     async def _send(self, outgoing: list[Record]) -> None:
         """Send ``outgoing`` and wait until Kafka has acknowledged all of it."""

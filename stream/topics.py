@@ -168,6 +168,62 @@ class MissingTopicsError(RuntimeError):
                    "cluster, the chart's KafkaTopic resources do)")
 
 
+class NotAuthorizedError(RuntimeError):
+    """The cluster's ACLs do not let this client write to some topics.
+
+    A configuration to fix, not a record to refuse: an operator who forgot one topic's ACL (a
+    topic added in a new release, a prefix mistyped) grants it, and what waited is sent then.
+    aiokafka's ``TopicAuthorizationFailedError`` names the topic but neither the principal the
+    broker saw nor the remedy; this error says both.
+    """
+
+    @classmethod
+    def of(cls, topics: Iterable[str], kafka: KafkaSettings) -> NotAuthorizedError:
+        """The error for these topic names, naming this client's principal and the ACLs to grant."""
+        names = sorted(set(topics))
+        user = principal(kafka)
+        shown = user if user.startswith("User:") else "User:<principal>"
+        # An idempotent producer that may write nowhere is refused at its start, before any topic.
+        where = (f"topic{'s' if len(names) > 1 else ''} {', '.join(names)}" if names
+                 else "any topic (an idempotent producer needs WRITE on some topic)")
+        return cls(f"the cluster at {kafka.bootstrap_servers} does not let {user} write to {where}; grant it "
+                   f"WRITE and DESCRIBE there, for example `kafka-acls.sh --bootstrap-server "
+                   f"{kafka.bootstrap_servers} --add --allow-principal {shown} --operation Write --operation "
+                   f"Describe --topic {names[0] if names else '<topic>'}` (on Strimzi, the KafkaUser's acls)")
+
+
+def principal(kafka: KafkaSettings) -> str:
+    """Who the brokers see this client as, as far as its settings tell (the name ACLs are granted to)."""
+    if kafka.sasl_mechanism == "OAUTHBEARER":
+        return f"the principal of OAuth client {kafka.sasl_username!r} (its token's subject)"
+    if kafka.sasl_mechanism is not None:
+        return f"User:{kafka.sasl_username}"
+    if kafka.ssl_certfile is not None:
+        return f"the principal of the certificate {kafka.ssl_certfile} (User:CN=...)"
+    return "User:ANONYMOUS"
+
+
+def unauthorized_topics(exc: BaseException, fallback: Iterable[str]) -> list[str] | None:
+    """The topics an authorization failure names (``fallback`` where it names none); None if ``exc`` is not one.
+
+    aiokafka raises ``TopicAuthorizationFailedError`` with the topic (a produce answer, or the
+    metadata of a topic this client may not describe), and ``ClusterAuthorizationFailedError``
+    at an idempotent producer's start when the principal may write nowhere at all.
+    """
+    from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+
+    if isinstance(exc, ClusterAuthorizationFailedError):
+        return sorted(set(fallback))
+    if not isinstance(exc, TopicAuthorizationFailedError):
+        return None
+    named = exc.args[0] if exc.args else None
+    if isinstance(named, str):
+        return [named]
+    if isinstance(named, set | frozenset | list | tuple) and named and all(isinstance(n, str) for n in named):
+        return sorted(named)
+    return sorted(set(fallback))
+
+
 async def start_consumer(consumer: Any, names: Iterable[str], kafka: KafkaSettings) -> None:
     """Start a consumer subscribed to ``names``, or raise :class:`MissingTopicsError`.
 

@@ -121,3 +121,21 @@ async def calls_of(proxy: RunningProxy, expect: int) -> list[ModelCallV1]:
 
 async def rewards_of(proxy: RunningProxy, expect: int) -> list[RewardV1]:
     return await read_events(proxy.settings.kafka, proxy.registry, REWARDS, expect=expect)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``condition`` came true within ``timeout_s`` (checked every 20 ms)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+async def stored(kafka: KafkaSettings, registry: TopicRegistry, topic: str) -> int:
+    """How many records ``topic`` holds (the sum of its partitions' end offsets)."""
+    from stream.admin import KafkaAdmin
+
+    async with KafkaAdmin(kafka, registry) as admin:
+        return sum((await admin.end_offsets(await admin.partitions(topic))).values())

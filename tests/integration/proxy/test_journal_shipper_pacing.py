@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from factories import reward
+from proxy_helpers import stored, until
 
 from producers.journal import Journal
 from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, Shipper
 from stream import EventProducer, KafkaSettings, TopicRegistry
-from stream.admin import KafkaAdmin
 from stream.topics import REWARDS
 
 pytestmark = pytest.mark.kafka
@@ -32,18 +32,7 @@ LINGER_S = 60.0
 
 
 async def _stored(kafka: KafkaSettings, registry: TopicRegistry) -> int:
-    async with KafkaAdmin(kafka, registry) as admin:
-        topic = registry[REWARDS].name
-        return sum((await admin.end_offsets(await admin.partitions(topic))).values())
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        if condition():
-            return True
-        await asyncio.sleep(0.02)
-    return False
+    return await stored(kafka, registry, registry[REWARDS].name)
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +66,7 @@ async def test_a_backlog_of_full_batches_ships_without_pausing_between_them(
     async with _shipping(tmp_path, kafka_settings, topics, batch_bytes=8 * 1024) as (journal, shipper):
         last = _append(journal, topics, 40, 2048)
         shipper.wake()
-        assert await _until(lambda: shipper.shipped >= last, 20.0), \
+        assert await until(lambda: shipper.shipped >= last, 20.0), \
             f"shipped up to {shipper.shipped} of {last}: the shipper paused after a full batch"
     assert await _stored(kafka_settings, topics) == 40
 
@@ -87,14 +76,14 @@ async def test_an_append_leaves_the_linger_alone_and_a_waiting_reward_cuts_it_sh
     async with _shipping(tmp_path, kafka_settings, topics, batch_bytes=1 << 20) as (journal, shipper):
         first = _append(journal, topics, 1, 100)
         shipper.wake()
-        assert await _until(lambda: shipper.shipped >= first, 20.0)
+        assert await until(lambda: shipper.shipped >= first, 20.0)
         # The shipper now lingers. Appends wake it on every call; they must not end the pause,
         # or no batch would ever gather more than one event.
         second = _append(journal, topics, 3, 100)
         shipper.wake()
-        assert not await _until(lambda: shipper.shipped >= second, 1.0)
+        assert not await until(lambda: shipper.shipped >= second, 1.0)
         shipper.hurry()  # a verifier's reward waits for its rollout's calls
-        assert await _until(lambda: shipper.shipped >= second, 20.0), "the waiting reward sat out the linger"
+        assert await until(lambda: shipper.shipped >= second, 20.0), "the waiting reward sat out the linger"
     assert await _stored(kafka_settings, topics) == 4
 
 
@@ -105,7 +94,7 @@ async def test_a_record_a_poll_finds_leaves_without_a_linger(
     async with _shipping(tmp_path, kafka_settings, topics, batch_bytes=1 << 20) as (journal, shipper):
         await asyncio.sleep(0.3)  # idle: several polls found nothing
         last = _append(journal, topics, 2, 100)  # no wake, as in the shipping process
-        assert await _until(lambda: shipper.shipped >= last, 10.0), "a record found by a poll sat out a linger"
+        assert await until(lambda: shipper.shipped >= last, 10.0), "a record found by a poll sat out a linger"
     assert await _stored(kafka_settings, topics) == 2
 
 

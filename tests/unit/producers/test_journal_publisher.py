@@ -1,4 +1,4 @@
-"""The journalling publisher's failure paths that need no broker: damage found while shipping, bounds."""
+"""The journalling publisher's failure paths that need no broker: damage found while shipping, bounds, what is said."""
 
 from __future__ import annotations
 
@@ -7,12 +7,19 @@ import os
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    KafkaConnectionError,
+    MessageSizeTooLargeError,
+    TopicAuthorizationFailedError,
+)
 
 from producers.journal import Journal, JournalCorruptError, JournalLockedError
 from producers.journal_tail import lock_shipping
 from producers.ship_worker import WorkerSpec
-from producers.shipper import JournalPublisher
-from stream import EventProducer, KafkaSettings, TopicRegistry
+from producers.shipper import JournalPublisher, Shipper
+from stream import REWARDS, EventProducer, KafkaSettings, NotAuthorizedError, TopicRegistry
+from stream.topics import unauthorized_topics
 
 # Nothing listens here: the publisher must keep working from its journal alone.
 UNREACHABLE = KafkaSettings(bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
@@ -181,3 +188,59 @@ async def test_a_shipping_worker_that_cannot_be_started_again_at_once_is_tried_a
         assert worker._process is not first and worker._process.returncode is None
     finally:
         await publisher.stop()
+
+
+async def test_a_producer_that_cannot_be_made_is_reported_not_retried_in_silence(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A factory that raises (settings a client refuses, say) is a failure to name, not an unreachable Kafka."""
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    registry = TopicRegistry.from_settings(UNREACHABLE)
+
+    def broken() -> EventProducer:
+        raise ValueError("no such compression: brotli")
+
+    shipper = Shipper(broken, journal, registry, ack_timeout_s=0.5, idle_wait_s=0.05)
+    journal.append(registry[REWARDS].name, b"k", b"v", ())
+    runner = asyncio.create_task(shipper.run())
+    try:
+        for _ in range(100):
+            if shipper.publish_errors:
+                break
+            await asyncio.sleep(0.02)
+        assert any("no such compression: brotli" in r.getMessage() and r.levelname == "WARNING"
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        assert len(journal) == 1
+    finally:
+        shipper.stop_when_done()
+        await asyncio.wait_for(runner, 10)
+        journal.close()
+
+
+@pytest.mark.parametrize(("settings", "who", "granted"), [
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "trainer",
+      "sasl_password": "p-secret"}, "User:trainer", "--allow-principal User:trainer"),
+    ({"security_protocol": "SSL", "ssl_certfile": "/etc/hosts", "ssl_keyfile": "/etc/hosts"},
+     "the principal of the certificate /etc/hosts (User:CN=...)", "--allow-principal User:<principal>"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_username": "proxy-client",
+      "sasl_password": "p-secret", "sasl_oauth_token_url": "https://idp.example/token"},
+     "the principal of OAuth client 'proxy-client' (its token's subject)", "--allow-principal User:<principal>"),
+    ({}, "User:ANONYMOUS", "--allow-principal User:ANONYMOUS"),
+])
+def test_the_not_authorized_error_names_the_principal_and_the_acl_to_grant(
+        settings: dict[str, object], who: str, granted: str) -> None:
+    kafka = KafkaSettings(bootstrap_servers="b-1.example:9096", **settings)  # type: ignore[arg-type]
+    message = str(NotAuthorizedError.of(["p.calls", "p.dlq"], kafka))
+    assert f"does not let {who} write to topics p.calls, p.dlq" in message
+    assert granted in message and "--operation Write --operation Describe --topic p.calls" in message
+    assert "p-secret" not in message
+    assert "write to any topic" in str(NotAuthorizedError.of([], kafka))
+
+
+def test_authorization_failures_are_told_apart_from_other_errors() -> None:
+    assert unauthorized_topics(TopicAuthorizationFailedError("a.calls"), ["x"]) == ["a.calls"]
+    assert unauthorized_topics(TopicAuthorizationFailedError({"b", "a"}), ["x"]) == ["a", "b"]
+    assert unauthorized_topics(TopicAuthorizationFailedError(), ["y", "x", "y"]) == ["x", "y"]
+    assert unauthorized_topics(ClusterAuthorizationFailedError(), ["x"]) == ["x"]
+    assert unauthorized_topics(KafkaConnectionError("gone"), ["x"]) is None
+    assert unauthorized_topics(MessageSizeTooLargeError(), ["x"]) is None
