@@ -38,23 +38,32 @@ Outcome = Literal["kafka", "spool", "journal"]
 """Where a published event went: acknowledged by Kafka, fsynced to the spool, or in the journal."""
 
 
+_refused_start: str | None = None
+"""The last refusal of a producer's start by the cluster's ACLs that was logged (see ``connect_producer``)."""
+
+
 async def connect_producer(factory: Callable[[], EventProducer], timeout_s: float,
                            meanwhile: str) -> EventProducer | None:
     """A started producer, or None (logged, saying what happens ``meanwhile``) when Kafka is unreachable.
 
     Both event logs of the proxy start without Kafka and keep events on disk until it answers.
     """
+    global _refused_start
     producer = factory()
     try:
         await asyncio.wait_for(producer.start(), timeout_s)
     except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
         if (topics := unauthorized_topics(exc, ())) is not None:
-            logger.error("%s; %s", NotAuthorizedError.of(topics, producer.settings), meanwhile)
+            # Said loudly once; every later try (each few seconds) quietly, until it changes.
+            said = str(NotAuthorizedError.of(topics, producer.settings, cluster=True))
+            logger.log(logging.INFO if said == _refused_start else logging.ERROR, "%s; %s", said, meanwhile)
+            _refused_start = said
         else:
             logger.warning("Kafka unreachable (%r); %s", exc, meanwhile)
         with contextlib.suppress(Exception):
             await producer.stop()
         return None
+    _refused_start = None
     return producer
 
 
@@ -144,6 +153,7 @@ class DurablePublisher:
         self.publish_errors = 0
         """Sends that failed or timed out and were spooled instead."""
         self.refused = 0
+        self._one_at_a_time = False  # after an authorization failure: see _drain_once
         """Spooled records Kafka refused, sent to the dead-letter topic instead."""
         self._keeping: set[asyncio.Future[Outcome]] = set()
 
@@ -289,10 +299,14 @@ class DurablePublisher:
                 drained = await self._drain_once()
             except Exception as exc:  # noqa: BLE001 - keep trying; Kafka may be restarting
                 topics = unauthorized_topics(exc, ())
+                if topics is not None:
+                    self._one_at_a_time = True
                 if topics is not None and topics != unauthorized and self._producer is not None:
                     unauthorized = topics  # said once while it lasts
+                    cluster = isinstance(exc, kafka_errors.ClusterAuthorizationFailedError)
                     logger.error("%s; spooled events wait in %s and are sent once it is granted",
-                                 NotAuthorizedError.of(topics, self._producer.settings), self.spool.directory)
+                                 NotAuthorizedError.of(topics, self._producer.settings, cluster=cluster),
+                                 self.spool.directory)
                 else:
                     logger.info("spool drain paused: %s", exc)
                 await self._drop_producer()  # a fresh one: an idempotent producer may be stuck in a bad sequence
@@ -317,6 +331,13 @@ class DurablePublisher:
                         logger.info("spool drained; publishing directly again")
                     self._direct = True
             return 0
+        if self._one_at_a_time:
+            # Kafka refused this client a topic of an earlier batch, and may have stored the
+            # records of the others: one at a time until the head goes, so none is sent again.
+            await self._drain_one_by_one(batch)
+            self._one_at_a_time = False
+            logger.info("drained %d spooled records one at a time (%d left)", len(batch), len(self.spool))
+            return len(batch)
         futures: list[asyncio.Future[Any]] = []
         try:
             try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 import aiokafka.errors as kafka_errors
+from aiokafka.errors import ClusterAuthorizationFailedError as ClusterDenied
 
 from producers.capture import CallCapture
 from producers.durable import REFUSED, Outcome, connect_producer
@@ -125,8 +126,8 @@ class Shipper:
         self.shipped = -1
         """The last sequence number Kafka acknowledged (in this run)."""
         self.refused = 0
-        """Records Kafka refused (too large for the broker's topic, not authorised) and that went
-        to the dead-letter topic instead."""
+        """Records Kafka refused (too large for the broker's topic, a policy) and that went to the
+        dead-letter topic instead."""
         self._one_by_one_to = -1  # records up to this one go one at a time, to find one Kafka refuses
         self._missing_reported: list[str] = []  # the missing topics last logged, so a wait is logged once
         self._unauthorized_reported: list[str] = []  # likewise the topics last found not ours to write
@@ -233,9 +234,13 @@ class Shipper:
                                     | kafka_errors.UnknownTopicOrPartitionError)
                 missing = (await self._missing_topics(outgoing)
                            if waited and self._producer is not None and not self.stopping else [])
-                if (unauthorized := unauthorized_topics(exc, (r.topic for r in records))) is not None \
-                        and self._producer is not None:
-                    self._report_unauthorized(unauthorized, len(records))
+                # The topics sent to (a raw record's journal name is no Kafka topic).
+                topics = [record[0] for record in outgoing] or [record.topic for record in records]
+                if (unauthorized := unauthorized_topics(exc, topics)) is not None and self._producer is not None:
+                    self._report_unauthorized(unauthorized, len(records), cluster=isinstance(exc, ClusterDenied))
+                    # Kafka may have stored the batch's records for the topics it allows: one at a
+                    # time from here, so that each try sends only the record that waits, not them again.
+                    self._one_by_one_to = max(self._one_by_one_to, records[-1].seq)
                 elif missing:
                     self._report_missing(missing, len(records))
                 elif not isinstance(exc, _UnreachableError):
@@ -317,7 +322,7 @@ class Shipper:
         logger.error("%s; journalled events (a batch of %d) wait in %s and ship once it exists. (A topic this "
                      "client may not describe looks missing too.)", remedy, records, self.source.directory)
 
-    def _report_unauthorized(self, topics: list[str], records: int) -> None:
+    def _report_unauthorized(self, topics: list[str], records: int, *, cluster: bool = False) -> None:
         """Say which topics this client may not write and what to grant: loudly once, quietly while it lasts.
 
         The events wait in the journal, as for a missing topic, rather than go to the dead-letter
@@ -330,7 +335,7 @@ class Shipper:
             return
         self._unauthorized_reported = topics
         assert self._producer is not None  # the failure came from a send
-        remedy = NotAuthorizedError.of(topics, self._producer.settings)
+        remedy = NotAuthorizedError.of(topics, self._producer.settings, cluster=cluster)
         logger.error("%s; journalled events (a batch of %d) wait in %s and ship once it is granted", remedy,
                      records, self.source.directory)
 
@@ -352,8 +357,11 @@ class Shipper:
                              f"Kafka refused the record: {exc!r}", exc)
         try:
             await self._send([letter])
-        except Exception:
-            logger.warning("sending the dead letter for journal record %d failed too", record.seq, exc_info=True)
+        except Exception as failure:
+            if (topics := unauthorized_topics(failure, [letter[0]])) is not None:
+                self._report_unauthorized(topics, 1, cluster=isinstance(failure, ClusterDenied))
+            else:
+                logger.warning("sending the dead letter for journal record %d failed too", record.seq, exc_info=True)
             return False
         logger.error("Kafka refused journal record %d for %s (%r); it is on %s instead", record.seq, sent[0], exc,
                      letter[0])

@@ -281,18 +281,25 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         return self.client_id, secret
 
     def _encoding_hint(self, status: int) -> str:
-        """A hint for a refused client whose id or secret a form-decoding provider reads differently.
+        """A hint for a refused client whose credentials the form-encoding setting may have got wrong.
 
-        Such a provider turns ``+`` into a space and ``%xx`` into a byte, and splits an id at ``:``.
-        The hint never says which characters, nor where.
+        A form-decoding provider turns ``+`` into a space and ``%xx`` into a byte; one that takes
+        the header as it is reads an encoded ``/`` or ``=`` (common in generated secrets) as three
+        other characters. The hint never says which characters, nor where.
         """
+        if status not in (400, 401):
+            return ""
         id_, secret = self.client_id, self._secret.get_secret_value()
-        changed = any(c in text for text in (id_, secret) for c in "+%") or ":" in id_
-        if status not in (400, 401) or self.header_urlencode or not changed:
+        setting = "OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE"
+        if self.header_urlencode:
+            if quote_plus(id_, safe="") == id_ and quote_plus(secret, safe="") == secret:
+                return ""
+            return (f"; {setting}=true changed the client id or secret: if the secret is right and the identity "
+                    f"provider does not form-decode basic authentication, set it to false")
+        if not any(c in text for text in (id_, secret) for c in "+%"):
             return ""
         return ("; the client id or secret holds characters that identity providers which form-decode basic "
-                "authentication (RFC 6749, 2.3.1) read differently: if the secret is right, set "
-                "OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE=true")
+                f"authentication (RFC 6749, 2.3.1) read differently: if the secret is right, set {setting}=true")
 
     async def _fetch(self) -> tuple[str, float]:
         form = {"grant_type": "client_credentials", **({"scope": self.scope} if self.scope else {})}

@@ -178,18 +178,26 @@ class NotAuthorizedError(RuntimeError):
     """
 
     @classmethod
-    def of(cls, topics: Iterable[str], kafka: KafkaSettings) -> NotAuthorizedError:
-        """The error for these topic names, naming this client's principal and the ACLs to grant."""
+    def of(cls, topics: Iterable[str], kafka: KafkaSettings, *, cluster: bool = False) -> NotAuthorizedError:
+        """The error for these topic names, naming this client's principal and the ACLs to grant.
+
+        ``cluster``: the broker refused the idempotent producer itself (``ClusterAuthorizationFailed``),
+        which WRITE on any topic allows from Kafka 3.0 (KIP-679), and IdempotentWrite on the cluster before.
+        """
         names = sorted(set(topics))
         user = principal(kafka)
         shown = user if user.startswith("User:") else "User:<principal>"
-        # An idempotent producer that may write nowhere is refused at its start, before any topic.
-        where = (f"topic{'s' if len(names) > 1 else ''} {', '.join(names)}" if names
-                 else "any topic (an idempotent producer needs WRITE on some topic)")
-        return cls(f"the cluster at {kafka.bootstrap_servers} does not let {user} write to {where}; grant it "
-                   f"WRITE and DESCRIBE there, for example `kafka-acls.sh --bootstrap-server "
-                   f"{kafka.bootstrap_servers} --add --allow-principal {shown} --operation Write --operation "
-                   f"Describe --topic {names[0] if names else '<topic>'}` (on Strimzi, the KafkaUser's acls)")
+        grant = (f"kafka-acls.sh --bootstrap-server {kafka.bootstrap_servers} --add --allow-principal {shown} "
+                 "--operation Write --operation Describe")
+        per_topic = "".join(f" --topic {name}" for name in names) or " --topic <topic>"
+        if cluster or not names:
+            return cls(f"the cluster at {kafka.bootstrap_servers} does not let {user} use an idempotent producer: "
+                       f"grant it WRITE and DESCRIBE on the topics it writes, for example `{grant}{per_topic}` "
+                       f"(brokers before Kafka 3.0 also want `--operation IdempotentWrite --cluster`; on Strimzi, "
+                       f"the KafkaUser's acls)")
+        return cls(f"the cluster at {kafka.bootstrap_servers} does not let {user} write to topic"
+                   f"{'s' if len(names) > 1 else ''} {', '.join(names)}; grant it WRITE and DESCRIBE there, for "
+                   f"example `{grant}{per_topic}` (on Strimzi, the KafkaUser's acls)")
 
 
 def principal(kafka: KafkaSettings) -> str:

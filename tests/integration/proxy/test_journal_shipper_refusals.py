@@ -1,8 +1,8 @@
 """A record the broker refuses for good must not hold back every record behind it.
 
 Kafka refuses some records whatever the retry: larger than the topic's ``max.message.bytes`` as
-the broker has it (an operator may have lowered it below what the registry assumes), a topic the
-producer may not write, a policy. The shipper used to send the same batch again for ever, so the
+the broker has it (an operator may have lowered it below what the registry assumes), a policy.
+The shipper used to send the same batch again for ever, so the
 journal filled and the proxy refused every call. It now finds the record, puts it on the
 dead-letter topic with the broker's reason, and ships on.
 

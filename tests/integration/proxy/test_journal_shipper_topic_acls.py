@@ -12,10 +12,11 @@ with Kafka's own Admin client (``tests/java/GrantAcls.java``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from producers.durable import DurablePublisher, connect_producer
 from producers.journal import Journal
 from producers.shipper import Shipper
 from producers.spool import DiskSpool
-from stream import DEAD_LETTERS, REWARDS, EventProducer, KafkaSettings, TopicRegistry
+from stream import DEAD_LETTERS, REWARDS, ROLLOUTS, EventProducer, KafkaSettings, TopicRegistry
 from stream.admin import KafkaAdmin
 from stream.broker import BrokerSettings, LocalBroker, ensure_kafka_jars
 
@@ -100,6 +101,21 @@ async def _made(broker: _AuthorizingBroker, user: str = USER) -> tuple[KafkaSett
     return admin_settings, shipper_settings, registry
 
 
+@contextlib.asynccontextmanager
+async def _shipping(kafka: KafkaSettings, registry: TopicRegistry, journal: Journal) -> AsyncIterator[Shipper]:
+    """A shipper running over ``journal`` as ``kafka``'s user; stopped, and the journal closed, after."""
+    shipper = Shipper(lambda: EventProducer(kafka, registry=registry), journal, registry, ack_timeout_s=10.0,
+                      linger_s=0.01, idle_wait_s=0.05)
+    runner = asyncio.create_task(shipper.run())
+    try:
+        yield shipper
+    finally:
+        shipper.stop_when_done()
+        await asyncio.wait_for(runner, 30)
+        await shipper.close()
+        journal.close()
+
+
 def _said(caplog: pytest.LogCaptureFixture, *parts: str) -> bool:
     return any(r.levelno >= logging.ERROR and all(p in r.getMessage() for p in parts) for r in caplog.records)
 
@@ -118,10 +134,7 @@ async def test_events_for_a_topic_the_client_may_not_write_wait_in_the_journal_u
 
     journal = Journal(tmp_path, 64 << 20)
     journal.open()
-    shipper = Shipper(lambda: EventProducer(kafka, registry=registry), journal, registry, ack_timeout_s=10.0,
-                      linger_s=0.01, idle_wait_s=0.05)
-    runner = asyncio.create_task(shipper.run())
-    try:
+    async with _shipping(kafka, registry, journal) as shipper:
         with caplog.at_level(logging.INFO):
             last = -1
             for i in range(5):
@@ -136,11 +149,6 @@ async def test_events_for_a_topic_the_client_may_not_write_wait_in_the_journal_u
 
             authorizing.grant(rewards, "Write", "Describe")
             assert await until(lambda: shipper.shipped >= last, 40.0), "granted, the waiting events were not sent"
-    finally:
-        shipper.stop_when_done()
-        await asyncio.wait_for(runner, 30)
-        await shipper.close()
-        journal.close()
     assert await stored(admin, registry, rewards) == 5
     assert await stored(admin, registry, letters) == 0
     assert shipper.refused == 0
@@ -181,5 +189,32 @@ async def test_a_client_the_cluster_lets_write_nowhere_is_told_what_to_grant(
         producer = await connect_producer(lambda: EventProducer(kafka, registry=registry), 20.0,
                                           "events wait on disk")
     assert producer is None
-    assert _said(caplog, f"does not let User:{STRANGER} write to any topic", "kafka-acls.sh", "events wait on disk"), \
+    assert _said(caplog, f"does not let User:{STRANGER} use an idempotent producer", "kafka-acls.sh",
+                 "IdempotentWrite --cluster", "events wait on disk"), \
         [r.getMessage() for r in caplog.records]
+
+
+async def test_records_for_allowed_topics_are_not_sent_again_at_every_try_while_one_topic_is_forbidden(
+        authorizing: _AuthorizingBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A batch that mixes topics: Kafka stores the allowed ones and refuses the forbidden one's."""
+    admin, kafka, registry = await _made(authorizing)
+    rewards, rollouts = registry[REWARDS].name, registry[ROLLOUTS].name
+    async with KafkaAdmin(admin, registry) as made:
+        await made.create_topics([registry[ROLLOUTS]])
+    authorizing.grant(rollouts, "Write", "Describe")
+    authorizing.grant(rewards, "Describe")
+
+    journal = Journal(tmp_path, 64 << 20)
+    journal.open()
+    for i, topic in enumerate((rollouts, rewards, rollouts, rollouts)):
+        journal.append(topic, f"k-{i}".encode(), bytes([i]) * 100, ())
+    async with _shipping(kafka, registry, journal) as shipper:
+        with caplog.at_level(logging.INFO):
+            # Three tries after the first (0.5, 1 and 2 s apart).
+            assert await until(lambda: shipper.publish_errors >= 4, 30.0)
+            # The first try stored the three rollouts records; after it, only the head went again.
+            assert await stored(admin, registry, rollouts) <= 4
+            authorizing.grant(rewards, "Write")
+            assert await until(lambda: shipper.shipped >= 3, 40.0)
+    assert await stored(admin, registry, rewards) == 1
+    assert 3 <= await stored(admin, registry, rollouts) <= 6  # each at most once again

@@ -232,9 +232,12 @@ def test_the_not_authorized_error_names_the_principal_and_the_acl_to_grant(
     kafka = KafkaSettings(bootstrap_servers="b-1.example:9096", **settings)  # type: ignore[arg-type]
     message = str(NotAuthorizedError.of(["p.calls", "p.dlq"], kafka))
     assert f"does not let {who} write to topics p.calls, p.dlq" in message
-    assert granted in message and "--operation Write --operation Describe --topic p.calls" in message
+    assert granted in message and "--operation Write --operation Describe --topic p.calls --topic p.dlq" in message
     assert "p-secret" not in message
-    assert "write to any topic" in str(NotAuthorizedError.of([], kafka))
+    for refused_producer in (NotAuthorizedError.of([], kafka), NotAuthorizedError.of(["p.calls"], kafka,
+                                                                                     cluster=True)):
+        assert f"does not let {who} use an idempotent producer" in str(refused_producer)
+        assert "IdempotentWrite --cluster" in str(refused_producer)
 
 
 def test_authorization_failures_are_told_apart_from_other_errors() -> None:

@@ -109,9 +109,14 @@ async def test_a_secret_that_form_encoding_changes_reaches_a_form_decoding_stand
     encoded = _provider(idp, secret, header_urlencode=True)
     assert _claims(await encoded.token())["sub"] == CLIENT_ID
 
-    # A provider that takes the header as it is (Kafka's default) still gets the secret unchanged.
+    # A provider that takes the header as it is (Kafka's default) still gets the secret unchanged,
+    # and refuses it encoded, saying the setting changed it.
     idp.form_decodes_basic = False
     assert _claims(await _provider(idp, secret).token())["sub"] == CLIENT_ID
+    with pytest.raises(OAuthTokenError) as encoded_refused:
+        await _provider(idp, secret, header_urlencode=True).token()
+    assert "HEADER_URLENCODE=true changed the client id or secret" in str(encoded_refused.value)
+    assert secret not in str(encoded_refused.value)
 
 
 async def test_a_refused_secret_that_form_encoding_leaves_alone_gets_no_encoding_hint(
