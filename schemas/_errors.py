@@ -37,8 +37,9 @@ class DeadLetterErrorType(StrEnum):
     HANDLER_ERROR = "handler_error"
     """The event decoded fine but the consumer's handler failed on it."""
     REFUSED_BY_BROKER = "refused_by_broker"
-    """Kafka would not store the record (larger than its topic takes, not authorised, a policy),
-    so the proxy's shipper sent it here rather than stop every record behind it."""
+    """Kafka would not store the record (larger than its topic takes, a policy), so the proxy's
+    shipper sent it here rather than stop every record behind it (``openforge topics redrive``
+    sends it back once the topic takes it)."""
 
 
 class DecodeError(Exception):

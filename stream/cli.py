@@ -4,28 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from schemas._errors import DeadLetterErrorType
 from stream.admin import KafkaAdmin, bootstrap_refusal
 from stream.broker import BrokerError, LocalBroker, ensure_kafka_jars
 from stream.settings import BrokerSettings, KafkaSettings
 from stream.tooling import (
     Range,
+    Redriven,
     format_record,
     read_jsonl,
     read_topic,
     record_matches,
+    redrive,
     replay_to_topic,
     write_jsonl,
 )
-from stream.topics import TopicRegistry
+from stream.topics import DEAD_LETTERS, TopicRegistry
 
 T = TypeVar("T")
 
@@ -132,7 +136,7 @@ def kafka_status(port: int | None, data_dir: str | None) -> None:
 
 @click.group("topics")
 def topics_group() -> None:
-    """Create, list, describe, tail, replay and measure the lag of OpenForge topics."""
+    """Create, list, describe, tail, replay, re-drive dead letters and measure the lag of OpenForge topics."""
 
 
 @topics_group.command("create")
@@ -262,6 +266,34 @@ def topics_tail(bootstrap: str | None, topic: str, follow: bool, last: int, from
     _run(go(), settings)
 
 
+def range_options(records: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``--partition``, ``--from-offset``, ``--to-offset``, ``--since``, ``--until``, given to the command as ``rng``.
+
+    One place for what a range of a topic's ``records`` means to every command that reads one.
+    """
+    options = [
+        click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions."),
+        click.option("--from-offset", type=int, default=None, help="First offset (inclusive), per partition."),
+        click.option("--to-offset", type=int, default=None, help="Last offset (exclusive), per partition."),
+        click.option("--since", default=None, help=f"Only {records} at or after this ISO 8601 time."),
+        click.option("--until", default=None, help=f"Only {records} before this ISO 8601 time."),
+    ]
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(command)
+        def with_range(*args: Any, partitions: tuple[int, ...], from_offset: int | None, to_offset: int | None,
+                       since: str | None, until: str | None, **kwargs: Any) -> None:
+            rng = Range(partitions=partitions or None, from_offset=from_offset, to_offset=to_offset,
+                        since=_when(since), until=_when(until))
+            command(*args, rng=rng, **kwargs)
+
+        for option in reversed(options):
+            with_range = option(with_range)
+        return with_range
+
+    return decorate
+
+
 @topics_group.command("replay")
 @bootstrap_option
 @click.option("--from-topic", default=None, help="Source topic (name or alias).")
@@ -270,16 +302,10 @@ def topics_tail(bootstrap: str | None, topic: str, follow: bool, last: int, from
 @click.option("--to-topic", default=None, help="Destination topic (must exist).")
 @click.option("--to-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Destination JSONL file ('-' for stdout).")
-@click.option("--partition", "partitions", type=int, multiple=True, help="Only these partitions.")
-@click.option("--from-offset", type=int, default=None, help="First offset (inclusive), per partition.")
-@click.option("--to-offset", type=int, default=None, help="Last offset (exclusive), per partition.")
-@click.option("--since", default=None, help="Only records at or after this ISO 8601 time.")
-@click.option("--until", default=None, help="Only records before this ISO 8601 time.")
+@range_options("records")
 @click.option("--keep-partition", is_flag=True, help="Write each record to its source partition number.")
 def topics_replay(bootstrap: str | None, from_topic: str | None, from_file: Path | None,
-                  to_topic: str | None, to_file: Path | None, partitions: tuple[int, ...],
-                  from_offset: int | None, to_offset: int | None, since: str | None,
-                  until: str | None, keep_partition: bool) -> None:
+                  to_topic: str | None, to_file: Path | None, rng: Range, keep_partition: bool) -> None:
     """Copy an offset or time range of records, byte-exact, between topics and JSONL files."""
     if (from_topic is None) == (from_file is None):
         raise click.UsageError("give exactly one of --from-topic and --from-file")
@@ -287,8 +313,6 @@ def topics_replay(bootstrap: str | None, from_topic: str | None, from_file: Path
         raise click.UsageError("give exactly one of --to-topic and --to-file")
     settings = _kafka(bootstrap)
     registry = TopicRegistry.from_settings(settings)
-    rng = Range(partitions=partitions or None, from_offset=from_offset, to_offset=to_offset,
-                since=_when(since), until=_when(until))
 
     def progress(count: int) -> None:
         click.echo(f"\r{count:,} records", nl=False, err=True)
@@ -315,6 +339,61 @@ def topics_replay(bootstrap: str | None, from_topic: str | None, from_file: Path
     except (KeyError, ValueError) as exc:
         raise click.ClickException(str(exc.args[0] if exc.args else exc)) from exc
     click.echo(f"\rreplayed {count:,} records", err=True)
+
+
+@topics_group.command("redrive")
+@bootstrap_option
+@click.option("--error-type", "error_types", multiple=True,
+              type=click.Choice([t.value for t in DeadLetterErrorType]),
+              help="Only letters of this error type (repeatable; all by default).")
+@click.option("--topic", "topics", multiple=True,
+              help="Only letters of records headed for this topic (name or alias; repeatable).")
+@click.option("--to-topic", default=None, help="Send every record here instead of its own topic (must exist).")
+@range_options("letters written")
+@click.option("--dry-run", is_flag=True, help="Count what would be sent; send nothing.")
+def topics_redrive(bootstrap: str | None, error_types: tuple[str, ...], topics: tuple[str, ...],
+                   to_topic: str | None, rng: Range, dry_run: bool) -> None:
+    """Send the records held by dead letters back where they were headed, byte for byte.
+
+    Once a letter's cause is gone (a topic's max.message.bytes raised, a consumer fixed or
+    upgraded), its record can go to its topic again. Letters whose value was cut short, and raw
+    journal records that made no valid event, are skipped and counted. Events carry ids that
+    consumers drop copies by, so letters re-driven twice do no harm; the offsets to start from
+    next time are printed.
+    """
+    settings = _kafka(bootstrap)
+    registry = TopicRegistry.from_settings(settings)
+    letters = registry[DEAD_LETTERS].name
+
+    def progress(done: Redriven) -> None:
+        read = sum(done.sent.values()) + sum(done.skipped.values()) + len(done.failed)
+        click.echo(f"\r{read:,} letters", nl=False, err=True)
+
+    async def go() -> Redriven:
+        return await redrive(settings, read_topic(settings, letters, rng), error_types=set(error_types) or None,
+                             topics={_topic_name(registry, t) for t in topics} or None,
+                             to_topic=_topic_name(registry, to_topic) if to_topic else None, dry_run=dry_run,
+                             progress=progress)
+
+    try:
+        done = _run(go(), settings)
+    except KeyError as exc:  # a topic that does not exist
+        raise click.ClickException(str(exc.args[0] if exc.args else exc)) from exc
+    verb = "would send" if dry_run else "sent"
+    click.echo("", err=True)
+    for topic, count in sorted(done.sent.items()):
+        click.echo(f"{verb} {count:,} to {topic}")
+    for reason, count in sorted(done.skipped.items()):
+        click.echo(f"skipped {count:,}: {reason}")
+    for failure in done.failed[:20]:
+        click.echo(f"failed: {failure}", err=True)
+    if len(done.failed) > 20:
+        click.echo(f"failed: … {len(done.failed) - 20:,} more", err=True)
+    if done.next_offsets:
+        click.echo("next run: " + ", ".join(f"partition {p} --from-offset {o}"
+                                            for p, o in sorted(done.next_offsets.items())))
+    if done.failed:
+        raise click.ClickException(f"{len(done.failed):,} records were not taken (above); the rest went on")
 
 
 @topics_group.command("lag")

@@ -1,4 +1,4 @@
-"""Operator tooling over topics: tail, and replay to a topic or a JSONL file and back.
+"""Operator tooling over topics: tail, replay to a topic or a JSONL file and back, and re-drive dead letters.
 
 Records are handled as raw bytes end to end, so a replay is byte-exact (keys,
 values and headers) whatever the records hold, including undecodable ones.
@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import re
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -19,10 +21,11 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
-from schemas import DecodeError, EventBase, PackedArray, decode
+from schemas import DeadLetterV1, DecodeError, EventBase, PackedArray, decode
 from stream.admin import KafkaAdmin
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
+from stream.topics import TopicRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +251,126 @@ async def replay_to_topic(
     return count
 
 
+_KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+@dataclass
+class Redriven:
+    """What :func:`redrive` did with each dead letter it read."""
+
+    sent: Counter[str] = field(default_factory=Counter)
+    """Records sent again and acknowledged (with ``dry_run``: that would be sent), per destination topic."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Letters left alone, per reason (filtered out, cut short, not a Kafka record, not a letter)."""
+    failed: list[str] = field(default_factory=list)
+    """Records the destination refused (the reason, with the letter's place); the rest went on."""
+    next_offsets: dict[int, int] = field(default_factory=dict)
+    """Per dead-letter partition, the offset after the last letter read: where a later run starts."""
+
+
+async def redrive(
+    settings: KafkaSettings, letters: AsyncIterator[RawRecord], *, error_types: set[str] | None = None,
+    topics: set[str] | None = None, to_topic: str | None = None, dry_run: bool = False,
+    progress: Callable[[Redriven], None] | None = None,
+) -> Redriven:
+    """Send the records held by dead letters back to their topics (or ``to_topic``), as they were.
+
+    A dead letter keeps its record byte for byte (key, value, headers), so once the cause is
+    gone (a topic's size limit raised, a consumer fixed or upgraded) the record can go where it
+    was headed. Letters are taken in offset order per partition; those whose value was cut
+    short to fit the dead-letter topic, and raw journal records (a capture that made no valid
+    event, under a name no Kafka topic can have), are skipped and counted. Events carry ids
+    and consumers drop a copy by id, so re-driving a letter twice does no harm downstream.
+
+    Args:
+        settings: How to reach the cluster the records go to.
+        letters: Records of the dead-letter topic (:func:`read_topic`).
+        error_types: Only letters of these ``error_type`` values (all when None).
+        topics: Only letters of records headed for these topics (all when None).
+        to_topic: Send every record here instead of its own topic.
+        dry_run: Count what would be sent; send nothing.
+        progress: Called every 1,000 letters and at the end.
+    """
+    done = Redriven()
+    registry = TopicRegistry.from_settings(settings)
+    pending: list[tuple[str, str, asyncio.Future[Any]]] = []
+    read = 0
+
+    async def settle() -> None:
+        outcomes = await asyncio.gather(*(future for _, _, future in pending), return_exceptions=True)
+        for (where, dest, _), outcome in zip(pending, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                done.failed.append(f"{where}: {outcome!r}")
+            else:
+                done.sent[dest] += 1
+        pending.clear()
+
+    producer = None if dry_run else EventProducer(settings)
+    if producer is not None:
+        await producer.start()
+    try:
+        async for record in letters:
+            read += 1
+            done.next_offsets[record.partition] = record.offset + 1
+            where = f"dead letter {record.partition}@{record.offset}"
+            try:
+                letter = record.decode()
+            except DecodeError:
+                letter = None
+            if not isinstance(letter, DeadLetterV1):
+                done.skipped["not a dead letter"] += 1
+            elif error_types is not None and letter.error_type.value not in error_types:
+                done.skipped[f"error type {letter.error_type.value}"] += 1
+            elif topics is not None and letter.topic not in topics:
+                done.skipped["another topic"] += 1
+            elif letter.value_truncated:
+                done.skipped["value cut short to fit the dead-letter topic"] += 1
+            elif not _KAFKA_TOPIC.fullmatch(letter.topic):  # never on Kafka: no topic would know it
+                done.skipped["a raw journal record, not a Kafka record"] += 1
+            else:
+                dest = to_topic or letter.topic
+                if (wrong := _not_declared(registry, dest, letter.headers)) is not None:
+                    done.failed.append(f"{where}: {wrong}")
+                    continue
+                if producer is not None:
+                    try:
+                        future = await producer.send_raw(dest, letter.value, key=letter.key,
+                                                         headers=letter.headers)  # type: ignore[arg-type]
+                    except Exception as exc:  # noqa: BLE001 - the client's own checks: this record only
+                        done.failed.append(f"{where}: {exc!r}")
+                        continue
+                    pending.append((where, dest, future))
+                else:
+                    done.sent[dest] += 1  # would be
+            if read % 1000 == 0:
+                await settle()
+                if progress:
+                    progress(done)
+        await settle()
+    finally:
+        if producer is not None:
+            await producer.stop()
+    if progress:
+        progress(done)
+    return done
+
+
+def _not_declared(registry: TopicRegistry, dest: str, headers: list[tuple[str, bytes | None]]) -> str | None:
+    """Why an event may not go to ``dest`` (its schema is not the topic's), or None.
+
+    Raw sends skip the registry's checks; a re-drive to the wrong topic (``--to-topic``) would
+    put events where no consumer expects them.
+    """
+    topic = registry.by_name(dest)
+    schema = next((value for name, value in headers if name == "schema"), None)
+    if topic is None or schema is None:
+        return None
+    name = schema.decode("utf-8", "replace")
+    if name in topic.spec.schemas:
+        return None
+    return f"WrongTopicError: {name} events do not go to {dest} (it takes {', '.join(topic.spec.schemas)})"
+
+
 async def _aiter(records: AsyncIterator[RawRecord] | Iterator[RawRecord]) -> AsyncIterator[RawRecord]:
     if hasattr(records, "__aiter__"):
         async for record in records:
@@ -288,7 +411,7 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
 
 
 __all__ = [
-    "Range", "RawRecord", "format_record", "read_jsonl", "read_topic", "record_matches",
+    "Range", "RawRecord", "Redriven", "format_record", "read_jsonl", "read_topic", "record_matches", "redrive",
     "replay_to_topic", "write_jsonl",
 ]
 

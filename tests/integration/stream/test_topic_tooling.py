@@ -10,16 +10,18 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from factories import model_call, reward
 from netutil import refused_address
 
-from schemas import decode
+from producers.raw_calls import RAW_CALLS, dead_letter
+from schemas import DeadLetterV1, RewardV1, decode
+from schemas._errors import DeadLetterErrorType
 from stream.admin import KafkaAdmin
 from stream.consumer import ConsumerSettings, EventConsumer, Received
-from stream.producer import EventProducer
+from stream.producer import EventProducer, encode_record
 from stream.settings import KafkaSettings
-from stream.topics import CALLS, CHECKPOINTS, REWARDS, TopicRegistry
+from stream.topics import CALLS, CHECKPOINTS, DEAD_LETTERS, REWARDS, TopicRegistry, TopicSpec
 
 pytestmark = pytest.mark.kafka
 
@@ -216,3 +218,109 @@ async def test_lag_shows_each_group_per_partition(kafka_settings, topics: TopicR
     out = (await asyncio.to_thread(openforge, kafka_settings, "topics", "lag", "--group", group)).stdout
     assert f"{group}: total lag 3" in out
     assert out.count(topics[REWARDS].name) == 2  # one row per partition
+
+
+async def _dead_letters(kafka_settings: KafkaSettings, topics: TopicRegistry) -> tuple[tuple[bytes | None, bytes, list[tuple[str, bytes]]], RewardV1]:
+    """The dead letters OpenForge writes, each kind once: what the shipper and a consumer set aside.
+
+    Returns the call record the shipper's letter holds (key, value, headers) and the reward a
+    consumer's failing handler dead-lettered.
+    """
+    call = model_call(rollout_id="r-redrive")
+    key, value, headers = encode_record(topics[CALLS], call)
+    sent = (topics[CALLS].name, key, value, tuple(headers))
+    refused = dead_letter(topics, sent, 7, DeadLetterErrorType.REFUSED_BY_BROKER,
+                          "Kafka refused the record: MessageSizeTooLargeError()", ValueError("too large"))
+    # A record over the dead-letter topic's own limit is kept cut short (the shipper's 32 MiB).
+    short = DeadLetterV1(topic=topics[CALLS].name, partition=0, offset=8, key=key, value=value[:100],
+                         value_truncated=True, error_type=DeadLetterErrorType.REFUSED_BY_BROKER, reason="too large",
+                         consumer_group="openforge-proxy-shipper")
+    cut_key, cut_value, cut_headers = encode_record(topics[DEAD_LETTERS], short)
+    cut = (topics[DEAD_LETTERS].name, cut_key, cut_value, tuple(cut_headers))
+    raw = dead_letter(topics, (RAW_CALLS, key, b"{}", ()), 9, DeadLetterErrorType.INVALID_EVENT,
+                      "call capture made no valid event", ValueError("invalid"))
+    async with EventProducer(kafka_settings) as producer:
+        for letter_topic, letter_key, letter_value, letter_headers in (refused, cut, raw):
+            await producer.send_raw(letter_topic, letter_value, key=letter_key, headers=letter_headers)
+        await producer.send_raw(topics[DEAD_LETTERS].name, b"not a letter", key=b"x")
+        lost = reward("r-redrive", 0.5)
+        await producer.publish(REWARDS, lost)
+        await producer.flush()
+
+    async def failing(received: Received) -> None:
+        raise RuntimeError("a bug, fixed since")
+
+    consumer = EventConsumer([REWARDS], failing, group_id=f"{kafka_settings.topic_prefix}buggy", kafka=kafka_settings,
+                             settings=ConsumerSettings(commit_interval_s=0.1, retry_backoff_s=0.01))
+    async with consumer:
+        async with KafkaAdmin(kafka_settings, topics) as admin:
+            for _ in range(300):
+                if sum((await admin.end_offsets(await admin.partitions(topics[DEAD_LETTERS].name))).values()) >= 5:
+                    break
+                await asyncio.sleep(0.1)
+    return (key, value, list(headers)), lost
+
+
+async def test_redrive_sends_dead_lettered_records_back_byte_for_byte_and_counts_what_it_skips(
+        kafka_settings, topics: TopicRegistry) -> None:
+    (key, value, headers), lost = await _dead_letters(kafka_settings, topics)
+
+    dry = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--dry-run")).stdout
+    assert f"would send 1 to {topics[CALLS].name}" in dry and f"would send 1 to {topics[REWARDS].name}" in dry
+    assert "skipped 1: value cut short" in dry and "skipped 1: a raw journal record" in dry
+    assert "skipped 1: not a dead letter" in dry
+    assert await _count(kafka_settings, topics, CALLS) == 0  # a dry run sends nothing
+
+    only = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--error-type",
+                                    "refused_by_broker")).stdout
+    assert f"sent 1 to {topics[CALLS].name}" in only and "skipped 1: error type handler_error" in only
+    records = await _read(kafka_settings, topics[CALLS].name, 1)
+    assert [(r.key, r.value, list(r.headers)) for r in records] == [(key, value, headers)]
+
+    rest = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--topic", "rewards")).stdout
+    assert f"sent 1 to {topics[REWARDS].name}" in rest and "skipped 3: another topic" in rest
+    again = await _read(kafka_settings, topics[REWARDS].name, 2)
+    assert [decode(list(r.headers), r.value) for r in again] == [lost, lost]  # the original, and the re-driven copy
+
+    # The printed offsets start the next run after what was read.
+    next_run = [line for line in rest.splitlines() if line.startswith("next run: ")]
+    assert next_run and "--from-offset" in next_run[0]
+    start = max(int(part.rsplit(" ", 1)[1]) for part in next_run[0].removeprefix("next run: ").split(", "))
+    after = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--from-offset",
+                                     str(start))).stdout
+    assert "sent" not in after
+
+
+async def test_redrive_names_the_records_a_topic_will_not_take_and_sends_the_rest(
+        kafka_settings, topics: TopicRegistry) -> None:
+    await _dead_letters(kafka_settings, topics)
+    # A model call does not belong on the rewards topic: the client refuses it; the reward goes.
+    out = await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--to-topic", "rewards",
+                                  check=False)
+    assert out.returncode == 1, out
+    assert "WrongTopicError: model_call events do not go to" in out.stderr, out.stderr
+    assert "1 records were not taken" in out.stderr, out.stderr
+    assert f"sent 1 to {topics[REWARDS].name}" in out.stdout
+    bad = await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--error-type", "bogus",
+                                  check=False)
+    assert bad.returncode == 2 and "bogus" in bad.stderr
+
+
+async def _count(kafka_settings: KafkaSettings, topics: TopicRegistry, spec: TopicSpec) -> int:
+    async with KafkaAdmin(kafka_settings, topics) as admin:
+        return sum((await admin.end_offsets(await admin.partitions(topics[spec].name))).values())
+
+
+async def _read(kafka_settings: KafkaSettings, topic: str, expect: int) -> list[ConsumerRecord[bytes, bytes]]:
+    consumer = AIOKafkaConsumer(topic, **kafka_settings.client_kwargs(), auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(records) < expect and asyncio.get_running_loop().time() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=300)).values():
+                records.extend(batch)
+    finally:
+        await consumer.stop()
+    return sorted(records, key=lambda r: (r.partition, r.offset))
