@@ -19,6 +19,7 @@ from stream.admin import KafkaAdmin, bootstrap_refusal
 from stream.broker import BrokerError, LocalBroker, ensure_kafka_jars
 from stream.settings import BrokerSettings, KafkaSettings
 from stream.tooling import (
+    REDRIVEN_BY_DEFAULT,
     Range,
     Redriven,
     format_record,
@@ -345,39 +346,48 @@ def topics_replay(bootstrap: str | None, from_topic: str | None, from_file: Path
 @bootstrap_option
 @click.option("--error-type", "error_types", multiple=True,
               type=click.Choice([t.value for t in DeadLetterErrorType]),
-              help="Only letters of this error type (repeatable; all by default).")
+              help="Only letters of this error type (repeatable; default: "
+                   f"{' and '.join(sorted(REDRIVEN_BY_DEFAULT))}).")
 @click.option("--topic", "topics", multiple=True,
               help="Only letters of records headed for this topic (name or alias; repeatable).")
 @click.option("--to-topic", default=None, help="Send every record here instead of its own topic (must exist).")
 @range_options("letters written")
-@click.option("--dry-run", is_flag=True, help="Count what would be sent; send nothing.")
+@click.option("--dry-run", is_flag=True, help="Count what would be sent and check where; send nothing.")
 def topics_redrive(bootstrap: str | None, error_types: tuple[str, ...], topics: tuple[str, ...],
                    to_topic: str | None, rng: Range, dry_run: bool) -> None:
     """Send the records held by dead letters back where they were headed, byte for byte.
 
     Once a letter's cause is gone (a topic's max.message.bytes raised, a consumer fixed or
-    upgraded), its record can go to its topic again. Letters whose value was cut short, and raw
-    journal records that made no valid event, are skipped and counted. Events carry ids that
-    consumers drop copies by, so letters re-driven twice do no harm; the offsets to start from
-    next time are printed.
+    upgraded), its record can go to its topic again. By default only letters of records the
+    broker refused or a handler failed on: an undecodable or invalid record would only be
+    dead-lettered again (name those error types to send them anyway). Letters whose value was
+    cut short, and raw journal records that made no valid event, are skipped and counted. A
+    record whose topic is missing, or does not take its schema, is refused and the rest go on.
+    Consumers drop an event they already have by its id, but one that comes after its rollout
+    closed is dead-lettered again as late, so re-drive a range once: the command prints, per
+    partition, where the next run starts (at the first record not taken, if any).
     """
     settings = _kafka(bootstrap)
     registry = TopicRegistry.from_settings(settings)
     letters = registry[DEAD_LETTERS].name
 
     def progress(done: Redriven) -> None:
-        read = sum(done.sent.values()) + sum(done.skipped.values()) + len(done.failed)
-        click.echo(f"\r{read:,} letters", nl=False, err=True)
+        click.echo(f"\r{done.read:,} letters", nl=False, err=True)
 
     async def go() -> Redriven:
-        return await redrive(settings, read_topic(settings, letters, rng), error_types=set(error_types) or None,
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await redrive(settings, read_topic(settings, letters, rng),
+                             error_types=frozenset(error_types) or REDRIVEN_BY_DEFAULT,
                              topics={_topic_name(registry, t) for t in topics} or None,
                              to_topic=_topic_name(registry, to_topic) if to_topic else None, dry_run=dry_run,
-                             progress=progress)
+                             progress=progress, stop=stop)
 
     try:
         done = _run(go(), settings)
-    except KeyError as exc:  # a topic that does not exist
+    except KeyError as exc:  # the dead-letter topic does not exist
         raise click.ClickException(str(exc.args[0] if exc.args else exc)) from exc
     verb = "would send" if dry_run else "sent"
     click.echo("", err=True)
@@ -386,14 +396,18 @@ def topics_redrive(bootstrap: str | None, error_types: tuple[str, ...], topics: 
     for reason, count in sorted(done.skipped.items()):
         click.echo(f"skipped {count:,}: {reason}")
     for failure in done.failed[:20]:
-        click.echo(f"failed: {failure}", err=True)
+        click.echo(f"{'would be refused' if dry_run else 'not taken'}: {failure}", err=True)
     if len(done.failed) > 20:
-        click.echo(f"failed: … {len(done.failed) - 20:,} more", err=True)
-    if done.next_offsets:
-        click.echo("next run: " + ", ".join(f"partition {p} --from-offset {o}"
-                                            for p, o in sorted(done.next_offsets.items())))
+        click.echo(f"… and {len(done.failed) - 20:,} more", err=True)
+    for partition, offset in sorted(done.resume.items()):
+        click.echo(f"next run, partition {partition}: --partition {partition} --from-offset {offset}")
+    if done.interrupted:
+        raise click.ClickException("stopped before the end of the range (the counts above are what was done)")
     if done.failed:
-        raise click.ClickException(f"{len(done.failed):,} records were not taken (above); the rest went on")
+        records = f"{len(done.failed):,} record{'s' if len(done.failed) > 1 else ''}"
+        if dry_run:
+            raise click.ClickException(f"{records} would be refused (above)")
+        raise click.ClickException(f"{records} not taken (above); the rest went on")
 
 
 @topics_group.command("lag")

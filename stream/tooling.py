@@ -254,6 +254,12 @@ async def replay_to_topic(
 _KAFKA_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
+REDRIVEN_BY_DEFAULT = frozenset({"refused_by_broker", "handler_error"})
+"""The letters whose records can go again as they are once their cause is gone (a topic's size
+limit raised, a consumer fixed). Undecodable or invalid records would only be dead-lettered again
+by every consumer, so they are re-driven only when asked for by name."""
+
+
 @dataclass
 class Redriven:
     """What :func:`redrive` did with each dead letter it read."""
@@ -263,96 +269,137 @@ class Redriven:
     skipped: Counter[str] = field(default_factory=Counter)
     """Letters left alone, per reason (filtered out, cut short, not a Kafka record, not a letter)."""
     failed: list[str] = field(default_factory=list)
-    """Records the destination refused (the reason, with the letter's place); the rest went on."""
-    next_offsets: dict[int, int] = field(default_factory=dict)
-    """Per dead-letter partition, the offset after the last letter read: where a later run starts."""
+    """Records that were not (or would not be) taken, with the letter's place and the reason; the rest went on."""
+    resume: dict[int, int] = field(default_factory=dict)
+    """Per dead-letter partition read, where a later run starts: after the last letter read, or at
+    the first one whose record was not taken."""
+    interrupted: bool = False
+    """The run was stopped before the end of its range."""
+
+    @property
+    def read(self) -> int:
+        """Letters read so far."""
+        return sum(self.sent.values()) + sum(self.skipped.values()) + len(self.failed)
 
 
 async def redrive(
-    settings: KafkaSettings, letters: AsyncIterator[RawRecord], *, error_types: set[str] | None = None,
+    settings: KafkaSettings, letters: AsyncIterator[RawRecord], *, error_types: frozenset[str] = REDRIVEN_BY_DEFAULT,
     topics: set[str] | None = None, to_topic: str | None = None, dry_run: bool = False,
-    progress: Callable[[Redriven], None] | None = None,
+    progress: Callable[[Redriven], None] | None = None, stop: asyncio.Event | None = None,
 ) -> Redriven:
     """Send the records held by dead letters back to their topics (or ``to_topic``), as they were.
 
     A dead letter keeps its record byte for byte (key, value, headers), so once the cause is
-    gone (a topic's size limit raised, a consumer fixed or upgraded) the record can go where it
-    was headed. Letters are taken in offset order per partition; those whose value was cut
-    short to fit the dead-letter topic, and raw journal records (a capture that made no valid
-    event, under a name no Kafka topic can have), are skipped and counted. Events carry ids
-    and consumers drop a copy by id, so re-driving a letter twice does no harm downstream.
+    gone the record can go where it was headed. Letters are taken in offset order per partition;
+    those whose value was cut short to fit the dead-letter topic, and raw journal records (a
+    capture that made no valid event, under a name no Kafka topic can have), are skipped and
+    counted. A record is refused, and the run goes on, when its destination does not exist or
+    does not take its schema (raw sends skip the registry's checks), or when the broker refuses it.
 
     Args:
         settings: How to reach the cluster the records go to.
         letters: Records of the dead-letter topic (:func:`read_topic`).
-        error_types: Only letters of these ``error_type`` values (all when None).
+        error_types: Only letters of these ``error_type`` values.
         topics: Only letters of records headed for these topics (all when None).
         to_topic: Send every record here instead of its own topic.
-        dry_run: Count what would be sent; send nothing.
+        dry_run: Count what would be sent and check where it would go; send nothing.
         progress: Called every 1,000 letters and at the end.
+        stop: Set to end the run early (what was sent is still counted and settled).
     """
     done = Redriven()
     registry = TopicRegistry.from_settings(settings)
-    pending: list[tuple[str, str, asyncio.Future[Any]]] = []
-    read = 0
+    pending: list[tuple[int, int, str, asyncio.Future[Any]]] = []
+    exists: dict[str, bool] = {}
+
+    def refused(partition: int, offset: int, why: str) -> None:
+        done.failed.append(f"dead letter {partition}@{offset}: {why}")
+        done.resume[partition] = min(done.resume.get(partition, offset), offset)
 
     async def settle() -> None:
-        outcomes = await asyncio.gather(*(future for _, _, future in pending), return_exceptions=True)
-        for (where, dest, _), outcome in zip(pending, outcomes, strict=True):
+        outcomes = await asyncio.gather(*(future for *_, future in pending), return_exceptions=True)
+        for (partition, offset, dest, _), outcome in zip(pending, outcomes, strict=True):
             if isinstance(outcome, BaseException):
-                done.failed.append(f"{where}: {outcome!r}")
+                refused(partition, offset, repr(outcome))
             else:
                 done.sent[dest] += 1
         pending.clear()
 
+    async def where_to(record: RawRecord) -> tuple[str, DeadLetterV1] | None:
+        """The destination and the letter, or None when the letter is skipped or refused (counted)."""
+        try:
+            letter = record.decode()
+        except DecodeError:
+            letter = None
+        if not isinstance(letter, DeadLetterV1):
+            done.skipped["not a dead letter"] += 1
+        elif letter.error_type.value not in error_types:
+            done.skipped[f"error type {letter.error_type.value}"] += 1
+        elif topics is not None and letter.topic not in topics:
+            done.skipped["another topic"] += 1
+        elif letter.value_truncated:
+            done.skipped["value cut short to fit the dead-letter topic"] += 1
+        elif not _KAFKA_TOPIC.fullmatch(letter.topic):  # never on Kafka: no topic would know it
+            done.skipped["a raw journal record, not a Kafka record"] += 1
+        else:
+            dest = to_topic or letter.topic
+            if dest not in exists:
+                exists[dest] = await _topic_exists(admin, dest)
+            why = (f"topic {dest} does not exist" if not exists[dest]
+                   else _not_declared(registry, dest, letter.headers))
+            if why is None:
+                return dest, letter
+            refused(record.partition, record.offset, why)
+        return None
+
+    admin = KafkaAdmin(settings, registry)
     producer = None if dry_run else EventProducer(settings)
-    if producer is not None:
-        await producer.start()
+    await admin.start()
     try:
+        if producer is not None:
+            await producer.start()
+        seen = 0
         async for record in letters:
-            read += 1
-            done.next_offsets[record.partition] = record.offset + 1
-            where = f"dead letter {record.partition}@{record.offset}"
-            try:
-                letter = record.decode()
-            except DecodeError:
-                letter = None
-            if not isinstance(letter, DeadLetterV1):
-                done.skipped["not a dead letter"] += 1
-            elif error_types is not None and letter.error_type.value not in error_types:
-                done.skipped[f"error type {letter.error_type.value}"] += 1
-            elif topics is not None and letter.topic not in topics:
-                done.skipped["another topic"] += 1
-            elif letter.value_truncated:
-                done.skipped["value cut short to fit the dead-letter topic"] += 1
-            elif not _KAFKA_TOPIC.fullmatch(letter.topic):  # never on Kafka: no topic would know it
-                done.skipped["a raw journal record, not a Kafka record"] += 1
-            else:
-                dest = to_topic or letter.topic
-                if (wrong := _not_declared(registry, dest, letter.headers)) is not None:
-                    done.failed.append(f"{where}: {wrong}")
-                    continue
-                if producer is not None:
+            if stop is not None and stop.is_set():
+                done.interrupted = True
+                break
+            seen += 1
+            done.resume.setdefault(record.partition, record.offset + 1)
+            if done.resume[record.partition] >= record.offset:  # no record before this one waits
+                done.resume[record.partition] = record.offset + 1
+            if (going := await where_to(record)) is not None:
+                dest, letter = going
+                if producer is None:
+                    done.sent[dest] += 1  # would be
+                else:
                     try:
                         future = await producer.send_raw(dest, letter.value, key=letter.key,
                                                          headers=letter.headers)  # type: ignore[arg-type]
                     except Exception as exc:  # noqa: BLE001 - the client's own checks: this record only
-                        done.failed.append(f"{where}: {exc!r}")
-                        continue
-                    pending.append((where, dest, future))
-                else:
-                    done.sent[dest] += 1  # would be
-            if read % 1000 == 0:
+                        refused(record.partition, record.offset, repr(exc))
+                    else:
+                        pending.append((record.partition, record.offset, dest, future))
+            if seen % 1000 == 0:
                 await settle()
                 if progress:
                     progress(done)
-        await settle()
     finally:
-        if producer is not None:
-            await producer.stop()
+        try:
+            await settle()  # what was sent is counted, even when the run ends early
+        finally:
+            if producer is not None:
+                await producer.stop()
+            await admin.stop()
     if progress:
         progress(done)
     return done
+
+
+async def _topic_exists(admin: KafkaAdmin, name: str) -> bool:
+    try:
+        await admin.partitions(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _not_declared(registry: TopicRegistry, dest: str, headers: list[tuple[str, bytes | None]]) -> str | None:
@@ -363,8 +410,10 @@ def _not_declared(registry: TopicRegistry, dest: str, headers: list[tuple[str, b
     """
     topic = registry.by_name(dest)
     schema = next((value for name, value in headers if name == "schema"), None)
-    if topic is None or schema is None:
+    if topic is None:
         return None
+    if schema is None:
+        return f"WrongTopicError: a record without a schema header does not go to {dest}"
     name = schema.decode("utf-8", "replace")
     if name in topic.spec.schemas:
         return None
@@ -411,7 +460,7 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
 
 
 __all__ = [
-    "Range", "RawRecord", "Redriven", "format_record", "read_jsonl", "read_topic", "record_matches", "redrive",
-    "replay_to_topic", "write_jsonl",
+    "REDRIVEN_BY_DEFAULT", "Range", "RawRecord", "Redriven", "format_record", "read_jsonl", "read_topic",
+    "record_matches", "redrive", "replay_to_topic", "write_jsonl",
 ]
 

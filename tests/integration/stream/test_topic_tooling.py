@@ -15,7 +15,7 @@ from factories import model_call, reward
 from netutil import refused_address
 
 from producers.raw_calls import RAW_CALLS, dead_letter
-from schemas import DeadLetterV1, RewardV1, decode
+from schemas import DeadLetterV1, ModelCallV1, RewardV1, decode
 from schemas._errors import DeadLetterErrorType
 from stream.admin import KafkaAdmin
 from stream.consumer import ConsumerSettings, EventConsumer, Received
@@ -220,7 +220,8 @@ async def test_lag_shows_each_group_per_partition(kafka_settings, topics: TopicR
     assert out.count(topics[REWARDS].name) == 2  # one row per partition
 
 
-async def _dead_letters(kafka_settings: KafkaSettings, topics: TopicRegistry) -> tuple[tuple[bytes | None, bytes, list[tuple[str, bytes]]], RewardV1]:
+async def _dead_letters(kafka_settings: KafkaSettings, topics: TopicRegistry
+                        ) -> tuple[tuple[bytes | None, bytes, list[tuple[str, bytes]]], RewardV1]:
     """The dead letters OpenForge writes, each kind once: what the shipper and a consumer set aside.
 
     Returns the call record the shipper's letter holds (key, value, headers) and the reward a
@@ -228,9 +229,7 @@ async def _dead_letters(kafka_settings: KafkaSettings, topics: TopicRegistry) ->
     """
     call = model_call(rollout_id="r-redrive")
     key, value, headers = encode_record(topics[CALLS], call)
-    sent = (topics[CALLS].name, key, value, tuple(headers))
-    refused = dead_letter(topics, sent, 7, DeadLetterErrorType.REFUSED_BY_BROKER,
-                          "Kafka refused the record: MessageSizeTooLargeError()", ValueError("too large"))
+    refused = _refused_letter(topics, call)
     # A record over the dead-letter topic's own limit is kept cut short (the shipper's 32 MiB).
     short = DeadLetterV1(topic=topics[CALLS].name, partition=0, offset=8, key=key, value=value[:100],
                          value_truncated=True, error_type=DeadLetterErrorType.REFUSED_BY_BROKER, reason="too large",
@@ -253,12 +252,25 @@ async def _dead_letters(kafka_settings: KafkaSettings, topics: TopicRegistry) ->
     consumer = EventConsumer([REWARDS], failing, group_id=f"{kafka_settings.topic_prefix}buggy", kafka=kafka_settings,
                              settings=ConsumerSettings(commit_interval_s=0.1, retry_backoff_s=0.01))
     async with consumer:
-        async with KafkaAdmin(kafka_settings, topics) as admin:
-            for _ in range(300):
-                if sum((await admin.end_offsets(await admin.partitions(topics[DEAD_LETTERS].name))).values()) >= 5:
-                    break
-                await asyncio.sleep(0.1)
+        for _ in range(300):
+            if await _count(kafka_settings, topics, DEAD_LETTERS) >= 5:
+                break
+            await asyncio.sleep(0.1)
+    assert await _count(kafka_settings, topics, DEAD_LETTERS) == 5, "the consumer did not dead-letter the reward"
     return (key, value, list(headers)), lost
+
+
+def _refused_letter(topics: TopicRegistry, call: ModelCallV1) -> tuple[str, bytes | None, bytes, tuple[tuple[str, bytes], ...]]:
+    """The letter the shipper writes for a call Kafka refused (its topic's size limit lowered)."""
+    key, value, headers = encode_record(topics[CALLS], call)
+    return dead_letter(topics, (topics[CALLS].name, key, value, tuple(headers)), 7,
+                       DeadLetterErrorType.REFUSED_BY_BROKER, "Kafka refused the record: MessageSizeTooLargeError()",
+                       ValueError("too large"))
+
+
+def _next_runs(out: str) -> list[list[str]]:
+    """The per-partition arguments a run prints for the next one."""
+    return [line.split(": ", 1)[1].split() for line in out.splitlines() if line.startswith("next run, partition ")]
 
 
 async def test_redrive_sends_dead_lettered_records_back_byte_for_byte_and_counts_what_it_skips(
@@ -267,40 +279,65 @@ async def test_redrive_sends_dead_lettered_records_back_byte_for_byte_and_counts
 
     dry = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--dry-run")).stdout
     assert f"would send 1 to {topics[CALLS].name}" in dry and f"would send 1 to {topics[REWARDS].name}" in dry
-    assert "skipped 1: value cut short" in dry and "skipped 1: a raw journal record" in dry
+    assert "skipped 1: value cut short" in dry and "skipped 1: error type invalid_event" in dry
     assert "skipped 1: not a dead letter" in dry
     assert await _count(kafka_settings, topics, CALLS) == 0  # a dry run sends nothing
+    assert await _count(kafka_settings, topics, REWARDS) == 1
 
     only = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--error-type",
                                     "refused_by_broker")).stdout
     assert f"sent 1 to {topics[CALLS].name}" in only and "skipped 1: error type handler_error" in only
+    assert await _count(kafka_settings, topics, CALLS) == 1
     records = await _read(kafka_settings, topics[CALLS].name, 1)
     assert [(r.key, r.value, list(r.headers)) for r in records] == [(key, value, headers)]
 
     rest = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--topic", "rewards")).stdout
-    assert f"sent 1 to {topics[REWARDS].name}" in rest and "skipped 3: another topic" in rest
+    assert f"sent 1 to {topics[REWARDS].name}" in rest and "skipped 2: another topic" in rest
     again = await _read(kafka_settings, topics[REWARDS].name, 2)
     assert [decode(list(r.headers), r.value) for r in again] == [lost, lost]  # the original, and the re-driven copy
 
-    # The printed offsets start the next run after what was read.
-    next_run = [line for line in rest.splitlines() if line.startswith("next run: ")]
-    assert next_run and "--from-offset" in next_run[0]
-    start = max(int(part.rsplit(" ", 1)[1]) for part in next_run[0].removeprefix("next run: ").split(", "))
-    after = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--from-offset",
-                                     str(start))).stdout
-    assert "sent" not in after
+    # Named, an invalid event's letter is looked at: a raw journal record is never sent.
+    raw = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--error-type", "invalid_event",
+                                   "--dry-run")).stdout
+    assert "skipped 1: a raw journal record" in raw and "would send" not in raw
+
+    # Each partition's printed start takes the next run past what was read: only a new letter goes.
+    next_runs = _next_runs(rest)
+    assert next_runs and all(args[0] == "--partition" and args[2] == "--from-offset" for args in next_runs)
+    async with EventProducer(kafka_settings) as producer:
+        letter_topic, letter_key, letter_value, letter_headers = _refused_letter(
+            topics, model_call(rollout_id="r-later", seed=1))
+        await producer.send_raw(letter_topic, letter_value, key=letter_key, headers=letter_headers)
+        await producer.flush()
+    sent = 0
+    for args in next_runs:
+        out = (await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", *args)).stdout
+        sent += sum(int(line.split()[1]) for line in out.splitlines() if line.startswith("sent "))
+    assert sent == 1 and await _count(kafka_settings, topics, CALLS) == 2
 
 
 async def test_redrive_names_the_records_a_topic_will_not_take_and_sends_the_rest(
         kafka_settings, topics: TopicRegistry) -> None:
     await _dead_letters(kafka_settings, topics)
-    # A model call does not belong on the rewards topic: the client refuses it; the reward goes.
+    # A model call does not belong on the rewards topic: it is refused; the reward goes.
     out = await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--to-topic", "rewards",
                                   check=False)
     assert out.returncode == 1, out
     assert "WrongTopicError: model_call events do not go to" in out.stderr, out.stderr
-    assert "1 records were not taken" in out.stderr, out.stderr
+    assert "1 record not taken (above); the rest went on" in out.stderr, out.stderr
     assert f"sent 1 to {topics[REWARDS].name}" in out.stdout
+    # The next run of the refused letter's partition starts at it, not past it.
+    refused = next(line for line in out.stderr.splitlines() if line.startswith("not taken: dead letter "))
+    partition, offset = refused.removeprefix("not taken: dead letter ").split(":", 1)[0].split("@")
+    assert ["--partition", partition, "--from-offset", offset] in _next_runs(out.stdout), out.stdout
+
+    dry = await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--to-topic", "rewards",
+                                  "--dry-run", check=False)
+    assert dry.returncode == 1 and "1 record would be refused" in dry.stderr, dry
+    missing = await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--to-topic",
+                                      f"{kafka_settings.topic_prefix}no-such-topic", check=False)
+    assert missing.returncode == 1 and "no-such-topic does not exist" in missing.stderr, missing
+    assert await _count(kafka_settings, topics, REWARDS) == 2  # the original and one re-driven copy
     bad = await asyncio.to_thread(openforge, kafka_settings, "topics", "redrive", "--error-type", "bogus",
                                   check=False)
     assert bad.returncode == 2 and "bogus" in bad.stderr
