@@ -24,6 +24,7 @@ import asyncio
 import base64
 import ipaddress
 import logging
+import re
 import ssl
 import time
 import weakref
@@ -145,13 +146,15 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
     """
 
     def __init__(self, token_url: str, client_id: str, client_secret: SecretStr, scope: str | None = None,
-                 *, ca_file: str | None = None, header_urlencode: bool = False, timeout_s: float = 10.0) -> None:
+                 *, ca_file: str | None = None, header_urlencode: bool = False,
+                 extensions: dict[str, str] | None = None, timeout_s: float = 10.0) -> None:
         self.token_url = token_url
         self.client_id = client_id
         self._secret = client_secret
         self.scope = scope
         self.ca_file = ca_file
         self.header_urlencode = header_urlencode
+        self._extensions = dict(extensions or {})
         """Form-encode the id and secret before they are joined for basic authentication (RFC 6749, 2.3.1)."""
         self.timeout_s = timeout_s
         self.fetched = 0
@@ -173,6 +176,10 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
 
     def __repr__(self) -> str:
         return f"ClientCredentialsTokenProvider({self._shown_url!r}, client_id={self.client_id!r})"
+
+    def extensions(self) -> dict[str, str]:
+        """The SASL extensions aiokafka sends with each token (RFC 7628; Confluent Cloud's cluster and pool)."""
+        return dict(self._extensions)
 
     def refused(self, token: str | None = None) -> None:
         """A broker refused ``token``: it is not offered again, and the next fetch waits a while.
@@ -342,19 +349,50 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         return token, _lifetime_s(body.get("expires_in"), token)
 
 
-_PROVIDERS: dict[tuple[str, str, str, str | None, str | None, bool], ClientCredentialsTokenProvider] = {}
+_PROVIDERS: dict[tuple[str, str, str, str | None, str | None, bool, str | None],
+                 ClientCredentialsTokenProvider] = {}
 
 
 def token_provider(token_url: str, client_id: str, client_secret: SecretStr, scope: str | None,
-                   ca_file: str | None = None, header_urlencode: bool = False) -> ClientCredentialsTokenProvider:
-    """The process's one token source for this client at this endpoint, shared by all its Kafka clients."""
-    key = (token_url, client_id, client_secret.get_secret_value(), scope, ca_file, header_urlencode)
+                   ca_file: str | None = None, header_urlencode: bool = False,
+                   extensions: str | None = None) -> ClientCredentialsTokenProvider:
+    """The process's one token source for this client at this endpoint, shared by all its Kafka clients.
+
+    ``extensions``: as the setting writes them (:func:`parse_extensions`).
+    """
+    key = (token_url, client_id, client_secret.get_secret_value(), scope, ca_file, header_urlencode, extensions)
     provider = _PROVIDERS.get(key)
     if provider is None:
-        provider = _PROVIDERS[key] = ClientCredentialsTokenProvider(token_url, client_id, client_secret, scope,
-                                                                    ca_file=ca_file,
-                                                                    header_urlencode=header_urlencode)
+        provider = _PROVIDERS[key] = ClientCredentialsTokenProvider(
+            token_url, client_id, client_secret, scope, ca_file=ca_file, header_urlencode=header_urlencode,
+            extensions=parse_extensions(extensions) if extensions else None)
     return provider
+
+
+_EXTENSION_KEY = re.compile(r"[A-Za-z]+")
+_EXTENSION_VALUE = re.compile(r"[\x21-\x7E \t\r\n]+")  # RFC 7628, as Kafka's SaslExtensions checks them
+
+
+def parse_extensions(text: str) -> dict[str, str]:
+    """``key=value`` pairs joined by commas, checked as a broker checks SASL extensions.
+
+    Raises:
+        ValueError: a pair without ``=``, a key that is not letters only (or is the reserved
+            ``auth``), an empty or unprintable value, or a key given twice; the message names it.
+    """
+    pairs: dict[str, str] = {}
+    for pair in text.split(","):
+        key, equals, value = pair.strip().partition("=")
+        if not equals:
+            raise ValueError(f"OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS: {pair.strip()!r} is not key=value")
+        if not _EXTENSION_KEY.fullmatch(key) or key == "auth":
+            raise ValueError(f"OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS: key {key!r} must be letters only, not 'auth'")
+        if not _EXTENSION_VALUE.fullmatch(value):
+            raise ValueError(f"OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS: the value of {key} must be printable ASCII")
+        if key in pairs:
+            raise ValueError(f"OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS: {key} is given twice")
+        pairs[key] = value
+    return pairs
 
 
 def forget_token_providers() -> None:
@@ -416,4 +454,4 @@ def _lifetime_s(expires_in: object, token: str) -> float:
 
 
 __all__ = ["ClientCredentialsTokenProvider", "OAuthTokenError", "check_token_url", "forget_token_providers",
-           "shown_url", "token_provider"]
+           "parse_extensions", "shown_url", "token_provider"]

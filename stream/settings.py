@@ -128,6 +128,11 @@ class KafkaSettings(BaseSettings):
     trusted besides the system's (only for the token endpoint: the process's other HTTPS clients
     keep the system's authorities)."""
 
+    sasl_oauth_extensions: str | None = None
+    """OAUTHBEARER: SASL extensions sent with the token (RFC 7628), as ``key=value`` pairs joined by
+    commas: ``logicalCluster=lkc-…,identityPoolId=pool-…`` for Confluent Cloud. Keys are letters
+    only and ``auth`` is reserved; values are printable ASCII without commas."""
+
     sasl_oauth_header_urlencode: bool = False
     """OAUTHBEARER: form-encode the client id and secret before they go to the token endpoint in
     basic authentication, as RFC 6749 (2.3.1) has it and Kafka's ``sasl.oauthbearer.header.urlencode``
@@ -157,16 +162,21 @@ class KafkaSettings(BaseSettings):
                                  + ", ".join(prefix + name.upper() + meaning.get(name, "") for name in missing))
         elif any(value is not None for value in (self.sasl_mechanism, self.sasl_username, self.sasl_password,
                                                  self.sasl_oauth_token_url, self.sasl_oauth_scope,
-                                                 self.sasl_oauth_ca_file, self.sasl_oauth_header_urlencode or None)):
+                                                 self.sasl_oauth_ca_file, self.sasl_oauth_extensions,
+                                                 self.sasl_oauth_header_urlencode or None)):
             raise ValueError(f"SASL settings are set but security_protocol is {self.security_protocol}; "
                              f"use SASL_SSL (or SASL_PLAINTEXT) for them to be used")
         oauth = {"sasl_oauth_token_url": self.sasl_oauth_token_url, "sasl_oauth_scope": self.sasl_oauth_scope,
-                 "sasl_oauth_ca_file": self.sasl_oauth_ca_file,
+                 "sasl_oauth_ca_file": self.sasl_oauth_ca_file, "sasl_oauth_extensions": self.sasl_oauth_extensions,
                  "sasl_oauth_header_urlencode": self.sasl_oauth_header_urlencode or None}
         if sasl and self.sasl_mechanism != "OAUTHBEARER" and any(v is not None for v in oauth.values()):
             raise ValueError(", ".join(prefix + name.upper() for name, v in oauth.items() if v is not None)
                              + f" set, but the SASL mechanism is {self.sasl_mechanism}; set "
                              f"{prefix}SASL_MECHANISM=OAUTHBEARER for them to be used")
+        if self.sasl_oauth_extensions is not None:
+            from stream.oauth import parse_extensions
+
+            parse_extensions(self.sasl_oauth_extensions)  # raises ValueError naming the pair
         if self.sasl_oauth_token_url is not None:
             from stream.oauth import check_token_url, shown_url
 
@@ -229,7 +239,8 @@ class KafkaSettings(BaseSettings):
         assert self.sasl_username is not None
         assert self.sasl_password is not None
         provider = token_provider(self.sasl_oauth_token_url, self.sasl_username, self.sasl_password,
-                                  self.sasl_oauth_scope, self.sasl_oauth_ca_file, self.sasl_oauth_header_urlencode)
+                                  self.sasl_oauth_scope, self.sasl_oauth_ca_file, self.sasl_oauth_header_urlencode,
+                                  self.sasl_oauth_extensions)
         if self.security_protocol == "SASL_PLAINTEXT":
             provider.warn_once_if_sent_in_the_clear(self.bootstrap_servers)
         return provider

@@ -392,6 +392,15 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
         settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
                                     if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
         assert settings.oauth_token_provider().header_urlencode, name
+    # Confluent Cloud's extensions, in the form the setting reads.
+    extended = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": {
+        **security, "oauthExtensions": {"logicalCluster": "lkc-abc12", "identityPoolId": "pool-Xy1"}}}}, helm_tmp)
+    for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
+        env = env_of(one(extended, "Deployment", f"-{name}"))
+        assert env["OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS"] == "identityPoolId=pool-Xy1,logicalCluster=lkc-abc12", name
+        settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
+                                    if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
+        assert settings.oauth_token_provider().extensions()["logicalCluster"] == "lkc-abc12", name
 
 
 # --- bad input: a clear error, nothing rendered ---------------------------------------------------
@@ -430,11 +439,19 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
      "kafka.security.saslMechanism OAUTHBEARER needs kafka.security.oauthTokenUrl"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "PLAIN",
                                                          "credentialsSecret": "s", "oauthScope": "kafka"}}},
-     "kafka.security.oauthTokenUrl, oauthScope, oauthTrustsTlsSecretCa and oauthHeaderUrlencode need saslMechanism "
-     "OAUTHBEARER"),
+     "kafka.security.oauthTokenUrl, oauthScope, oauthTrustsTlsSecretCa, oauthHeaderUrlencode and oauthExtensions "
+     "need saslMechanism OAUTHBEARER"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "SCRAM-SHA-512",
                                                          "credentialsSecret": "s", "oauthHeaderUrlencode": True}}},
-     "oauthTrustsTlsSecretCa and oauthHeaderUrlencode need saslMechanism OAUTHBEARER"),
+     "oauthHeaderUrlencode and oauthExtensions need saslMechanism OAUTHBEARER"),
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
+                                                         "credentialsSecret": "s", "oauthTokenUrl": "https://i/t",
+                                                         "oauthExtensions": {"logical_cluster": "lkc-1"}}}},
+     "'logical_cluster' does not match pattern '^[A-Za-z]+$'"),  # helm names a wrong path for property names
+    ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
+                                                         "credentialsSecret": "s", "oauthTokenUrl": "https://i/t",
+                                                         "oauthExtensions": {"logicalCluster": "a,b=c"}}}},
+     "at '/kafka/security/oauthExtensions/logicalCluster'"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "OAUTHBEARER",
                                                          "credentialsSecret": "s", "oauthTokenUrl": "https://i/t",
                                                          "oauthTrustsTlsSecretCa": True}}},

@@ -31,6 +31,13 @@ OPENFORGE_KAFKA_SASL_OAUTH_SCOPE: {{ .oauthScope | quote }}
 {{- if .oauthHeaderUrlencode }}
 OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE: "true"
 {{- end }}
+{{- if .oauthExtensions }}
+{{- $pairs := list }}
+{{- range $key, $value := .oauthExtensions }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS: {{ join "," $pairs | quote }}
+{{- end }}
 {{- if .tlsSecret }}
 OPENFORGE_KAFKA_SSL_CAFILE: "/etc/openforge/kafka-tls/ca.crt"
 {{- if .oauthTrustsTlsSecretCa }}
@@ -52,7 +59,7 @@ apply (the processes would refuse it too, but only after the pods start, one cra
 {{- $s := .Values.kafka.security }}
 {{- $sasl := hasPrefix "SASL_" $s.protocol }}
 {{- $tls := hasSuffix "SSL" $s.protocol }}
-{{- if and (eq .Values.kafka.mode "strimzi") (or (ne $s.protocol "PLAINTEXT") $s.saslMechanism $s.credentialsSecret $s.tlsSecret $s.clientCertificate $s.oauthTokenUrl $s.oauthScope $s.oauthTrustsTlsSecretCa $s.oauthHeaderUrlencode) }}
+{{- if and (eq .Values.kafka.mode "strimzi") (or (ne $s.protocol "PLAINTEXT") $s.saslMechanism $s.credentialsSecret $s.tlsSecret $s.clientCertificate $s.oauthTokenUrl $s.oauthScope $s.oauthTrustsTlsSecretCa $s.oauthHeaderUrlencode $s.oauthExtensions) }}
 {{- fail "kafka.security applies to kafka.mode external; the Strimzi cluster is reached on its in-namespace listener" }}
 {{- end }}
 {{- if and $sasl (not (and $s.saslMechanism $s.credentialsSecret)) }}
@@ -65,8 +72,8 @@ apply (the processes would refuse it too, but only after the pods start, one cra
 {{- if and $oauth (not $s.oauthTokenUrl) }}
 {{- fail "kafka.security.saslMechanism OAUTHBEARER needs kafka.security.oauthTokenUrl (the identity provider's token endpoint)" }}
 {{- end }}
-{{- if and (not $oauth) (or $s.oauthTokenUrl $s.oauthScope $s.oauthTrustsTlsSecretCa $s.oauthHeaderUrlencode) }}
-{{- fail "kafka.security.oauthTokenUrl, oauthScope, oauthTrustsTlsSecretCa and oauthHeaderUrlencode need saslMechanism OAUTHBEARER" }}
+{{- if and (not $oauth) (or $s.oauthTokenUrl $s.oauthScope $s.oauthTrustsTlsSecretCa $s.oauthHeaderUrlencode $s.oauthExtensions) }}
+{{- fail "kafka.security.oauthTokenUrl, oauthScope, oauthTrustsTlsSecretCa, oauthHeaderUrlencode and oauthExtensions need saslMechanism OAUTHBEARER" }}
 {{- end }}
 {{- if and $s.oauthTrustsTlsSecretCa (not $s.tlsSecret) }}
 {{- fail "kafka.security.oauthTrustsTlsSecretCa needs kafka.security.tlsSecret (its ca.crt)" }}

@@ -108,6 +108,20 @@ async def test_topics_events_and_reads_go_over_oauthbearer_with_a_stand_in_idp(c
     assert cluster.idp.requests[-1] == {"grant_type": ["client_credentials"], "scope": ["kafka"]}
 
 
+async def test_sasl_extensions_go_with_the_token_in_a_form_the_broker_takes_with_a_stand_in_idp(
+        cluster: OAuthCluster) -> None:
+    """Confluent Cloud wants its cluster and identity pool as SASL extensions beside the token.
+
+    Kafka's broker parses the client's first message strictly (RFC 7628), extensions included, and
+    refuses the login if one is malformed; its validator accepts any well-formed extension, so a
+    login that goes through shows the extensions were sent as the protocol has them.
+    """
+    kafka = _oauth(cluster, scope="kafka.extensions").model_copy(
+        update={"sasl_oauth_extensions": "logicalCluster=lkc-abc12,identityPoolId=pool-Xy1"})
+    assert kafka.oauth_token_provider().extensions() == {"logicalCluster": "lkc-abc12", "identityPoolId": "pool-Xy1"}
+    await round_trip(kafka, b"with extensions")
+
+
 async def test_a_token_for_another_audience_is_refused_by_the_broker_with_a_stand_in_idp(
         cluster: OAuthCluster) -> None:
     """The broker itself validates the token: the provider's signature is good, its audience is not.

@@ -128,6 +128,19 @@ def test_a_key_that_is_not_a_key_fails_when_the_context_is_made(pem: tuple[Path,
       "sasl_password": "p-secret", "sasl_oauth_header_urlencode": True},
      "OPENFORGE_KAFKA_SASL_OAUTH_HEADER_URLENCODE set, but the SASL mechanism is SCRAM-SHA-256"),
     ({"sasl_oauth_header_urlencode": True}, "SASL settings are set but security_protocol is PLAINTEXT"),
+    ({"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+      "sasl_password": "p-secret", "sasl_oauth_extensions": "logicalCluster=lkc-1"},
+     "OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS set, but the SASL mechanism is PLAIN"),
+    *[({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_username": "u",
+        "sasl_password": "p-secret", "sasl_oauth_token_url": "https://idp/t", "sasl_oauth_extensions": given},
+       message) for given, message in [
+        ("logicalCluster", "'logicalCluster' is not key=value"),
+        ("logical_cluster=lkc-1", "key 'logical_cluster' must be letters only"),
+        ("auth=Bearer x", "key 'auth' must be letters only, not 'auth'"),
+        ("logicalCluster=", "the value of logicalCluster must be printable ASCII"),
+        ("logicalCluster=lkc-\u00e9", "the value of logicalCluster must be printable ASCII"),
+        ("a=1,a=2", "a is given twice"),
+    ]],
 ])
 def test_half_a_security_configuration_is_refused_with_the_setting_named(values: dict[str, object],
                                                                          message: str) -> None:
@@ -140,6 +153,7 @@ def test_half_a_security_configuration_is_refused_with_the_setting_named(values:
 def test_empty_variables_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compose and .env files write unset values as empty ones."""
     for name in ("SECURITY_PROTOCOL", "SASL_MECHANISM", "SASL_USERNAME", "SASL_PASSWORD", "SSL_CAFILE",
-                 "SASL_OAUTH_TOKEN_URL", "SASL_OAUTH_SCOPE", "SASL_OAUTH_CA_FILE", "SASL_OAUTH_HEADER_URLENCODE"):
+                 "SASL_OAUTH_TOKEN_URL", "SASL_OAUTH_SCOPE", "SASL_OAUTH_CA_FILE", "SASL_OAUTH_HEADER_URLENCODE",
+                 "SASL_OAUTH_EXTENSIONS"):
         monkeypatch.setenv(f"OPENFORGE_KAFKA_{name}", "")
     assert KafkaSettings().client_options() == {"security_protocol": "PLAINTEXT", "ssl_context": None}

@@ -403,6 +403,11 @@ def test_every_kafka_client_of_a_process_shares_one_token_source() -> None:
     assert not provider.header_urlencode
     encoding = kafka.model_copy(update={"sasl_oauth_header_urlencode": True}).oauth_token_provider()
     assert encoding is not provider and encoding.header_urlencode
+    assert provider.extensions() == {}
+    confluent = KafkaSettings(**{**kafka.worker_json(), "sasl_oauth_extensions":
+                                 "logicalCluster=lkc-abc12, identityPoolId=pool-Xy1"}).oauth_token_provider()
+    assert confluent is not provider
+    assert confluent.extensions() == {"logicalCluster": "lkc-abc12", "identityPoolId": "pool-Xy1"}
     assert KafkaSettings().oauth_token_provider() is None
 
 
