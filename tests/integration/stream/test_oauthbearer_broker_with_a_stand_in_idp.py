@@ -8,6 +8,7 @@ against the provider's key set, audience and issuer, as a cluster behind Keycloa
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 from netutil import free_port, free_port_pair
 from oauth_idp import AUDIENCE, CLIENT_ID, CLIENT_SECRET, StandInIdentityProvider
-from secured_kafka import cli_names_the_refusal, refused_start, round_trip, shipped_call
+from secured_kafka import cli_names_the_refusal, created, read, refused_start, round_trip, shipped_call
 
-from stream import KafkaSettings
+from stream import CALLS, EventProducer, KafkaSettings
 from stream.admin import bootstrap_refusal
 from stream.broker import BrokerSettings, LocalBroker
 from stream.oauth import forget_token_providers
@@ -84,7 +85,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthCluster]:
 @pytest.fixture(autouse=True)
 def _fresh_idp(cluster: OAuthCluster) -> None:
     """Each test starts with the provider's audience and no token kept from another test."""
-    cluster.idp.audience = AUDIENCE
+    cluster.idp.audience, cluster.idp.lifetime_s = AUDIENCE, 3600
     forget_token_providers()
 
 
@@ -120,6 +121,31 @@ async def test_sasl_extensions_go_with_the_token_in_a_form_the_broker_takes_with
         update={"sasl_oauth_extensions": "logicalCluster=lkc-abc12,identityPoolId=pool-Xy1"})
     assert kafka.oauth_token_provider().extensions() == {"logicalCluster": "lkc-abc12", "identityPoolId": "pool-Xy1"}
     await round_trip(kafka, b"with extensions")
+
+
+async def test_a_producer_outlives_its_tokens_on_a_cluster_that_ends_expired_logins_with_a_stand_in_idp(
+        cluster: OAuthCluster) -> None:
+    """A long-running proxy sends through many tokens' lifetimes. The broker gives a login the
+    lifetime of its token (KIP-368's session lifetime) and closes the connection at its first
+    request after it; aiokafka does not re-authenticate but connects again, and the provider
+    gives the new connection a fresh token. Nothing sent may be lost."""
+    cluster.idp.lifetime_s = 3
+    kafka = _oauth(cluster, scope="kafka.expiring")
+    registry = await created(kafka)
+    topic = registry[CALLS].name
+    provider = kafka.oauth_token_provider()
+    sent = 0
+    async with EventProducer(kafka, registry=registry) as producer:
+        fetched = provider.fetched
+        deadline = asyncio.get_running_loop().time() + 10  # past three tokens' lifetimes
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.wait_for(await producer.send_raw(topic, f"event {sent}".encode(), key=b"r-1"), 30)
+            sent += 1
+            await asyncio.sleep(0.2)
+        # The broker closed the producer's login as each token expired; each new one took a new token.
+        assert provider.fetched - fetched >= 2, provider.fetched - fetched
+    records = await read(kafka, topic, expect=sent)
+    assert sorted(r.value for r in records) == sorted(f"event {i}".encode() for i in range(sent))
 
 
 async def test_a_token_for_another_audience_is_refused_by_the_broker_with_a_stand_in_idp(
