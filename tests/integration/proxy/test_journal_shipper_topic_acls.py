@@ -19,22 +19,26 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from factories import reward
 from netutil import free_port, free_port_pair
-from proxy_helpers import stored, until
+from proxy_helpers import proxy_in_front_of, stored, until
 
 from producers.durable import DurablePublisher, connect_producer
 from producers.journal import Journal
 from producers.shipper import Shipper
 from producers.spool import DiskSpool
-from stream import DEAD_LETTERS, REWARDS, ROLLOUTS, EventProducer, KafkaSettings, TopicRegistry
+from schemas.credentials import Role
+from stream import CALLS, DEAD_LETTERS, REWARDS, ROLLOUTS, EventProducer, KafkaSettings, TopicRegistry, TopicSpec
 from stream.admin import KafkaAdmin
 from stream.broker import BrokerSettings, LocalBroker, ensure_kafka_jars
 
 pytestmark = pytest.mark.kafka
 
 USER = "shipper"
+PROXY = "proxy"
+"""The principal of the least-privilege test, granted only what docs/kafka.md lists for the proxy."""
 STRANGER = "stranger"
 """A user no test grants anything (ACLs are the principal's across every topic prefix)."""
 PASSWORD = "acl-" + uuid.uuid4().hex[:8]
@@ -52,7 +56,7 @@ class _AuthorizingBroker(LocalBroker):
         config = super()._write_config()
         port, controller = self.settings.port, self.settings.controller_port
         plain = (f'org.apache.kafka.common.security.plain.PlainLoginModule required user_{USER}="{PASSWORD}" '
-                 f'user_{STRANGER}="{PASSWORD}";')
+                 f'user_{STRANGER}="{PASSWORD}" user_{PROXY}="{PASSWORD}";')
         extra = {  # later keys win in a properties file
             "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller},"
                          f"SASL://127.0.0.1:{self.sasl_port}",
@@ -67,10 +71,10 @@ class _AuthorizingBroker(LocalBroker):
             out.writelines(f"{key}={value}\n" for key, value in extra.items())
         return config
 
-    def grant(self, topic: str, *operations: str) -> None:
-        """Allow ``User:shipper`` ``operations`` on ``topic``."""
+    def grant(self, topic: str, *operations: str, user: str = USER) -> None:
+        """Allow ``User:<user>`` ``operations`` on ``topic``."""
         libs = ensure_kafka_jars(self.settings.version, self.settings.cache_dir)
-        done = subprocess.run(["java", "-cp", f"{libs}/*", str(GRANT_ACLS), self.bootstrap, f"User:{USER}", topic,
+        done = subprocess.run(["java", "-cp", f"{libs}/*", str(GRANT_ACLS), self.bootstrap, f"User:{user}", topic,
                                ",".join(operations)], capture_output=True, text=True, check=False, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
 
@@ -218,3 +222,39 @@ async def test_records_for_allowed_topics_are_not_sent_again_at_every_try_while_
             assert await until(lambda: shipper.shipped >= 3, 40.0)
     assert await stored(admin, registry, rewards) == 1
     assert 3 <= await stored(admin, registry, rollouts) <= 6  # each at most once again
+
+
+async def test_write_on_the_calls_rewards_and_dead_letter_topics_is_all_a_proxy_needs(
+        authorizing: _AuthorizingBroker, vllm_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The least a proxy's principal must be granted, as docs/kafka.md lists it, is enough for a call and a reward.
+
+    WRITE implies DESCRIBE, and from Kafka 3.0 WRITE on any topic implies the idempotent
+    producer's IdempotentWrite on the cluster: no group, no READ, no cluster grant.
+    """
+    admin, kafka, registry = await _made(authorizing, PROXY)
+    async with KafkaAdmin(admin, registry) as made:
+        await made.create_topics()
+    for spec in (CALLS, REWARDS, DEAD_LETTERS):
+        authorizing.grant(registry[spec].name, "Write", user=PROXY)
+    with caplog.at_level(logging.INFO):
+        async with proxy_in_front_of(vllm_url, kafka, registry, tmp_path) as proxy, httpx.AsyncClient(timeout=60) as client:
+            answer = await client.post(f"{proxy.base('r-acl')}/v1/chat/completions",
+                                       headers={"Authorization": f"Bearer {proxy.token('r-acl')}"},
+                                       json={"model": "m", "max_tokens": 4,
+                                             "messages": [{"role": "user", "content": "hello"}]})
+            assert answer.status_code == 200, answer.text
+            reward = await client.post(f"{proxy.base('r-acl')}/reward", json={"value": 1.0},
+                                       headers={"Authorization": f"Bearer {proxy.token('r-acl', Role.VERIFIER)}"})
+            assert reward.status_code == 202 and reward.json()["stored"] == "kafka", reward.text
+            assert await _until_stored(admin, registry, CALLS, 1) and await _until_stored(admin, registry, REWARDS, 1)
+    assert not [r.getMessage() for r in caplog.records if "does not let" in r.getMessage()]
+    assert await stored(admin, registry, registry[DEAD_LETTERS].name) == 0
+
+
+async def _until_stored(kafka: KafkaSettings, registry: TopicRegistry, spec: TopicSpec, count: int) -> bool:
+    deadline = asyncio.get_running_loop().time() + 30
+    while asyncio.get_running_loop().time() < deadline:
+        if await stored(kafka, registry, registry[spec].name) >= count:
+            return True
+        await asyncio.sleep(0.2)
+    return False
