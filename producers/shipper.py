@@ -156,8 +156,11 @@ class Shipper:
         if self._producer is None:
             self._producer = await connect_producer(self._factory, self.ack_timeout_s * 2,
                                                     f"events wait in the journal at {self.source.directory}")
-        self.kafka_ok = self._producer is not None
-        return self.kafka_ok
+        # A producer that starts is not yet a Kafka that takes the events: while the last batch
+        # waits for a topic or a grant, readiness keeps saying so rather than true for each try.
+        connected = self._producer is not None
+        self.kafka_ok = connected and not (self._missing_reported or self._unauthorized_reported)
+        return connected
 
     async def close(self) -> None:
         """Drop the Kafka connection; unacknowledged records are all still in the journal."""

@@ -123,13 +123,16 @@ async def rewards_of(proxy: RunningProxy, expect: int) -> list[RewardV1]:
     return await read_events(proxy.settings.kafka, proxy.registry, REWARDS, expect=expect)
 
 
-async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    """Whether ``condition`` came true within ``timeout_s`` (checked every 20 ms)."""
+async def until(condition: Callable[[], bool], timeout_s: float, every_s: float = 0.02) -> bool:
+    """Whether ``condition`` came true within ``timeout_s`` (checked every ``every_s``).
+
+    Also asks whether a state that must not arise ever did, in a short window: look often.
+    """
     deadline = asyncio.get_running_loop().time() + timeout_s
     while asyncio.get_running_loop().time() < deadline:
         if condition():
             return True
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(every_s)
     return False
 
 
