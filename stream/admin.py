@@ -128,22 +128,21 @@ class KafkaAdmin:
     def __init__(self, settings: KafkaSettings | None = None, registry: TopicRegistry | None = None) -> None:
         self.settings = settings or KafkaSettings()
         self.registry = registry or TopicRegistry.from_settings(self.settings)
-        self._admin = AIOKafkaAdminClient(
-            **self.settings.client_kwargs(),
-            client_id=f"{self.settings.client_id}-admin",
-            request_timeout_ms=self.settings.request_timeout_ms,
-        )
-        self._offsets = AIOKafkaConsumer(
-            **self.settings.client_kwargs(),
-            client_id=f"{self.settings.client_id}-admin",
-            enable_auto_commit=False,
-            request_timeout_ms=self.settings.request_timeout_ms,
-        )
+        self._admin, self._offsets = self._clients()
         self._started = False
+        self._spent = False  # closed by a failed start; aiokafka's clients do not start again
+
+    def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
+        kwargs = {**self.settings.client_kwargs(), "client_id": f"{self.settings.client_id}-admin",
+                  "request_timeout_ms": self.settings.request_timeout_ms}
+        return AIOKafkaAdminClient(**kwargs), AIOKafkaConsumer(**kwargs, enable_auto_commit=False)
 
     async def start(self) -> None:
-        """Connect both clients."""
+        """Connect both clients; after a start that failed (a cluster not up yet), try again."""
         if not self._started:
+            if self._spent:  # made now, not at the failure: a client never started warns when collected
+                self._admin, self._offsets = self._clients()
+                self._spent = False
             try:
                 await self._admin.start()
                 await self._offsets.start()
@@ -155,13 +154,14 @@ class KafkaAdmin:
                     await self._offsets.stop()
                 with contextlib.suppress(Exception):
                     await self._admin.close()
+                self._spent = True
                 raise
             self._started = True
 
     async def stop(self) -> None:
-        """Disconnect; safe to call twice."""
+        """Disconnect; safe to call twice, and :meth:`start` may follow."""
         if self._started:
-            self._started = False
+            self._started, self._spent = False, True
             with contextlib.suppress(Exception):
                 await self._offsets.stop()
             await self._admin.close()

@@ -7,8 +7,11 @@ that warning fails whichever test happens to be running then, far from the leak.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import os
+import socket
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable
@@ -119,3 +122,42 @@ async def _unreachable_leaks(kafka: KafkaSettings, tmp_path: Path) -> dict[str, 
             await service.start()  # its producer fails before the backend and the consumer start
 
     return {run.__name__: await _leaks(run) for run in (consumer, event_consumer, admin, assembler, launcher)}
+
+
+async def test_an_admin_that_found_no_cluster_starts_once_the_cluster_is_there_and_again_after_a_stop(
+        kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    """aiokafka's clients do not start again once closed; the admin makes new ones for the next start."""
+    host, port = kafka_settings.bootstrap_servers.split(",")[0].rsplit(":", 1)
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Bootstrap through here; the broker's metadata then sends the client to the broker itself."""
+        up_reader, up_writer = await asyncio.open_connection(host, int(port))
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def run() -> None:
+        with socket.socket() as sock:  # bound, not listening: refused until the relay listens on it
+            sock.bind(("127.0.0.1", 0))
+            admin = KafkaAdmin(kafka_settings.model_copy(
+                update={"bootstrap_servers": f"127.0.0.1:{sock.getsockname()[1]}"}), topics)
+            with pytest.raises(KafkaConnectionError):
+                await admin.start()
+            server = await asyncio.start_server(relay, sock=sock)
+            try:
+                await admin.start()
+                assert len(await admin.partitions(topics[CALLS].name)) == topics[CALLS].partitions
+                await admin.stop()
+                await admin.start()
+                assert topics[CALLS].name in await admin.list_topics()
+            finally:
+                await admin.stop()
+                server.close()
+
+    assert await _leaks(run) == []
