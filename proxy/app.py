@@ -31,6 +31,7 @@ from proxy.auth import Authenticator, UnauthorizedError
 from proxy.engine_client import EngineError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError
 from proxy.media import ImagePolicy
+from proxy.nesting import dumps_within_depth
 from proxy.responses.adapter import ResponsesAdapter
 from proxy.service import Caller, CallService
 from proxy.settings import ProxySettings
@@ -163,6 +164,13 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             raise InvalidRequestError("the client hung up before its request body was complete") from exc
         return b"".join(chunks)
 
+    def refuse_encoded(request: Request) -> None:
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            # Read as it is, a compressed body would be refused as malformed JSON, naming nothing.
+            raise UnsupportedEncodingError(f"request bodies with Content-Encoding {encoding!r} are not "
+                                           "accepted; send the body uncompressed")
+
     async def call(request: Request, kind: str, rollout_id: str | None) -> Response:
         st = state(request)
         adapter = st.adapters.get(kind)
@@ -173,11 +181,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             telemetry.refused.add(1, {"status": 503})
             return Response(orjson.dumps(adapter.error(503, "call log is full; retry later", "overloaded_error")),
                             status_code=503, media_type="application/json", headers={"retry-after": "5"})
-        encoding = request.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            # Read as it is, a compressed body would be refused as malformed JSON, naming nothing.
-            raise UnsupportedEncodingError(f"request bodies with Content-Encoding {encoding!r} are not "
-                                           "accepted; send the body uncompressed")
+        refuse_encoded(request)
         raw = await read_body(request, st.settings.max_body_bytes)
         return await st.calls.handle(request, adapter, Caller(credential.rollout_id, credential.task_id), raw)
 
@@ -214,6 +218,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
                 adapter = st.adapters.get("messages")
                 if adapter is None:
                     raise InvalidRequestError("this proxy does not serve the messages API")
+                refuse_encoded(request)
                 try:
                     body = orjson.loads(await read_body(request, st.settings.max_body_bytes))
                 except orjson.JSONDecodeError as exc:
@@ -221,7 +226,11 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
                 if not isinstance(body, dict):
                     raise InvalidRequestError("the request body must be a JSON object")
                 body.setdefault("max_tokens", 1)
-                chat = adapter.to_chat(body)
+                try:
+                    chat = adapter.to_chat(body)
+                except (TypeError, ValueError, AttributeError, KeyError) as exc:  # as for the call itself
+                    raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
+                dumps_within_depth(chat)  # as deep as the call itself may be, and no deeper
                 replica = st.upstream.order(rollout_id or "count")[0]
                 # The prompt the call itself would render: a prefill continues the last turn.
                 payload: dict[str, Any] = {"model": await _served_model(st, replica), "messages": chat["messages"],
@@ -237,8 +246,13 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
                     raise UpstreamFailedError(f"engine could not count tokens: {exc}") from exc
                 if status != 200:
                     raise UpstreamFailedError(f"engine could not count tokens: {answer[:500].decode(errors='replace')}")
-                return Response(orjson.dumps({"input_tokens": int(orjson.loads(answer)["count"])}),
-                                media_type="application/json")
+                try:
+                    count = orjson.loads(answer)["count"]
+                    if type(count) is not int:
+                        raise TypeError(f"count is {count!r}")
+                except (orjson.JSONDecodeError, TypeError, KeyError) as exc:
+                    raise UpstreamFailedError(f"engine's token count not understood: {exc!r}") from exc
+                return Response(orjson.dumps({"input_tokens": count}), media_type="application/json")
 
             @app.get(prefix + "/v1/models", include_in_schema=False)
             async def models(request: Request, rollout_id: str | None = None) -> Response:
@@ -262,10 +276,12 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     async def reward(request: Request, rollout_id: str) -> Response:
         st = state(request)
         credential = st.auth.authenticate(request, rollout_id, need=Role.VERIFIER)
+        refuse_encoded(request)
         try:
-            body = orjson.loads(await read_body(request, 1024 * 1024))
+            body = orjson.loads(await read_body(request, min(_REWARD_BODY_BYTES, st.settings.max_body_bytes)))
             if not isinstance(body, dict):
                 raise InvalidRequestError("the reward body must be a JSON object")
+            dumps_within_depth(body)  # an info nested past what its event is written to was a 500
             # Strict, unlike the event's own validation: a misspelt field would drop its content
             # silently, and "0.5" or true read as numbers would hide a verifier's bug.
             unknown = sorted(set(body) - _REWARD_FIELDS)
@@ -351,6 +367,8 @@ def _error_response(request: Request, exc: ProxyError) -> Response:
 
 
 _REWARD_FIELDS = frozenset({"value", "info"})
+_REWARD_BODY_BYTES = 1024 * 1024
+"""Largest reward body (or ``max_body_bytes``, if smaller): a verdict and its details, not the work."""
 _HOT_PATH = re.compile(r"(?:/rollouts/(?P<rollout_id>[^/]+))?/v1/(?P<kind>chat/completions|messages|responses)")
 _HOT_KINDS = {"chat/completions": "chat", "messages": "messages", "responses": "responses"}
 

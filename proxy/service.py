@@ -33,6 +33,7 @@ from proxy.adapters import Adapter
 from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError, harness_gone
+from proxy.nesting import dumps_within_depth
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
 from proxy.upstream import UpstreamPool
@@ -170,18 +171,16 @@ class CallService:
                 raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
             # A re-send of the same conversation is a retry even if transport details differ:
             # Claude Code falls back from streaming to a whole answer with a smaller max_tokens.
-            try:
-                conversation = orjson.dumps({k: chat.get(k) for k in _CONVERSATION_KEYS}, option=orjson.OPT_SORT_KEYS)
-                # The rest is sent whole later, once the call counts as an attempt, and a Responses
-                # answer echoes most of its request (metadata, text, reasoning, tools): encoded now
-                # only to learn that they can be, so a field too deep is refused here and not
-                # answered 500. The whole Responses body rather than a list of the echoed fields,
-                # so a field the echo gains later is covered too.
-                orjson.dumps({k: v for k, v in chat.items() if k not in _CONVERSATION_KEYS})
-                if adapter.protocol is ApiProtocol.OPENAI_RESPONSES:
-                    orjson.dumps(body)
-            except TypeError as exc:  # nested deeper than JSON is written (orjson stops at 254 levels)
-                raise InvalidRequestError(f"the request could not be encoded: {exc}") from exc
+            conversation = dumps_within_depth({k: chat.get(k) for k in _CONVERSATION_KEYS},
+                                              option=orjson.OPT_SORT_KEYS)
+            # The rest is sent whole later, once the call counts as an attempt, and a Responses
+            # answer echoes most of its request (metadata, text, reasoning, tools): encoded now
+            # only to learn that they can be, and be recorded, so a field too deep is refused
+            # here and not answered 500 without a record. The whole Responses body rather than a
+            # list of the echoed fields, so a field the echo gains later is covered too.
+            dumps_within_depth({k: v for k, v in chat.items() if k not in _CONVERSATION_KEYS})
+            if adapter.protocol is ApiProtocol.OPENAI_RESPONSES:
+                dumps_within_depth(body)
         except (orjson.JSONDecodeError, ProxyError) as exc:
             error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
             error.message = _clipped(error.message)

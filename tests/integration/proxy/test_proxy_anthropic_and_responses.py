@@ -109,23 +109,40 @@ async def test_a_refused_request_is_recorded_once_without_its_media_or_its_deepe
             await client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
                 {"type": "text", "text": "What is this?"},
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": screenshot}}]}])
-    nested: object = "deep"
-    for _ in range(300):
-        nested = [nested]
+    def nested(levels: int) -> object:
+        value: object = "deep"
+        for _ in range(levels):
+            value = [value]
+        return value
+
     # Deep in the conversation, in a field chat passes to the engine as it came, or in one a
-    # Responses answer copies back from its request.
-    bodies = {"r-refused-deep": ("chat/completions", {"model": "m", "messages": [{"role": "user", "content": nested}]}),
-              "r-refused-deep-metadata": ("chat/completions", {"model": "m", "metadata": {"trace": nested},
+    # Responses answer copies back from its request. 300 levels are past what JSON is written to
+    # (254); 252 are not, but the call's record holds the field two levels deeper, so that body
+    # would be answered and then fail to be recorded (it got a 500 and left no event).
+    bodies = {"r-refused-deep": ("chat/completions", {"model": "m", "messages": [{"role": "user",
+                                                                                   "content": nested(300)}]}),
+              "r-refused-deep-metadata": ("chat/completions", {"model": "m", "metadata": {"trace": nested(300)},
                                                                "messages": [{"role": "user", "content": "hi"}]}),
-              "r-refused-deep-responses": ("responses", {"model": "m", "input": "hi", "metadata": {"trace": nested}})}
+              "r-refused-deep-responses": ("responses", {"model": "m", "input": "hi",
+                                                         "metadata": {"trace": nested(300)}}),
+              "r-refused-writable": ("chat/completions", {"model": "m", "max_tokens": 4, "metadata": {"trace": nested(252)},
+                                                          "messages": [{"role": "user", "content": "hi"}]})}
     async with httpx.AsyncClient(timeout=30) as http:
         for rollout, (path, body) in bodies.items():
             answer = await http.post(f"{proxy.base(rollout)}/v1/{path}",
                                      headers={"authorization": f"Bearer {proxy.token(rollout)}"}, json=body)
-            assert answer.status_code == 400 and "could not be encoded" in answer.text, (rollout, answer.text)
-    events = {e.rollout_id: e for e in await calls_of(proxy, 4)}
+            assert answer.status_code == 400 and "nests deeper than 128 levels" in answer.text, (rollout, answer.text)
+        # The most a request may nest (128 levels, the body counted) is answered and recorded whole.
+        answer = await http.post(f"{proxy.base('r-deepest')}/v1/chat/completions",
+                                 headers={"authorization": f"Bearer {proxy.token('r-deepest')}"},
+                                 json={"model": "m", "max_tokens": 4, "metadata": {"trace": nested(126)},
+                                       "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.status_code == 200, answer.text
+    events = {e.rollout_id: e for e in await calls_of(proxy, 6)}
     assert events["r-refused-deep-metadata"].status is events["r-refused-deep-responses"].status \
-        is CallStatus.INVALID_REQUEST
+        is events["r-refused-writable"].status is CallStatus.INVALID_REQUEST
+    assert events["r-deepest"].status is CallStatus.OK
+    assert events["r-deepest"].request.extra["metadata"] == {"trace": nested(126)}
     image, deep = events["r-refused-image"], events["r-refused-deep"]
     assert image.status is deep.status is CallStatus.INVALID_REQUEST
     assert image.request.messages == [] and deep.request.messages == []  # the body once, not twice

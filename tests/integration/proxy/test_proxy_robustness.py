@@ -88,6 +88,14 @@ async def test_model_calls_only_from_the_agent(proxy: RunningProxy) -> None:
     counted = await post(f"{proxy.base('r-j')}/v1/messages/count_tokens", token=verifier,
                          json={"model": "m", "messages": CHAT["messages"]})
     assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+    # A tool schema nested past what the call itself may be is refused as the call would be (a 500 before).
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(250):
+        schema = {"type": "object", "properties": {"x": schema}}
+    deep = await post(f"{proxy.base('r-j')}/v1/messages/count_tokens", token=verifier,
+                      json={"model": "m", "messages": CHAT["messages"],
+                            "tools": [{"name": "t", "input_schema": schema}]})
+    assert deep.status_code == 400 and "nests deeper than 128 levels" in deep.text, deep.text
     agent = await post(f"{proxy.base('r-j')}/v1/chat/completions", json=CHAT, token=proxy.token("r-j"))
     assert agent.status_code == 200
     [event] = await calls_of(proxy, 1)  # the agent's call alone
@@ -119,6 +127,12 @@ async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
     too_large = await post(url, content=big, token=proxy.token("r-v", Role.VERIFIER),
                            headers={"content-type": "application/json"})
     assert too_large.status_code == 413 and "too large for its topic" in too_large.text, too_large.text
+    # Info nested past what its event is written to: the verifier's to fix (a 500 before).
+    deep: Any = 1
+    for _ in range(254):
+        deep = [deep]
+    nested = await post(url, json={"value": 1, "info": {"a": deep}}, token=proxy.token("r-v", Role.VERIFIER))
+    assert nested.status_code == 400 and "nests deeper than 128 levels" in nested.text, nested.text
     misspelt = await post(url, json={"value": 1, "infos": {"passed": 3}}, token=proxy.token("r-v", Role.VERIFIER))
     assert misspelt.status_code == 400 and "infos" in misspelt.text
     nan = await post(url, content=b'{"value": NaN}', token=proxy.token("r-v", Role.VERIFIER),
@@ -172,6 +186,21 @@ async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegi
                             token=mint_token(KEY, "r-big", Role.AGENT, 60),
                             headers={"content-type": "application/json", "content-encoding": "gzip"})
         assert zipped.status_code == 415 and "Content-Encoding 'gzip'" in zipped.json()["error"]["message"]
+        # Counting tokens and rewards hold to the same: the body limit (when under the reward's
+        # own 1 MiB) and no compressed bodies. Before, both took a compressed body as malformed
+        # JSON and a reward ignored the limit.
+        counting = await post(f"http://127.0.0.1:{settings.port}/rollouts/r-big/v1/messages/count_tokens",
+                              content=gzip.compress(orjson.dumps({**CHAT, "max_tokens": 4})),
+                              token=mint_token(KEY, "r-big", Role.AGENT, 60),
+                              headers={"content-type": "application/json", "content-encoding": "gzip"})
+        assert counting.status_code == 415 and "Content-Encoding 'gzip'" in counting.text, counting.text
+        verifier = mint_token(KEY, "r-big", Role.VERIFIER, 60)
+        reward_url = f"http://127.0.0.1:{settings.port}/rollouts/r-big/reward"
+        zipped_reward = await post(reward_url, content=gzip.compress(b'{"value": 1}'), token=verifier,
+                                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+        assert zipped_reward.status_code == 415, zipped_reward.text
+        big_reward = await post(reward_url, json={"value": 1, "info": {"log": "x" * 20_000}}, token=verifier)
+        assert big_reward.status_code == 413 and "10,000" in big_reward.text, big_reward.text
     finally:
         await shutdown(server, task)
 
