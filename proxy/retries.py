@@ -91,8 +91,11 @@ class RetryTracker:
         entry.at = time.monotonic()
         entry.before = entry.retries = None
         key = (rollout_id, fingerprint)
-        if ok and self._attempts.get(key) is entry:
-            del self._attempts[key]  # a success links nothing: as if never seen
+        if self._attempts.get(key) is entry:
+            if ok:
+                del self._attempts[key]  # a success links nothing: as if never seen
+            else:
+                self._attempts.move_to_end(key)  # in the order of `at`, which expiry reads from the oldest end
 
     def forget(self, rollout_id: str, fingerprint: bytes, call_id: str) -> None:
         """Take back an attempt that left no record (its journal write failed).
@@ -110,12 +113,20 @@ class RetryTracker:
                 self._attempts[key] = entry.before
 
     def _expire(self, now: float) -> None:
-        """Drop attempts past the window from the oldest end, then any over the size bound."""
-        while self._attempts:
-            oldest = next(iter(self._attempts.values()))
-            if oldest.finished_ok is None or now - oldest.at <= self.window_s:
+        """Drop attempts past the window from the oldest end, then any over the size bound.
+
+        An attempt still in flight stays (a re-send may retry it) but goes behind the rest, so
+        that one long call does not hold every failure after it past the window; :meth:`end`
+        puts it back in order. Each is passed over at most once per window.
+        """
+        for _ in range(len(self._attempts)):
+            key, oldest = next(iter(self._attempts.items()))
+            if now - oldest.at <= self.window_s:
                 break
-            self._attempts.popitem(last=False)
+            if oldest.finished_ok is None:
+                self._attempts.move_to_end(key)
+            else:
+                self._attempts.popitem(last=False)
         while len(self._attempts) > self.max_entries:
             self._attempts.popitem(last=False)
 

@@ -87,3 +87,26 @@ def test_successes_are_not_kept_and_failures_leave_after_the_window(monkeypatch:
     now[0] += 61
     assert _begin(tracker, b"y")[1:] == (0, None)
     assert len(tracker) == 1  # only the new attempt: the failure past the window is gone
+
+
+def test_a_long_call_does_not_hold_the_failures_after_it_past_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr("proxy.retries.time.monotonic", lambda: now[0])
+    tracker = RetryTracker(window_s=60)
+    long_call, _, _ = _begin(tracker, b"long")  # a stream that runs for many windows
+    early, _, _ = _begin(tracker, b"early")
+    for n in range(50):
+        call, _, _ = _begin(tracker, str(n).encode())
+        tracker.end("r", str(n).encode(), call, ok=False)
+    now[0] += 30
+    tracker.end("r", b"early", early, ok=False)  # ends after the fifty: its failure counts from now
+    now[0] += 40  # the fifty are past the window, the early one is not
+    assert _begin(tracker, b"z")[1:] == (0, None)
+    assert len(tracker) == 3  # the long call (still in flight), the early one's failure, z
+    assert _begin(tracker, b"early")[1:] == (1, early)
+    now[0] += 1000
+    tracker.end("r", b"long", long_call, ok=False)
+    assert _begin(tracker, b"long")[1:] == (1, long_call)  # its failure counts from its end
+    now[0] += 61
+    _begin(tracker, b"last")
+    assert len(tracker) == 4  # all in flight, however old: z, early's and long's re-sends, last
