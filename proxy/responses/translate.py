@@ -1151,9 +1151,11 @@ class StreamTranslator:
     def finish(self) -> list[Event]:
         """Close open items and produce the terminal event, unless that already happened.
 
-        When the engine's stream ended without a finish reason, the answer was cut off:
-        open items are closed as ``incomplete`` and the response fails, which harnesses
-        retry, rather than completing with a truncated tool call they would run.
+        When the engine's stream ended without a finish reason, the answer was cut off: the
+        response fails, which harnesses retry, and its open items are listed in it as
+        ``incomplete`` with no ``done`` event of their own. Codex runs a function call, and
+        keeps any item in its history, at the item's ``response.output_item.done``, whatever
+        its status: a truncated command must not be run.
 
         Returns:
             The remaining events; none if the terminal event was already produced.
@@ -1164,7 +1166,6 @@ class StreamTranslator:
         self._start({}, events)
         try:
             if self._finish_reason is None:
-                self._close_all(events, "incomplete")
                 events.extend(self.failed_event("the engine's stream ended before the answer was finished"))
             else:
                 self._close_all(events, self._item_status())
