@@ -250,7 +250,9 @@ class JournalTail:
                 if next_first - 1 <= self._shipped and path != self._path]
         # The mark before the deletion: a restarted shipper must not look for deleted records.
         self.write_mark(force=bool(done))
-        deleted = [path for path in done if _remove_shipped(path)]
+        # Oldest first, stopping at the first that stays: a gap would leave the next start's mark
+        # (if the mark could not be written) pointing into it, and the journal would read as damaged.
+        deleted = list(itertools.takewhile(_remove_shipped, done))
         left = [path for _, path in segments if path not in deleted]
         if left and left[0] == self._path:  # nothing older than the cursor's segment is left
             self._swept_behind = self._path

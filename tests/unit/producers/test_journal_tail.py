@@ -303,3 +303,40 @@ def test_a_shipped_segment_the_disk_will_not_delete_injected_stays_and_reading_g
     again.open()
     assert len(again) == 0
     again.close()
+
+
+def test_a_segment_the_disk_will_not_delete_injected_stops_the_sweep_so_no_gap_is_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark cannot be written (a full disk) and the oldest shipped segment cannot be deleted
+    (both injected). Deleting the newer shipped segments anyway left a gap behind the oldest: a
+    restart, reading the old mark, found the first segment left followed by a later one, and
+    stopped on a journal it took for damaged. Now the sweep stops at the first segment that stays."""
+    writer = _writer(tmp_path, segment_bytes=100)
+    tail = JournalTail(tmp_path, mark_interval_s=0)
+    tail.open()
+    _fill(writer, 0, 12, size=40)
+    oldest = tmp_path / "00000000000000000000.log"
+    segments = sorted(tmp_path.glob("*.log"))
+    assert len(segments) >= 4 and segments[0] == oldest
+    records = tail.read(100, 1 << 20)
+    unlink = Path.unlink
+
+    def refuse_oldest(self: Path, missing_ok: bool = False) -> None:
+        if self == oldest:
+            raise PermissionError(1, "Operation not permitted", str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    def no_room(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "unlink", refuse_oldest)
+        patched.setattr("producers.journal.ShippedMark.write", no_room)
+        tail.mark_shipped(records[:-2])
+        assert sorted(tmp_path.glob("*.log")) == segments  # nothing deleted behind the one that stayed
+        tail.close()  # nor is the mark written as it stops
+    again = JournalTail(tmp_path)  # a restart, on the mark of before: the records are all there
+    again.open()
+    assert _numbers(again.read(100, 1 << 20)) == list(range(12))
+    again.close()
+    writer.close()
