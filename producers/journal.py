@@ -259,6 +259,10 @@ class Journal:
         self.lock()
         self._shipped = self._mark.read()
         paths = sorted(self.directory.glob("*.log"))
+        while len(paths) > 1 and paths[-1].stat().st_size == 0:
+            # Made by a rotation the crash interrupted before the segment before it was flushed:
+            # that one's torn tail is the journal's tail, not damage before a newer segment.
+            paths.pop().unlink()
         last_seq = self._shipped
         salvaged: list[tuple[int, bytes]] = []
         for number, path in enumerate(paths):

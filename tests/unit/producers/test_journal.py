@@ -176,6 +176,26 @@ def test_a_zero_filled_or_torn_tail_is_cut_without_a_copy(tmp_path: Path) -> Non
     assert not list(tmp_path.glob("*.damaged"))
 
 
+def test_a_torn_tail_before_an_empty_newer_segment_is_still_a_torn_tail(tmp_path: Path) -> None:
+    # A power cut while a segment rolled over: the next segment was made (empty) before the one
+    # before it was flushed, whose tail is torn. Before, that read as damage before a newer
+    # segment, and the proxy would not start until an operator looked.
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    _fill(journal, 3)
+    journal.close()
+    [segment] = sorted(tmp_path.glob("*.log"))
+    with segment.open("ab") as handle:
+        handle.write(b"\x40\x00\x00\x00garbage")
+    (tmp_path / f"{3:020d}.log").touch()
+    again = Journal(tmp_path, 1 << 20)
+    again.open()
+    assert _values(again.read(10, 1 << 20)) == [0, 1, 2] and again.next_seq == 3
+    _fill(again, 2, start=3)
+    assert _values(again.read(10, 1 << 20)) == [3, 4]
+    again.close()
+
+
 def test_segments_roll_and_shipped_ones_are_deleted(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 1 << 30, segment_bytes=2000, mark_interval_s=0)
     journal.open()
