@@ -28,7 +28,7 @@ from producers.spool import DiskSpool, SpooledRecord
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
-from stream import CALLS, EventProducer, NotAuthorizedError, TopicRegistry, TopicSpec
+from stream import CALLS, REWARDS, EventProducer, NotAuthorizedError, TopicRegistry, TopicSpec
 from stream.producer import EventTooLargeError, encode_record
 from stream.topics import unauthorized_topics
 
@@ -88,6 +88,24 @@ def _read_outcome(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+
+def first_reward_after_a_call(topics: list[str], rewards_topic: str) -> int | None:
+    """In a batch of records to these ``topics``, the index of the first reward after another record.
+
+    A batch is cut there: the reward goes only once the calls before it are acknowledged. Within
+    one batch, a reward's partition may have a leader that answers while a call's does not (it
+    moves, or is down), and a reward in Kafka ahead of its rollout's last call ends the rollout in
+    the assembler without that call. Rewards in a row still share a batch: what each must follow
+    is its rollout's calls, not the other rewards.
+    """
+    calls = False
+    for index, topic in enumerate(topics):
+        if topic != rewards_topic:
+            calls = True
+        elif calls:
+            return index
+    return None
+
 class EventLog(Protocol):
     """What the proxy needs of whatever keeps its events: this module's or the journal's."""
 
@@ -142,6 +160,7 @@ class DurablePublisher:
         self._producer: EventProducer | None = None
         self.spool = spool
         self.registry = registry
+        self._rewards_topic = registry[REWARDS].name
         self.ack_timeout_s = ack_timeout_s
         self.drain_interval_s = drain_interval_s
         self._direct = False
@@ -338,6 +357,9 @@ class DurablePublisher:
             self._one_at_a_time = False
             logger.info("drained %d spooled records one at a time (%d left)", len(batch), len(self.spool))
             return len(batch)
+        cut = first_reward_after_a_call([r.topic for r in batch], self._rewards_topic)
+        if cut is not None:  # the calls before a reward are acknowledged first (see the function)
+            batch = batch[:cut]
         futures: list[asyncio.Future[Any]] = []
         try:
             try:

@@ -11,7 +11,8 @@ answers 503 beyond it; a restarted process ships what its predecessor left.
 
 Rewards ask to wait for Kafka (``wait_for_kafka``): when the verifier's post returns, the
 rollout's calls, journalled before it, are in Kafka too, so the assembler never sees a reward
-and the rollout's end ahead of its last call. While Kafka is down that wait gives up after the
+and the rollout's end ahead of its last call. For the same reason a reward never shares a batch
+with calls before it (their partitions' leaders may answer apart). While Kafka is down that wait gives up after the
 acknowledgement timeout and the reward stays in the journal, durable, like any other event.
 """
 
@@ -30,7 +31,7 @@ import aiokafka.errors as kafka_errors
 from aiokafka.errors import ClusterAuthorizationFailedError as ClusterDenied
 
 from producers.capture import CallCapture
-from producers.durable import REFUSED, Outcome, connect_producer
+from producers.durable import REFUSED, Outcome, connect_producer, first_reward_after_a_call
 from producers.journal import Journal, JournalCorruptError, JournalRecord
 from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
 from producers.raw_calls import (
@@ -47,7 +48,7 @@ from producers.spool import DiskSpool
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
-from stream import EventProducer, MissingTopicsError, NotAuthorizedError, TopicRegistry, TopicSpec
+from stream import REWARDS, EventProducer, MissingTopicsError, NotAuthorizedError, TopicRegistry, TopicSpec
 from stream.producer import encode_record
 from stream.topics import unauthorized_topics
 
@@ -129,6 +130,7 @@ class Shipper:
         """Records Kafka refused (too large for the broker's topic, a policy) and that went to the
         dead-letter topic instead."""
         self._one_by_one_to = -1  # records up to this one go one at a time, to find one Kafka refuses
+        self._rewards_topic = registry[REWARDS].name
         self._missing_reported: list[str] = []  # the missing topics last logged, so a wait is logged once
         self._unauthorized_reported: list[str] = []  # likewise the topics last found not ours to write
 
@@ -210,6 +212,10 @@ class Shipper:
                     continue
                 await self._linger()
                 continue
+            # A reward goes only after the calls before it are acknowledged (see the function).
+            cut = first_reward_after_a_call([r.topic for r in records], self._rewards_topic)
+            if cut is not None:
+                records = records[:cut]
             outgoing: list[Record] = []
             try:
                 if not await self.connect():
@@ -265,6 +271,10 @@ class Shipper:
             self.source.mark_shipped(records)
             self.shipped = records[-1].seq
             self._progress()
+            if cut is not None:
+                if not await self._rewind():  # back to the reward, which the cursor had passed
+                    return
+                continue
             # A batch cut short by a limit leaves records waiting: send them now. Lingering
             # after every full batch would cap shipping at one batch per linger, below what a
             # busy proxy journals, and the journal would grow until calls were refused.

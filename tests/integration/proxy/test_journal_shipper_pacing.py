@@ -1,4 +1,4 @@
-"""The journal shipper's pause between batches, against the real broker.
+"""The journal shipper's pause between batches, and where a batch ends, against the real broker.
 
 The shipper lingers after a batch so that the next one gathers more events (fewer produce
 requests per call). Two things must not follow from that pause: a backlog shipped one batch per
@@ -6,7 +6,8 @@ linger (a busy proxy journals faster than that, so its journal would grow until 
 calls), and a reward waiting out the pause before its rollout's calls reach Kafka.
 
 The linger here is far longer than any of the waits, so a pause taken where none is due shows
-as a wait that runs out, not as a slightly slower run.
+as a wait that runs out, not as a slightly slower run. A batch also ends before a reward that
+follows calls, in the journal and in ``ack`` durability's spool.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import pytest
 from factories import reward
 from proxy_helpers import stored, until
 
+from producers.durable import DurablePublisher
 from producers.journal import Journal
 from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, Shipper
+from producers.spool import DiskSpool
 from stream import EventProducer, KafkaSettings, TopicRegistry
-from stream.topics import REWARDS
+from stream.topics import REWARDS, ROLLOUTS
 
 pytestmark = pytest.mark.kafka
 
@@ -117,3 +120,65 @@ async def test_a_reward_waiting_for_kafka_does_not_sit_out_the_linger(
     finally:
         await publisher.stop()
     assert await _stored(kafka_settings, topics) == 2
+
+
+class _BatchesSeen(EventProducer):
+    """The real producer, noting the topics of each batch it is given to send."""
+
+    batches: list[list[str]] = []
+
+    async def send_many_raw(self, records, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.batches.append([record[0] for record in records])
+        return await super().send_many_raw(records, *args, **kwargs)
+
+
+async def test_a_reward_is_sent_only_after_the_calls_before_it_are_acknowledged(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    # In one batch a reward's partition may be stored while a call's is not (its leader moving):
+    # the reward would end the rollout in the assembler without that call. So a reward starts a
+    # batch of its own after other records; rewards in a row still share one.
+    journal = Journal(tmp_path, 64 << 20)
+    journal.open()
+    calls, rewards = topics[ROLLOUTS].name, topics[REWARDS].name
+    for topic in (calls, calls, rewards, rewards, calls, rewards):
+        journal.append(topic, b"r-1", b"{}", ())
+    _BatchesSeen.batches = []
+    shipper = Shipper(lambda: _BatchesSeen(kafka_settings, registry=topics), journal, topics, ack_timeout_s=10.0,
+                      batch_records=1024, linger_s=0.01, idle_wait_s=0.05)
+    runner = asyncio.create_task(shipper.run())
+    try:
+        assert await until(lambda: shipper.shipped >= 5, 20.0), shipper.shipped
+    finally:
+        shipper.stop_when_done()
+        await asyncio.wait_for(runner, 20)
+        await shipper.close()
+        journal.close()
+    assert _BatchesSeen.batches == [[calls, calls], [rewards, rewards, calls], [rewards]]
+    assert await _stored(kafka_settings, topics) == 3
+
+
+async def test_the_ack_spool_drains_a_reward_only_after_the_calls_before_it(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    # The same rule for ``ack`` durability's spool, drained after Kafka was away.
+    spool = DiskSpool(tmp_path, 64 << 20)
+    calls, rewards = topics[ROLLOUTS].name, topics[REWARDS].name
+    for topic in (calls, calls, rewards, rewards, calls, rewards):
+        spool.append(topic, b"r-1", b"{}", ())
+    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=topics), spool, topics,
+                                 ack_timeout_s=5.0, drain_interval_s=0.05)
+    drained: list[int] = []
+    drain_once = publisher._drain_once
+
+    async def noted() -> int:
+        count = await drain_once()
+        drained.append(count)
+        return count
+
+    publisher._drain_once = noted  # type: ignore[method-assign]
+    await publisher.start()
+    try:
+        assert await until(lambda: publisher.direct, 20.0)
+    finally:
+        await publisher.stop()
+    assert [count for count in drained if count] == [2, 3, 1]
+    assert await _stored(kafka_settings, topics) == 3
