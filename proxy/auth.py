@@ -81,6 +81,9 @@ class Authenticator:
                 verifier making a model call).
         """
         header_rollout = request.headers.get(ROLLOUT_HEADER)
+        if header_rollout is not None and not header_rollout.strip():
+            # A harness's template with its variable unset: said as such, not as another rollout.
+            raise UnauthorizedError(f"the {ROLLOUT_HEADER} header is empty: send the rollout id, or leave it out")
         if header_rollout is not None and not header_rollout.isascii():
             # HTTP headers arrive as latin-1 text; a client sends a rollout id as UTF-8, as the
             # path (percent-decoded as UTF-8) reads it, so the same id must compare equal either way.

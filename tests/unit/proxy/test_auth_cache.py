@@ -156,3 +156,15 @@ def test_an_unreadable_key_file_is_a_clear_error_and_an_empty_key_does_not_hide_
 
 def test_a_401_names_its_scheme() -> None:
     assert UnauthorizedError("no").headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize("path_rollout", [None, "r-1"])
+def test_an_empty_rollout_header_is_named_as_such(path_rollout: str | None) -> None:
+    # A harness's header template with its variable unset; before, "another rollout" (or, with
+    # the path's rollout, "names another rollout than the path") sent the operator looking elsewhere.
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    token = mint_token(KEY.encode(), "r-1", Role.AGENT, 60.0)
+    request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                       "headers": [(b"authorization", f"Bearer {token}".encode()), (b"x-openforge-rollout-id", b" ")]})
+    with pytest.raises(UnauthorizedError, match="header is empty"):
+        auth.authenticate(request, path_rollout)
