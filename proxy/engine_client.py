@@ -152,6 +152,8 @@ class _Connection(asyncio.Protocol):
         self.on_lost: Any = None
         self.on_complete: Any = None  # called (soon) when the answer in flight ends; see EngineResponse.close
         self.sent_at = 0.0
+        self.bodies = 0  # body parts received, over every exchange (the idle ticker's measure)
+        self.exchange = 0  # exchanges sent on this connection
         self._reset()
 
     def _reset(self) -> None:
@@ -174,6 +176,7 @@ class _Connection(asyncio.Protocol):
         """Write a request and arm the deadline that covers its whole answer."""
         self._reset()
         self.busy = True
+        self.exchange += 1
         self.sent_at = self.loop.time()
         self.timer = self.loop.call_at(deadline, self._time_out, timeout_s)
         assert self.transport is not None
@@ -288,6 +291,7 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        self.bodies += 1
         self.chunks.append(body)
         self.buffered += len(body)
         if self.streaming and not self.paused and self.buffered > _HIGH_WATER and self.transport is not None:
@@ -305,16 +309,57 @@ class _Connection(asyncio.Protocol):
             self.loop.call_soon(settle, self)  # once the parser has returned
 
 
+IDLE = b"[idle]"
+"""What :meth:`EngineResponse.lines` yields, in place of a line, when the engine has been silent
+for its ``idle_s`` (told apart by identity: ``line is IDLE``; no line read is this object)."""
+
+
+class _IdleTicker:
+    """Wakes a stream's reader when its engine has sent nothing for a while.
+
+    One timer per stream, run again every ``idle_s``, rather than a deadline armed around every
+    read: a stream of many small chunks pays only a counter per chunk. A silence is therefore
+    noticed after between one and two ``idle_s``.
+    """
+
+    __slots__ = ("_conn", "_exchange", "_handle", "_seen", "fired", "idle_s")
+
+    def __init__(self, conn: _Connection, idle_s: float) -> None:
+        self._conn = conn
+        self._exchange = conn.exchange
+        self.idle_s = idle_s
+        self.fired = False
+        self._seen = conn.bodies
+        self._handle: asyncio.TimerHandle | None = conn.loop.call_later(idle_s, self._tick)
+
+    def _tick(self) -> None:
+        conn = self._conn
+        if conn.exchange != self._exchange or conn.complete or conn.error is not None or conn.closed:
+            self._handle = None  # this stream is over; nothing to wake
+            return
+        if conn.bodies == self._seen:
+            self.fired = True
+            conn._wake()
+        self._seen = conn.bodies
+        self._handle = conn.loop.call_later(self.idle_s, self._tick)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class EngineResponse:
     """One engine answer, read whole or line by line."""
 
-    __slots__ = ("_client", "_conn", "_done", "_slotted", "status")
+    __slots__ = ("_client", "_conn", "_done", "_slotted", "_ticker", "status")
 
     def __init__(self, client: EngineClient, conn: _Connection, slotted: bool = True) -> None:
         self._client = client
         self._conn = conn
         self._done = False
         self._slotted = slotted  # holds one of the client's in-flight slots until closed
+        self._ticker: _IdleTicker | None = None
         self.status = conn.status
 
     def __del__(self) -> None:
@@ -340,14 +385,22 @@ class EngineResponse:
                 return conn.take()
             await conn.wait()
 
-    async def lines(self) -> AsyncIterator[bytes]:
+    async def lines(self, *, idle_s: float | None = None) -> AsyncIterator[bytes]:
         """Lines of a streamed (SSE) body, without their line ends, as they arrive.
+
+        Args:
+            idle_s: when the engine sends nothing for this long (noticed within twice that),
+                :data:`IDLE` comes instead of a line, and again while the silence lasts: for a
+                caller that must tell its own client it is still there. None: lines only.
 
         Raises:
             EngineError: the connection broke or timed out mid-stream.
         """
         conn = self._conn
         conn.streaming = True
+        ticker = None
+        if idle_s is not None:
+            ticker = self._ticker = _IdleTicker(conn, idle_s)
         parts: list[bytes] = []  # of a line still waiting for its end: joined once, not copied per read
         size = 0
         while True:
@@ -374,6 +427,9 @@ class EngineResponse:
             if conn.complete:
                 break
             await conn.wait()
+            if ticker is not None and ticker.fired:
+                ticker.fired = False
+                yield IDLE
         if parts:
             yield b"".join(parts).rstrip(b"\r")
 
@@ -386,6 +442,8 @@ class EngineResponse:
         if self._done:
             return
         self._done = True
+        if self._ticker is not None:
+            self._ticker.cancel()
         conn = self._conn
         if finished and conn.complete and conn.error is None and conn.keep_alive and not conn.closed:
             self._client._release(conn)

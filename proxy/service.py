@@ -30,7 +30,7 @@ from producers.durable import EventLog
 from producers.raw_calls import EngineExchange
 from proxy import telemetry
 from proxy.adapters import Adapter
-from proxy.engine_client import EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
+from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError, harness_gone
 from proxy.nesting import dumps_within_depth
@@ -387,9 +387,19 @@ class CallService:
             status = CallStatus.CLIENT_DISCONNECTED
             error: str | None = None
             keepalive_s = self.settings.stream_keepalive_s
+            # A translated stream is told when the engine goes silent (a queue or a prefill before
+            # the first token, a pause for new weights) as well as when its chunks make no event.
+            idle_s = None if adapter.protocol is ApiProtocol.OPENAI_CHAT else keepalive_s
             sent_at = time.monotonic()
             try:
-                async for line in upstream.lines():
+                async for line in upstream.lines(idle_s=idle_s):
+                    if line is IDLE:
+                        if not finished and time.monotonic() - sent_at >= keepalive_s:
+                            out = session.keepalive()
+                            if out:
+                                yield out
+                                sent_at = time.monotonic()
+                        continue
                     if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()

@@ -138,13 +138,16 @@ class ProxySettings(BaseSettings):
     for all of it."""
 
     stream_keepalive_s: float = Field(default=10.0, gt=0, le=300)
-    """Longest silence in a translated stream (Anthropic, Responses) while the engine is still
-    sending: reasoning an Anthropic harness did not ask to see (thinking off, or its display
-    ``omitted``), and the arguments of an Anthropic or custom Responses tool call until the call
-    ends, send the harness nothing, so a long think would leave it silent, and harnesses abort a
-    silent stream (Claude Code and Codex after 5 minutes) and send the call again. After this
-    long the harness gets the protocol's own keep-alive (Anthropic's ``ping``, a repeated
-    ``response.in_progress``). Chat completions pass the engine's chunks on, reasoning included."""
+    """Longest silence in a translated stream (Anthropic, Responses): reasoning an Anthropic
+    harness did not ask to see (thinking off, or its display ``omitted``) and the arguments of an
+    Anthropic or custom Responses tool call until the call ends send the harness nothing, and an
+    engine sends nothing at all while a request waits in its queue, prefills, or is paused for
+    new weights. Harnesses abort a silent stream (Claude Code and Codex after 5 minutes) and send
+    the call again. After this long (noticed within twice it while the engine is silent) the
+    harness gets a keep-alive its client passes on: an empty delta of the open Anthropic block
+    (``ping`` between blocks, which the SDKs drop), ``message_start`` or the opening Responses
+    events before the first token, a repeated ``response.in_progress``. Chat completions pass the
+    engine's chunks on as they come, reasoning included."""
 
     retry_window_s: float = Field(default=600.0, gt=0)
     """How long a failed call is remembered, so an identical re-send is linked as its retry."""

@@ -6,7 +6,6 @@ from typing import Any
 
 from proxy.adapters import StreamSession
 from proxy.anthropic.translate import (
-    PING,
     StreamTranslator,
     error_body,
     error_event,
@@ -86,7 +85,7 @@ class _AnthropicStream:
         self.translator.prompt_tokens = tokens
 
     def keepalive(self) -> bytes:
-        return sse_encode(*PING) if self.translator.started and not self.translator.done else b""
+        return b"".join(sse_encode(name, data) for name, data in self.translator.keepalive())
 
     @property
     def ended(self) -> bool:

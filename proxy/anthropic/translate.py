@@ -947,6 +947,31 @@ class StreamTranslator:
         self.prompt_tokens: int | None = None
         """The prompt's length when known before the engine's usage (for ``message_start``)."""
 
+    def keepalive(self) -> list[SSEEvent]:
+        """An event that only says the answer is still coming; none once it ended.
+
+        The SDKs drop ``ping`` before their caller sees it, so it resets no harness's watchdog
+        (Claude Code aborts a stream after five minutes without an event and sends the call
+        again). Inside an open block the keep-alive is therefore an empty delta of that block,
+        which every client adds to the block as nothing: an ``input_json_delta`` while a tool
+        call's arguments are held, a ``thinking_delta`` while a think is not shown, a
+        ``text_delta`` while the engine is silent mid-text. Before the first chunk (a queue, a
+        long prefill) it is ``message_start``, as Anthropic sends at once: its input count is
+        then unknown (0), and ``message_delta`` carries it at the end. Between blocks, ``ping``.
+        """
+        if self._done:
+            return []
+        if not self._started:
+            return self._start(None)
+        index = self._open
+        if index is None:
+            return [PING]
+        if self._open_tool is not None:
+            return [self._json_delta(index, "")]
+        delta = {"type": "thinking_delta", "thinking": ""} if self._thought is not None else {"type": "text_delta",
+                                                                                              "text": ""}
+        return [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})]
+
     @property
     def upstream_finished(self) -> bool:
         """Whether the engine sent a finish reason (False when its stream ended early)."""

@@ -1180,12 +1180,16 @@ class StreamTranslator:
         For a long stretch of engine chunks that make no event (a tool call's arguments held
         until its name comes, an engine that sends empty deltas): Codex aborts a stream after
         five minutes without an event and sends the call again. The event is the API's own and says nothing new, so
-        clients that do not act on it (Codex, the SDKs) skip it. None before the response is
-        opened or after it ended.
+        clients that do not act on it (Codex, the SDKs) skip it. Before the engine's first chunk
+        (a queue, a long prefill) the response is opened instead, as the API opens it at once
+        (its id is then not derived from the engine's); none after it ended.
         """
-        if self._ids is None or self._terminated:
+        if self._terminated:
             return []
         events: list[Event] = []
+        if self._ids is None:
+            self._start({}, events)
+            return events
         self._emit(events, "response.in_progress", response=self._response("in_progress"))
         return events
 

@@ -195,7 +195,7 @@ class ScriptedEngine:
 
     def __init__(self, *, command: str, prefer: tuple[str, ...] = SHELL_TOOLS, faults: list[Fault] | None = None,
                  final_prefix: str = "Done. The command printed: ", chunk_pieces: int = 3,
-                 reasoning: tuple[int, float] = (0, 0.0)) -> None:
+                 reasoning: tuple[int, float] = (0, 0.0), queue_s: float = 0.0, stall_s: float = 0.0) -> None:
         """Args:
             command: The command a tool call runs.
             prefer: Tool names to call, in order of preference.
@@ -205,9 +205,15 @@ class ScriptedEngine:
             reasoning: Chunks of reasoning (:data:`THOUGHT` in ``reasoning``, as vLLM's reasoning
                 parser sends it) before each answer, and the seconds between them when streamed:
                 a model that thinks for a while before it says anything.
+            queue_s: Seconds a streamed answer sends nothing after its headers, as vLLM while a
+                request waits in its queue and prefills.
+            stall_s: Seconds a streamed answer sends nothing after its second chunk (in the
+                middle of its text or of a tool call's arguments), as vLLM paused for new weights.
         """
         self.command = command
         self.reasoning = reasoning
+        self.queue_s = queue_s
+        self.stall_s = stall_s
         self.prefer = prefer
         self.faults = list(faults or [])
         self.final_prefix = final_prefix
@@ -363,12 +369,13 @@ class ScriptedEngine:
                        "choices": choices, **extra}
             return b"data: " + orjson.dumps(payload) + b"\n\n"
 
+        await asyncio.sleep(self.queue_s)
         for i, (delta, ids) in enumerate(pieces):
             choice = {"index": 0, "delta": delta, "logprobs": {"content": [_logprob_item(t) for t in ids]},
                       "finish_reason": None, "token_ids": ids}
             extra = {"prompt_token_ids": prompt_ids} if i == 0 else {}
             yield chunk([choice], **extra)
-            await asyncio.sleep(self.reasoning[1] if "reasoning" in delta else 0)
+            await asyncio.sleep(self.reasoning[1] if "reasoning" in delta else self.stall_s if i == 1 else 0)
         if cut:  # the engine "died": no finish reason, no usage, and [DONE] only if asked
             if error is not None:  # vLLM's streaming error response, then its [DONE]
                 yield b"data: " + orjson.dumps({"error": {"message": error, "type": "InternalServerError",

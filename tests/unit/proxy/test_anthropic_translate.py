@@ -1064,3 +1064,40 @@ def test_the_adapter_turns_thinking_on_from_the_request() -> None:
     out = omitted.feed(chunk({"role": "assistant", "content": ""})) + omitted.feed(chunk({"reasoning": "hmm"}))
     assert b'"thinking"' in out and b'"thinking_delta"' not in out
     assert signature("hmm").encode() in omitted.finish()
+
+
+@pytest.mark.parametrize("thinking", ["omitted", "summarized"])
+def test_keepalives_reach_the_client_as_events_that_change_nothing_against_sdk_parser(
+        thinking: ThinkingDisplay) -> None:
+    """The SDKs drop ``ping`` before their caller sees it, so it resets no harness's idle watchdog
+    (Claude Code's aborts a stream after five minutes without an event). A keep-alive is an empty
+    delta of the open block, or ``message_start`` before the first token: the message the SDK
+    builds is the same as without them."""
+    chunks = [chunk({"role": "assistant", "content": ""}), chunk({"reasoning": "Let me look."}),
+              chunk({"reasoning": " Then read."}), *tool_call_chunks()[1:]]
+    plain = StreamTranslator(model="m", thinking=thinking, message_id="msg_1")
+    plain_events = [event for c in chunks for event in plain.feed(c)] + plain.finish()
+    kept = StreamTranslator(model="m", thinking=thinking, message_id="msg_1")
+    kept_events = kept.keepalive()  # a long queue before the first token
+    assert [name for name, _ in kept_events] == ["message_start"]
+    sent: list[tuple[str, dict[str, Any]]] = []
+    for c in chunks:
+        kept_events += kept.feed(c)
+        sent += kept.keepalive()
+        kept_events += sent[-1:]
+    kept_events += kept.finish()
+    assert kept.keepalive() == []  # none after the end
+    deltas = {data["delta"]["type"] for name, data in sent if name == "content_block_delta"}
+    assert deltas == {"thinking_delta", "text_delta", "input_json_delta"}
+    assert all(data["delta"].get("partial_json", data["delta"].get("text", data["delta"].get("thinking"))) == ""
+               for name, data in sent if name == "content_block_delta")
+    assert ("ping", {"type": "ping"}) in sent  # between blocks (the tool call's name not in yet, or usage awaited)
+
+    def final(events: list[tuple[str, dict[str, Any]]]) -> anthropic.types.Message:
+        body = b"".join(sse_encode(name, data) for name, data in events)
+        client = sdk_client(lambda request: sdk_http.Response(200, headers={"content-type": "text/event-stream"},
+                                                               content=body))
+        with client.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as stream:
+            return stream.get_final_message()
+
+    assert final(kept_events).model_dump() == final(plain_events).model_dump()

@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 from inloop_server import InLoopServer
 
-from proxy.engine_client import EngineClient, EngineError, EngineTimeoutError, EngineUnreachableError
+from proxy.engine_client import IDLE, EngineClient, EngineError, EngineTimeoutError, EngineUnreachableError
 
 
 def _free_port() -> int:
@@ -575,3 +575,31 @@ async def test_a_long_stream_line_in_many_reads_is_whole_and_an_endless_one_is_r
         with pytest.raises(EngineError, match="stream line over"):
             _ = [line async for line in endless.lines()]
         endless.close(finished=False)
+
+
+async def test_scripted_server_a_silent_stream_gives_idle_marks_only_while_silent(client: EngineClient) -> None:
+    # An engine that goes quiet mid-stream (a pause for new weights): the reader is told, so its
+    # harness can be sent a keep-alive, and the lines themselves come as they were.
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for event, pause in ((b"data: one\n\n", 0.7), (b"data: two\n\n", 0.0)):
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            await asyncio.sleep(pause)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with scripted_server(script) as (url, _connections):
+        response = await client.post(f"{url}/a", b"{}")
+        seen = [line async for line in response.lines(idle_s=0.1)]
+        response.close(finished=True)
+        marks = [line for line in seen if line is IDLE]
+        assert [line for line in seen if line is not IDLE] == [b"data: one", b"", b"data: two", b""]
+        # Silent 0.7 s, told within 0.1 to 0.2 s of silence and every 0.1 s after: three to six marks.
+        assert 3 <= len(marks) <= 7, seen
+        assert seen.index(IDLE) > seen.index(b"data: one") and seen[-1] is not IDLE
+        assert response._ticker is not None and response._ticker._handle is None  # stopped with the stream
+        again = await client.post(f"{url}/a", b"{}")
+        assert IDLE not in [line async for line in again.lines()]  # asked for lines only
+        again.close(finished=True)

@@ -1084,3 +1084,33 @@ def test_a_malformed_or_misplaced_input_image_names_its_field(item: dict[str, An
                                                               message: str) -> None:
     with pytest.raises(error, match=re.escape(message)):
         to_chat_request(codex_request(input=[item]), images="inline")
+
+
+def test_keepalives_open_the_response_before_the_first_token_and_change_nothing_against_sdk_parser() -> None:
+    """Codex aborts a stream after five minutes without an event. Before the engine's first
+    token (a queue, a long prefill) the keep-alive opens the response, as the API does at once;
+    after, it is a repeated ``response.in_progress``. The SDK's final response is the same."""
+    seen: list[list[str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        translator = StreamTranslator(request=json.loads(request.content), response_id="resp_k")
+        events = translator.keepalive()
+        for c in tool_call_chunks():
+            events += translator.feed(c) + translator.keepalive()
+        events += translator.finish()
+        assert translator.keepalive() == []  # none after the end
+        seen.append([name for name, _ in events])
+        payload = b"".join(sse_encode(name, data) for name, data in events)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=payload)
+
+    client = openai.OpenAI(base_url="http://proxy.test/v1", api_key="sk-test",
+                           http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    with client.responses.stream(model="qwen-tiny", input="List files", tools=[SHELL_TOOL]) as stream:  # type: ignore[list-item]
+        events = list(stream)
+        final = stream.get_final_response()
+    client.close()
+    assert seen[0][:3] == ["response.created", "response.in_progress", "response.in_progress"]
+    assert seen[0].count("response.created") == 1 and seen[0][-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.id == "resp_k" and final.output_text == "Let me check."
+    assert final.output[1].type == "function_call" and final.output[1].arguments == SHELL_ARGS
