@@ -39,11 +39,11 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.spool import lock_folder, record_head, unpack_record
+from producers.spool import lock_folder, record_head, sync_folder, unpack_record
 
 try:
     # The compiled frame writer (native/, built by `make install`); the Python path below
@@ -265,6 +265,7 @@ class Journal:
             paths.pop().unlink()
         last_seq = self._shipped
         salvaged: list[tuple[int, bytes]] = []
+        unfinished = sorted(self.directory.glob("*" + SALVAGING))  # of an earlier start that did not end
         for number, path in enumerate(paths):
             first_seq = int(path.stem)
             size, records, unshipped_bytes, end_seq = self._scan(path, first_seq)
@@ -274,6 +275,8 @@ class Journal:
                         f"{path} is damaged at byte {size:,} of {path.stat().st_size:,}, before newer segments")
                 salvaged = self._cut_damage(path, size, end_seq)
                 os.truncate(path, size)
+                # Cut again (the crash came before the cut): salvaged now, not from the marker.
+                unfinished = [m for m in unfinished if m.name != path.name + SALVAGING]
             if records == 0:
                 path.unlink()
                 continue
@@ -290,11 +293,14 @@ class Journal:
         self._pending = self._next_seq - 1 - self._shipped
         self._drop_shipped_segments()
         self._new_segment()
+        salvaged = [*self._unfinished_salvages(unfinished), *salvaged]
         for _, body in salvaged:  # written again, in their order, as the newest records
-            record = unpack_record(paths[-1], body)
+            record = unpack_record(self.directory, body)
             self.append(record.topic, record.key, record.value, record.headers)
         if salvaged:
             self.sync()
+        for marker in self.directory.glob("*" + SALVAGING):
+            marker.unlink()
         self._seek(self._shipped + 1)
         if self._pending:
             logger.info("journal holds %d records (%d bytes) not yet in Kafka", self._pending,
@@ -341,23 +347,15 @@ class Journal:
 
     def _scan(self, path: Path, first_seq: int) -> tuple[int, int, int, int]:
         """Valid length, record count, unshipped bytes and last sequence number of a segment."""
-        data = path.read_bytes()
         offset = records = unshipped = 0
         seq = first_seq - 1
-        while offset + _FRAME.size <= len(data):
-            length, crc, frame_seq = _FRAME.unpack_from(data, offset)
-            body = data[offset + _FRAME.size: offset + _FRAME.size + length]
-            # A record is never empty: a zero length is a zero-filled tail (a crash can leave
-            # one), whose checksum and sequence number would otherwise pass.
-            if length == 0 or len(body) != length or zlib.crc32(body) != crc or frame_seq != seq + 1:
-                break
-            seq = frame_seq
+        for end, frame_seq, size in _good_frames(path.read_bytes(), first_seq):
+            offset, seq = end, frame_seq
             records += 1
             if seq > self._shipped:
-                unshipped += _FRAME.size + length
+                unshipped += size
                 if self.shipped_elsewhere:
-                    self._unshipped.append((seq, _FRAME.size + length))
-            offset += _FRAME.size + length
+                    self._unshipped.append((seq, size))
         return offset, records, unshipped, seq
 
     def _cut_damage(self, path: Path, size: int, last_seq: int) -> list[tuple[int, bytes]]:
@@ -378,16 +376,47 @@ class Journal:
         if torn:
             logger.warning("journal %s ends in a torn record at byte %d; cutting it off", path, size)
             return []
-        aside = path.with_name(path.name + ".damaged")
+        aside = path.with_name(path.name + DAMAGED)
         with aside.open("wb") as copy:  # on disk before the segment is cut
             copy.write(data)
             copy.flush()
             os.fsync(copy.fileno())
         kept = [(seq, body) for seq, body in later if seq > self._shipped and _is_record(path, body)]
+        if kept:
+            # Until they are journalled again and flushed, the copy is all that holds them: a
+            # crash (or a full disk) from the cut on would lose them, the cut segment reading as
+            # whole at the next start. The marker makes that start take them from the copy.
+            path.with_name(path.name + SALVAGING).touch()
+        sync_folder(self.directory)
         logger.error("journal %s is damaged at byte %d of %d: the segment is kept whole as %s; %d later record(s) "
                      "still readable are journalled again (%d already in Kafka); the rest of the segment after "
                      "the damage is cut off", path, size, len(data), aside, len(kept), len(later) - len(kept))
         return kept
+
+    def _unfinished_salvages(self, markers: list[Path]) -> list[tuple[int, bytes]]:
+        """The records an interrupted salvage was journalling again, read once more from the copies.
+
+        Some may already be in the journal (and in Kafka) from the try that was cut short: they
+        are journalled again all the same, and consumers drop the copies by event id. None is lost.
+        """
+        found: list[tuple[int, bytes]] = []
+        for marker in markers:
+            copy = marker.with_name(marker.name.removesuffix(SALVAGING) + DAMAGED)
+            try:
+                data = copy.read_bytes()
+                first_seq = int(copy.name.split(".")[0])
+            except (OSError, ValueError) as exc:
+                logger.error("journal salvage %s cannot be finished: %s", marker, exc)
+                continue
+            offset, seq = 0, first_seq - 1
+            for end, frame_seq, _ in _good_frames(data, first_seq):
+                offset, seq = end, frame_seq
+            kept = [(s, body) for s, body in _later_frames(data, offset, seq)
+                    if s > self._shipped and _is_record(copy, body)]
+            logger.warning("journal salvage from %s was cut short; %d record(s) journalled again from it", copy,
+                           len(kept))
+            found += kept
+        return found
 
     def _close_active(self) -> None:
         """Flush and close the active segment, under the lock a concurrent flush takes."""
@@ -624,6 +653,29 @@ class Journal:
                 self._read_index -= 1
             else:  # the cursor sat at the end of the deleted segment
                 self._read_offset = 0
+
+
+DAMAGED = ".damaged"
+"""Suffix of a damaged segment's copy, kept whole for an operator (no reader opens it)."""
+
+SALVAGING = ".salvaging"
+"""Suffix of the marker of a salvage in progress: the copy holds records not yet journalled again."""
+
+
+def _good_frames(data: bytes, first_seq: int) -> Iterator[tuple[int, int, int]]:
+    """``(end offset, seq, frame size)`` of each good frame of a segment's bytes, up to the first bad one."""
+    offset = 0
+    seq = first_seq - 1
+    while offset + _FRAME.size <= len(data):
+        length, crc, frame_seq = _FRAME.unpack_from(data, offset)
+        body = data[offset + _FRAME.size: offset + _FRAME.size + length]
+        # A record is never empty: a zero length is a zero-filled tail (a crash can leave
+        # one), whose checksum and sequence number would otherwise pass.
+        if length == 0 or len(body) != length or zlib.crc32(body) != crc or frame_seq != seq + 1:
+            return
+        seq = frame_seq
+        offset += _FRAME.size + length
+        yield offset, seq, _FRAME.size + length
 
 
 def _is_record(path: Path, body: bytes) -> bool:

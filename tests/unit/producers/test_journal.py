@@ -110,17 +110,23 @@ def _frame_offsets(segment: Path) -> list[int]:
     return offsets
 
 
+def _ten_records_two_shipped(folder: Path) -> Path:
+    """A closed journal of records 0-9 (200 bytes each), 0-1 marked shipped; its one segment."""
+    journal = Journal(folder, 1 << 20, mark_interval_s=0)
+    journal.open()
+    _fill(journal, 10, size=200)
+    journal.mark_shipped(journal.read(2, 1 << 20))
+    journal.close()
+    [segment] = sorted(folder.glob("*.log"))
+    return segment
+
+
 @pytest.mark.parametrize("damage", ["flipped bit", "zeroed block"])
 def test_damage_in_the_newest_segment_keeps_it_aside_and_journals_the_good_records_after_it_again(
         tmp_path: Path, damage: str) -> None:
     # Records 0-9 were answered; the mark says 0-1 are in Kafka. Record 4's frame is damaged on
     # disk: cutting the segment there, as a torn tail is cut, would silently lose answered 5-9.
-    journal = Journal(tmp_path, 1 << 20, mark_interval_s=0)
-    journal.open()
-    _fill(journal, 10, size=200)
-    journal.mark_shipped(journal.read(2, 1 << 20))
-    journal.close()
-    [segment] = sorted(tmp_path.glob("*.log"))
+    segment = _ten_records_two_shipped(tmp_path)
     offsets = _frame_offsets(segment)
     data = bytearray(segment.read_bytes())
     if damage == "flipped bit":
@@ -140,6 +146,44 @@ def test_damage_in_the_newest_segment_keeps_it_aside_and_journals_the_good_recor
     reopened = Journal(tmp_path, 1 << 20)  # what was journalled again survives the next start as well
     reopened.open()
     assert _values(reopened.read(20, 1 << 20)) == [*expected, 10]
+
+
+@pytest.mark.parametrize("appended_before_the_crash", [0, 2])
+def test_a_salvage_cut_short_is_finished_at_the_next_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, appended_before_the_crash: int) -> None:
+    # The records after the damage were held only in memory and in the segment's copy between the
+    # cut and their flush: a crash (or a full disk) there lost them, the cut segment reading as
+    # whole at the next start. Now that start journals them again from the copy (some twice,
+    # when the first try got that far: consumers drop copies by event id).
+    segment = _ten_records_two_shipped(tmp_path)
+    data = bytearray(segment.read_bytes())
+    data[_frame_offsets(segment)[4] + 40] ^= 0x10
+    segment.write_bytes(bytes(data))
+    append = Journal.append
+    calls = [0]
+
+    def crash_part_way(self: Journal, *args: object, **kwargs: object) -> int:
+        calls[0] += 1
+        if calls[0] > appended_before_the_crash:
+            raise OSError(28, "No space left on device")
+        return append(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    failed = Journal(tmp_path, 1 << 20)
+    with monkeypatch.context() as patched:
+        patched.setattr(Journal, "append", crash_part_way)
+        with pytest.raises(OSError, match="No space"):
+            failed.open()
+    failed.close()  # the process that failed to start ends (its lock goes with it)
+    again = Journal(tmp_path, 1 << 20)
+    again.open()
+    kept = _values(again.read(20, 1 << 20))
+    assert sorted(set(kept)) == [2, 3, 5, 6, 7, 8, 9], kept  # all but the damaged record
+    assert kept[:2] == [2, 3] and kept[2:2 + appended_before_the_crash] == [5, 6][:appended_before_the_crash]
+    assert not list(tmp_path.glob("*.salvaging"))  # finished: the next start journals nothing again
+    again.close()
+    reopened = Journal(tmp_path, 1 << 20)
+    reopened.open()
+    assert _values(reopened.read(20, 1 << 20)) == kept
 
 
 def test_a_whole_frame_holding_no_record_this_version_reads_is_damage_not_a_crash(tmp_path: Path) -> None:
