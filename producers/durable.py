@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 import aiokafka.errors as kafka_errors
 
 from producers.capture import CallCapture
+from producers.disk_room import DiskRoom
 from producers.raw_calls import EngineExchange, dead_letter, pack_raw_call
 from producers.spool import DiskSpool, SpooledRecord
 from schemas import EventBase
@@ -125,6 +126,10 @@ class EventLog(Protocol):
     def accepting(self) -> bool:
         """False when the local bound is reached: answer 503 rather than take work."""
 
+    @property
+    def disk(self) -> DiskRoom:
+        """Free space on the disk that keeps events (readiness reports it)."""
+
     async def start(self) -> None:
         """Open local storage and connect to Kafka if it is there."""
 
@@ -155,10 +160,13 @@ class DurablePublisher:
         *,
         ack_timeout_s: float = 5.0,
         drain_interval_s: float = 1.0,
+        min_free_bytes: int = 0,
     ) -> None:
         self._factory = producer_factory
         self._producer: EventProducer | None = None
         self.spool = spool
+        self.disk = DiskRoom(spool.directory, min_free_bytes)
+        """Free space on the spool's disk; while spooling, calls are refused below ``min_free_bytes``."""
         self.registry = registry
         self._rewards_topic = registry[REWARDS].name
         self.ack_timeout_s = ack_timeout_s
@@ -193,8 +201,8 @@ class DurablePublisher:
 
     @property
     def accepting(self) -> bool:
-        """False when the spool is full: the proxy answers 503 instead of taking work."""
-        return self._direct or not self.spool.full
+        """False when the spool is full, or its disk nearly is, while spooling: the proxy answers 503."""
+        return self._direct or (not self.spool.full and self.disk.ok)
 
     async def start(self) -> None:
         """Connect to Kafka if it is there; either way begin draining any old spool.

@@ -31,6 +31,7 @@ import aiokafka.errors as kafka_errors
 from aiokafka.errors import ClusterAuthorizationFailedError as ClusterDenied
 
 from producers.capture import CallCapture
+from producers.disk_room import DiskRoom
 from producers.durable import REFUSED, Outcome, connect_producer, first_reward_after_a_call
 from producers.journal import Journal, JournalCorruptError, JournalRecord
 from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
@@ -415,6 +416,7 @@ class JournalPublisher:
         linger_s: float = 0.02,
         before_start: Callable[[], object] | None = None,
         worker: WorkerSpec | None = None,
+        min_free_bytes: int = 0,
     ) -> None:
         """Start with :meth:`start`.
 
@@ -431,6 +433,7 @@ class JournalPublisher:
             worker: Ship from a process of its own (:mod:`producers.ship_worker`), configured so;
                 the journal must then be opened ``shipped_elsewhere``. None ships here, on this
                 event loop.
+            min_free_bytes: Take no calls while less is free on the journal's disk (0: no floor).
         """
         if (worker is not None) != journal.shipped_elsewhere:
             raise ValueError("a shipping process needs a journal opened with shipped_elsewhere, and only it")
@@ -438,6 +441,7 @@ class JournalPublisher:
         self.registry = registry
         self.ack_timeout_s = ack_timeout_s
         self.fsync_interval_s = fsync_interval_s
+        self.disk = DiskRoom(journal.directory, min_free_bytes)
         self._before_start = before_start
         self._worker_spec = worker
         self._worker: ShipperProcess | None = None
@@ -479,8 +483,8 @@ class JournalPublisher:
 
     @property
     def accepting(self) -> bool:
-        """False when the journal's unshipped bytes reach its bound: answer 503, take no work."""
-        return not self.failed and not self.journal.full
+        """False when the journal's unshipped bytes reach its bound, or its disk is nearly full: answer 503."""
+        return not self.failed and not self.journal.full and self.disk.ok
 
     def _on_progress(self) -> None:
         if self._worker is not None:

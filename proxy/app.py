@@ -62,7 +62,8 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
 
     spool = DiskSpool(settings.spool_dir, settings.spool_max_bytes)
     if settings.durability == "ack":
-        return DurablePublisher(producer, spool, registry, ack_timeout_s=settings.publish_timeout_s)
+        return DurablePublisher(producer, spool, registry, ack_timeout_s=settings.publish_timeout_s,
+                                min_free_bytes=settings.min_free_disk_bytes)
     process = settings.journal_shipper == "process"
     journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes, shipped_elsewhere=process)
     worker = WorkerSpec(kafka.worker_json(), client_id="openforge-proxy",
@@ -71,7 +72,8 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
     return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,
                             fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
                             linger_s=settings.journal_linger_ms / 1000,
-                            before_start=lambda: import_spool(spool, journal), worker=worker)
+                            before_start=lambda: import_spool(spool, journal), worker=worker,
+                            min_free_bytes=settings.min_free_disk_bytes)
 
 
 def _refuse_unshipped_journal(folder: Path) -> None:
@@ -327,10 +329,11 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     async def ready(request: Request) -> Response:
         st = state(request)
         engine = await st.upstream.ready()
+        accepting = st.publisher.accepting
         body = {"engine": engine, "kafka": st.publisher.kafka_ok, "spooled": st.publisher.backlog,
-                "accepting": st.publisher.accepting}
+                "accepting": accepting, "disk_free_bytes": st.publisher.disk.free_bytes}
         # Spooling is degraded but serving; no engine or a full spool is not ready.
-        ok = engine and st.publisher.accepting
+        ok = engine and accepting
         return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")
 
     return app

@@ -99,6 +99,13 @@ class ProxySettings(BaseSettings):
     """Bound on what waits for Kafka; when reached the proxy answers 503 with Retry-After
     instead of taking calls."""
 
+    min_free_disk_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    """Free space kept on the disk of ``spool_dir`` for the calls in flight: below it the proxy
+    answers 503 with Retry-After before the engine's work, and is not ready, until there is room
+    again (a volume shared with other files, or smaller than ``spool_max_bytes``, fills before
+    the bound). Looked at once a second; 0 turns it off. With ``ack`` durability, only while
+    spooling."""
+
     journal_fsync_interval_ms: int = Field(default=100, ge=0, le=60_000)
     """How often the journal is flushed to disk. A crashed proxy loses nothing either way (its
     writes are in the page cache); a crashed machine loses at most this window of events not

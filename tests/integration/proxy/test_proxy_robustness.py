@@ -205,6 +205,40 @@ async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegi
         await shutdown(server, task)
 
 
+async def test_a_nearly_full_disk_refuses_calls_before_the_engine_and_is_not_ready(
+        proxy_settings_factory, tmp_path: Path) -> None:
+    # Another file takes the disk the journal is on (a volume shared, or smaller than the
+    # journal's bound). Before, each call was served by the engine and only then refused (its
+    # record could not be written) while /ready said ready. Now the proxy refuses before the
+    # engine's work and is not ready until there is room again. The disk is real: its free space
+    # is read, a file takes 512 MiB of it at once, and the floor lies halfway.
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    stat = os.statvfs(spool)
+    floor = stat.f_bavail * stat.f_frsize - (256 << 20)
+    settings = proxy_settings_factory(min_free_disk_bytes=floor)
+    server, task = await serve(settings)
+    url = f"http://127.0.0.1:{settings.port}/rollouts/r-disk/v1/chat/completions"
+    token = mint_token(KEY, "r-disk", Role.AGENT, 600)
+    filler = tmp_path / "another-file"
+    try:
+        assert (await post(url, json=CHAT, token=token)).status_code == 200
+        with filler.open("wb") as out:
+            os.posix_fallocate(out.fileno(), 0, 512 << 20)
+        ready = await _ready_until(settings.port, lambda r: r["accepting"] is False, timeout_s=10.0)
+        assert ready["accepting"] is False and ready["disk_free_bytes"] < floor, ready
+        assert (await get(f"http://127.0.0.1:{settings.port}/ready")).status_code == 503
+        refused = await post(url, json=CHAT, token=token)
+        assert refused.status_code == 503 and refused.headers["retry-after"], refused.text
+        filler.unlink()
+        ready = await _ready_until(settings.port, lambda r: r["accepting"] is True, timeout_s=10.0)
+        assert ready["accepting"] is True and ready["disk_free_bytes"] >= floor, ready
+        assert (await post(url, json=CHAT, token=token)).status_code == 200
+    finally:
+        filler.unlink(missing_ok=True)
+        await shutdown(server, task)
+
+
 async def test_engine_down_gets_502_and_is_recorded(proxy_settings_factory, topics: TopicRegistry) -> None:
     settings = proxy_settings_factory(upstreams=[f"http://127.0.0.1:{free_port()}"], served_model="tiny")
     server, task = await serve(settings)

@@ -1,0 +1,34 @@
+"""The free-space floor under the proxy's event log, read from the real disk."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from producers.disk_room import DiskRoom
+
+
+def _free(folder: Path) -> int:
+    stat = os.statvfs(folder)
+    return stat.f_bavail * stat.f_frsize
+
+
+def test_the_floor_is_read_from_the_disk_and_kept_a_while(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="producers.disk_room")
+    off = DiskRoom(tmp_path, 0)
+    assert off.ok and off.free_bytes is None  # no floor: never looked
+    room = DiskRoom(tmp_path, 1 << 62, every_s=3600)  # more than any disk here
+    assert not room.ok and room.free_bytes is not None and abs(room.free_bytes - _free(tmp_path)) < 1 << 30
+    assert [r.levelno for r in caplog.records] == [logging.ERROR] and "refusing calls" in caplog.text
+    room.min_free_bytes = 1
+    assert not room.ok  # looked at once an hour: the answer of the last look
+    room.every_s = 0
+    assert room.ok and "taking calls again" in caplog.records[-1].getMessage()
+
+
+def test_a_look_that_fails_is_no_reason_to_refuse(tmp_path: Path) -> None:
+    room = DiskRoom(tmp_path / "not made yet", 1 << 62)
+    assert room.ok and room.free_bytes is None
