@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from netutil import free_port
 from proxy_helpers import RunningProxy, proxy_in_front_of, read_events
-from scripted_engine import MODEL, THOUGHT, WEIGHT_VERSION, Fault, ScriptedEngine, SeenCall, first_turn
+from scripted_engine import MODEL, THOUGHT, WEIGHT_VERSION, Fault, ScriptedEngine, SeenCall, first_turn, has_tool_result
 
 from proxy.anthropic.translate import BILLING_LINE
 from schemas import ModelCallV1
@@ -473,3 +473,55 @@ async def test_a_thinking_models_reasoning_comes_back_to_the_engine_on_the_next_
     assert [m.get("reasoning") for m in turns] == [THOUGHT * 3], final.body["messages"]
     events = await captured_calls(proxy, expect=len(engine.seen))
     check_capture(harness, rollout_id, engine.seen, events)
+
+
+
+# vLLM's words for a prompt over the model's context (0.10 and later); the proxy says it in each API's own.
+_OVERFLOW = ("This model's maximum context length is 4096 tokens. However, your prompt contains 5000 input tokens, "
+             "which exceeds this limit even without any output tokens. Please reduce the length of the input "
+             "prompt. (parameter=input_tokens, value=5000)")
+
+
+async def _second_turn_over_the_context(harness: Harness, harness_bin: Path, kafka_settings: KafkaSettings,
+                                        topics: TopicRegistry, tmp_path: Path) -> tuple[Run, ScriptedEngine]:
+    """The task, with the engine refusing the turn after the tool's result once, as too long for its context."""
+    engine = ScriptedEngine(command=COMMAND, faults=[Fault(match=has_tool_result, status=400, message=_OVERFLOW)])
+    rollout_id = f"e2e-{harness.name}-full-{uuid.uuid4().hex[:8]}"
+    async with engine.running(free_port()) as engine_url, \
+            proxy_in_front_of(engine_url, kafka_settings, topics, tmp_path) as proxy:
+        run = Run(harness_bin, tmp_path / harness.name, proxy.base(rollout_id), proxy.token(rollout_id))
+        await run_harness(harness, run)
+        events = await captured_calls(proxy, expect=len(engine.seen))
+    print(f"{harness.name}: {[c.kind for c in engine.seen]}")
+    check_capture(harness, rollout_id, engine.seen, events)
+    refused = [e for e in events if e.status is CallStatus.UPSTREAM_ERROR]
+    assert [(e.upstream_status_code, e.error_message) for e in refused] == [(400, _OVERFLOW)], refused
+    assert engine.seen[1].kind == "fault" and has_tool_result(engine.seen[1].body), [c.kind for c in engine.seen]
+    return run, engine
+
+
+async def test_claude_code_compacts_a_conversation_the_engine_finds_too_long_and_finishes(
+        harness_bin: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """Told "prompt is too long: N tokens > M maximum" (the engine's refusal, a 400 in Anthropic's
+    words), Claude Code asks the model for a summary of the conversation, goes on from it and
+    finishes the task. Every call, the refused one and the summary's, is on Kafka, in order."""
+    claude = next(h for h in HARNESSES if h.name == "claude-code")
+    run, engine = await _second_turn_over_the_context(claude, harness_bin, kafka_settings, topics, tmp_path)
+    assert run.exit_code == 0, run.describe()
+    assert EXPECTED_OUTPUT in claude.final_answer(run), run.describe()
+    summary = engine.seen[2]
+    assert summary.kind == "final" and "<summary>" in json.dumps(summary.body["messages"][-1]), summary.body
+    assert len(engine.seen) > 3 and engine.seen[-1].kind == "final", [c.kind for c in engine.seen]
+
+
+async def test_codex_reports_a_full_context_when_the_engine_finds_the_conversation_too_long(
+        harness_bin: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """Codex knows a full context by OpenAI's code context_length_exceeded: it ends the turn saying
+    so (and compacts before the next), where any other refusal is an invalid request to it."""
+    codex = next(h for h in HARNESSES if h.name == "codex")
+    run, engine = await _second_turn_over_the_context(codex, harness_bin, kafka_settings, topics, tmp_path)
+    assert run.exit_code != 0, run.describe()
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    failed = [line for line in lines if line.get("type") == "turn.failed"]
+    assert len(failed) == 1 and "context window" in failed[0]["error"]["message"], run.describe()
+    assert len(engine.seen) == 2, [c.kind for c in engine.seen]
