@@ -21,6 +21,8 @@ class DiskRoom:
 
     A look costs a system call; admission asks on every call, so the answer is kept a second.
     A look that fails (the folder not made yet, say) counts as room: it is no reason to refuse.
+    Once below the floor, calls are taken again only a margin above it (a quarter of the floor,
+    at most 64 MiB), so a disk that hovers at the floor does not flip readiness every second.
     """
 
     def __init__(self, directory: Path, min_free_bytes: int, every_s: float = 1.0) -> None:
@@ -34,26 +36,30 @@ class DiskRoom:
 
     @property
     def ok(self) -> bool:
-        """Whether at least ``min_free_bytes`` were free at the last look (always, with a floor of 0)."""
-        if self.min_free_bytes <= 0:
-            return True
+        """Whether there is room above the floor (always, with a floor of 0); looks again if a second passed."""
         now = time.monotonic()
         if now - self._looked_at >= self.every_s:
             self._looked_at = now
-            try:
-                stat = os.statvfs(self.directory)
-            except OSError:
-                self.free_bytes, self._ok = None, True
-            else:
-                self.free_bytes = stat.f_bavail * stat.f_frsize
-                ok = self.free_bytes >= self.min_free_bytes
-                if ok != self._ok:
-                    logger.log(logging.INFO if ok else logging.ERROR,
-                               "%s has %d MiB free, %s the %d MiB the proxy keeps for calls in flight: %s",
-                               self.directory, self.free_bytes >> 20, "above" if ok else "below",
-                               self.min_free_bytes >> 20, "taking calls again" if ok else "refusing calls (503)")
-                self._ok = ok
-        return self._ok
+            self._look()
+        return self.min_free_bytes <= 0 or self._ok
+
+    def _look(self) -> None:
+        try:
+            stat = os.statvfs(self.directory)
+        except OSError:
+            self.free_bytes = None
+            return  # what the last look said stands: a failed look is no news about the disk
+        self.free_bytes = stat.f_bavail * stat.f_frsize
+        if self.min_free_bytes <= 0:
+            return
+        needed = self.min_free_bytes if self._ok else self.min_free_bytes + min(self.min_free_bytes // 4, 64 << 20)
+        ok = self.free_bytes >= needed
+        if ok != self._ok:
+            logger.log(logging.INFO if ok else logging.ERROR,
+                       "%s has %d MiB free, %s the %d MiB the proxy keeps for calls in flight: %s",
+                       self.directory, self.free_bytes >> 20, "above" if ok else "below",
+                       self.min_free_bytes >> 20, "taking calls again" if ok else "refusing calls and rewards (503)")
+        self._ok = ok
 
 
 __all__ = ["DiskRoom"]

@@ -76,6 +76,13 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
                             min_free_bytes=settings.min_free_disk_bytes)
 
 
+def _refusal(publisher: EventLog, what: str) -> str:
+    """Why a call or reward is refused (503): the disk under the log, or the log's own bound."""
+    if not publisher.disk.ok:
+        return f"the disk under the {what} log is nearly full; retry later"
+    return f"{what} log is full; retry later"
+
+
 def _refuse_unshipped_journal(folder: Path) -> None:
     """Refuse ``ack`` durability over a journal an earlier ``journal`` run left unshipped.
 
@@ -181,7 +188,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         credential = st.auth.authenticate(request, rollout_id, need=Role.AGENT)
         if not st.publisher.accepting:
             telemetry.refused.add(1, {"status": 503})
-            return Response(orjson.dumps(adapter.error(503, "call log is full; retry later", "overloaded_error")),
+            return Response(orjson.dumps(adapter.error(503, _refusal(st.publisher, "call"), "overloaded_error")),
                             status_code=503, media_type="application/json", headers={"retry-after": "5"})
         refuse_encoded(request)
         raw = await read_body(request, st.settings.max_body_bytes)
@@ -306,7 +313,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             raise InvalidRequestError(f"invalid reward: {problems}") from exc
         if not st.publisher.accepting:
             telemetry.refused.add(1, {"status": 503})
-            return Response(b'{"error":{"message":"event log is full; retry later"}}', status_code=503,
+            return Response(orjson.dumps({"error": {"message": _refusal(st.publisher, "event")}}), status_code=503,
                             media_type="application/json", headers={"retry-after": "5"})
         try:
             outcome = await st.publisher.publish(REWARDS, event, wait_for_kafka=True)
@@ -329,9 +336,10 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     async def ready(request: Request) -> Response:
         st = state(request)
         engine = await st.upstream.ready()
+        disk_ok = st.publisher.disk.ok  # asked apart: ``accepting`` does not look while another bound refuses
         accepting = st.publisher.accepting
         body = {"engine": engine, "kafka": st.publisher.kafka_ok, "spooled": st.publisher.backlog,
-                "accepting": accepting, "disk_free_bytes": st.publisher.disk.free_bytes}
+                "accepting": accepting, "disk_ok": disk_ok, "disk_free_bytes": st.publisher.disk.free_bytes}
         # Spooling is degraded but serving; no engine or a full spool is not ready.
         ok = engine and accepting
         return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")

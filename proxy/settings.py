@@ -100,11 +100,11 @@ class ProxySettings(BaseSettings):
     instead of taking calls."""
 
     min_free_disk_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
-    """Free space kept on the disk of ``spool_dir`` for the calls in flight: below it the proxy
-    answers 503 with Retry-After before the engine's work, and is not ready, until there is room
-    again (a volume shared with other files, or smaller than ``spool_max_bytes``, fills before
-    the bound). Looked at once a second; 0 turns it off. With ``ack`` durability, only while
-    spooling."""
+    """Free space kept on the disk of ``spool_dir`` for the calls in flight: below it calls and
+    rewards get 503 with Retry-After (a call before the engine's work), and the proxy is not
+    ready, until a margin above it is free again (a volume shared with other files, or smaller
+    than ``spool_max_bytes``, fills before the bound). Looked at once a second; 0 turns it off.
+    With ``ack`` durability, only while spooling."""
 
     journal_fsync_interval_ms: int = Field(default=100, ge=0, le=60_000)
     """How often the journal is flushed to disk. A crashed proxy loses nothing either way (its

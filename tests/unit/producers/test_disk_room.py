@@ -19,7 +19,7 @@ def _free(folder: Path) -> int:
 def test_the_floor_is_read_from_the_disk_and_kept_a_while(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="producers.disk_room")
     off = DiskRoom(tmp_path, 0)
-    assert off.ok and off.free_bytes is None  # no floor: never looked
+    assert off.ok and off.free_bytes is not None  # no floor: never refuses, still says what is free (/ready)
     room = DiskRoom(tmp_path, 1 << 62, every_s=3600)  # more than any disk here
     assert not room.ok and room.free_bytes is not None and abs(room.free_bytes - _free(tmp_path)) < 1 << 30
     assert [r.levelno for r in caplog.records] == [logging.ERROR] and "refusing calls" in caplog.text
@@ -29,6 +29,23 @@ def test_the_floor_is_read_from_the_disk_and_kept_a_while(tmp_path: Path, caplog
     assert room.ok and "taking calls again" in caplog.records[-1].getMessage()
 
 
-def test_a_look_that_fails_is_no_reason_to_refuse(tmp_path: Path) -> None:
+def test_once_refusing_calls_are_taken_again_only_a_margin_above_the_floor(tmp_path: Path) -> None:
+    # Other work on this machine moves the free space by a few MiB: the steps here are wider.
+    free = _free(tmp_path)
+    room = DiskRoom(tmp_path, free + (32 << 20), every_s=0)
+    assert not room.ok
+    room.min_free_bytes = free - (16 << 20)  # above the floor again, but not by the margin (64 MiB here)
+    assert not room.ok
+    room.min_free_bytes = free - (256 << 20)
+    assert room.ok
+    room.min_free_bytes = free - (16 << 20)  # taking calls: the floor alone counts
+    assert room.ok
+
+
+def test_a_look_that_fails_is_no_reason_to_refuse_nor_to_take_calls_again(tmp_path: Path) -> None:
     room = DiskRoom(tmp_path / "not made yet", 1 << 62)
     assert room.ok and room.free_bytes is None
+    refusing = DiskRoom(tmp_path, 1 << 62, every_s=0)
+    assert not refusing.ok
+    refusing.directory = tmp_path / "gone"
+    assert not refusing.ok and refusing.free_bytes is None  # the last look's word stands
