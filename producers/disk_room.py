@@ -4,6 +4,8 @@ The log's own bound (``spool_max_bytes``) counts only its bytes; a volume shared
 files, or smaller than the bound, fills first. A call is then served by the engine and only
 its record fails, with a 503 the harness retries while the pod stays in rotation. Asked before
 a call begins, the disk's free space refuses it before the engine's work, and readiness says so.
+Free inodes count too where the filesystem has a fixed number: the ``ack`` spool keeps one file
+per record, so a volume of small records runs out of inodes before bytes.
 """
 
 from __future__ import annotations
@@ -22,15 +24,21 @@ class DiskRoom:
     A look costs a system call; admission asks on every call, so the answer is kept a second.
     A look that fails (the folder not made yet, say) counts as room: it is no reason to refuse.
     Once below the floor, calls are taken again only a margin above it (a quarter of the floor,
-    at most 64 MiB), so a disk that hovers at the floor does not flip readiness every second.
+    at most 64 MiB; a quarter of the inodes), so a disk that hovers at the floor does not flip
+    readiness every second.
     """
 
-    def __init__(self, directory: Path, min_free_bytes: int, every_s: float = 1.0) -> None:
+    def __init__(self, directory: Path, min_free_bytes: int, every_s: float = 1.0, *,
+                 min_free_inodes: int = 1024) -> None:
         self.directory = directory
         self.min_free_bytes = min_free_bytes
+        self.min_free_inodes = min_free_inodes
+        """Inodes kept free with the bytes (with a floor of bytes only): a call's record may take a file."""
         self.every_s = every_s
         self.free_bytes: int | None = None
         """Bytes free to this process at the last look (None: not looked, or the look failed)."""
+        self.free_inodes: int | None = None
+        """Inodes free to this process at the last look (None also where the filesystem has no fixed count)."""
         self._ok = True
         self._looked_at = -float("inf")
 
@@ -47,18 +55,28 @@ class DiskRoom:
         try:
             stat = os.statvfs(self.directory)
         except OSError:
-            self.free_bytes = None
+            self.free_bytes = self.free_inodes = None
             return  # what the last look said stands: a failed look is no news about the disk
         self.free_bytes = stat.f_bavail * stat.f_frsize
+        self.free_inodes = stat.f_favail if stat.f_files > 0 else None  # btrfs and others: no fixed count
         if self.min_free_bytes <= 0:
             return
-        needed = self.min_free_bytes if self._ok else self.min_free_bytes + min(self.min_free_bytes // 4, 64 << 20)
-        ok = self.free_bytes >= needed
+        bytes_needed, inodes_needed = self.min_free_bytes, self.min_free_inodes
+        if not self._ok:
+            bytes_needed += min(self.min_free_bytes // 4, 64 << 20)
+            inodes_needed += self.min_free_inodes // 4
+        short = (f"{self.free_bytes >> 20} MiB free, below the {self.min_free_bytes >> 20} MiB"
+                 if self.free_bytes < bytes_needed else
+                 f"{self.free_inodes} inodes free, below the {self.min_free_inodes}"
+                 if self.free_inodes is not None and self.free_inodes < inodes_needed else None)
+        ok = short is None
         if ok != self._ok:
-            logger.log(logging.INFO if ok else logging.ERROR,
-                       "%s has %d MiB free, %s the %d MiB the proxy keeps for calls in flight: %s",
-                       self.directory, self.free_bytes >> 20, "above" if ok else "below",
-                       self.min_free_bytes >> 20, "taking calls again" if ok else "refusing calls and rewards (503)")
+            if ok:
+                logger.info("%s has %d MiB and %s inodes free again: taking calls again", self.directory,
+                            self.free_bytes >> 20, "enough" if self.free_inodes is None else self.free_inodes)
+            else:
+                logger.error("%s has %s the proxy keeps for calls in flight: refusing calls and rewards (503)",
+                             self.directory, short)
         self._ok = ok
 
 

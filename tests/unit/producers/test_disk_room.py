@@ -49,3 +49,17 @@ def test_a_look_that_fails_is_no_reason_to_refuse_nor_to_take_calls_again(tmp_pa
     assert not refusing.ok
     refusing.directory = tmp_path / "gone"
     assert not refusing.ok and refusing.free_bytes is None  # the last look's word stands
+
+
+def test_free_inodes_count_where_the_filesystem_has_a_fixed_number(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # The ack spool keeps one file per record: a volume of small records runs out of inodes first.
+    stat = os.statvfs(tmp_path)
+    assert stat.f_files > 0, f"the filesystem under {tmp_path} has no fixed number of inodes to test against"
+    caplog.set_level(logging.INFO, logger="producers.disk_room")
+    room = DiskRoom(tmp_path, 1, every_s=0, min_free_inodes=stat.f_favail + 100_000)
+    assert not room.ok and room.free_inodes is not None and abs(room.free_inodes - stat.f_favail) < 50_000
+    assert "inodes free, below the" in caplog.text
+    room.min_free_inodes = 1
+    assert room.ok and "taking calls again" in caplog.records[-1].getMessage()
+    assert DiskRoom(tmp_path, 0, min_free_inodes=stat.f_favail + 100_000).ok  # no floor: inodes neither
