@@ -93,9 +93,12 @@ async def test_a_long_think_reaches_the_harness_as_thinking_or_as_keepalives_and
         assert response.status == "completed" and response.output_text == "OpenForge scripted engine reply."
         assert numbers == list(range(len(numbers)))  # no gap, no repeat
         # The thinking streams as a reasoning item, delta by delta: the harness is never left silent.
-        assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                             "response.content_part.added"] and types[-1] == "response.completed", types
-        assert types.count("response.reasoning_text.delta") == THINKING[0] and "response.in_progress" not in types[2:]
+        # (A machine slow enough to hold a chunk past the keep-alive interval adds a keep-alive,
+        # response.in_progress, between them: harmless, and left out of the order checked here.)
+        said = [t for t in types[2:] if t != "response.in_progress"]
+        assert types[:2] == ["response.created", "response.in_progress"], types
+        assert said[:2] == ["response.output_item.added", "response.content_part.added"], types
+        assert said[-1] == "response.completed" and said.count("response.reasoning_text.delta") == THINKING[0], types
         reasoning = response.output[0]
         assert reasoning.type == "reasoning" and [part.text for part in reasoning.content or []] == [THOUGHT * THINKING[0]]
 
