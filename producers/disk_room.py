@@ -65,10 +65,11 @@ class DiskRoom:
         if not self._ok:
             bytes_needed += min(self.min_free_bytes // 4, 64 << 20)
             inodes_needed += self.min_free_inodes // 4
-        short = (f"{self.free_bytes >> 20} MiB free, below the {self.min_free_bytes >> 20} MiB"
-                 if self.free_bytes < bytes_needed else
-                 f"{self.free_inodes} inodes free, below the {self.min_free_inodes}"
-                 if self.free_inodes is not None and self.free_inodes < inodes_needed else None)
+        short = None  # what is short, for the log
+        if self.free_bytes < bytes_needed:
+            short = f"{self.free_bytes >> 20} MiB free, below the {self.min_free_bytes >> 20} MiB"
+        elif self.free_inodes is not None and self.free_inodes < inodes_needed:
+            short = f"{self.free_inodes} inodes free, below the {self.min_free_inodes}"
         ok = short is None
         if ok != self._ok:
             if ok:
