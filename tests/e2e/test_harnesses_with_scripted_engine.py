@@ -475,7 +475,6 @@ async def test_a_thinking_models_reasoning_comes_back_to_the_engine_on_the_next_
     check_capture(harness, rollout_id, engine.seen, events)
 
 
-
 # vLLM's words for a prompt over the model's context (0.10 and later); the proxy says it in each API's own.
 _OVERFLOW = ("This model's maximum context length is 4096 tokens. However, your prompt contains 5000 input tokens, "
              "which exceeds this limit even without any output tokens. Please reduce the length of the input "
@@ -517,7 +516,7 @@ async def test_claude_code_compacts_a_conversation_the_engine_finds_too_long_and
 async def test_codex_reports_a_full_context_when_the_engine_finds_the_conversation_too_long(
         harness_bin: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
     """Codex knows a full context by OpenAI's code context_length_exceeded: it ends the turn saying
-    so (and compacts before the next), where any other refusal is an invalid request to it."""
+    so, where any other refusal is an invalid request to it."""
     codex = next(h for h in HARNESSES if h.name == "codex")
     run, engine = await _second_turn_over_the_context(codex, harness_bin, kafka_settings, topics, tmp_path)
     assert run.exit_code != 0, run.describe()
