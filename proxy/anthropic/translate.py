@@ -940,6 +940,7 @@ class StreamTranslator:
         self._thought: list[str] | None = None  # the open thinking block's text, until it stops
         self._open_tool: _PendingTool | None = None  # the tool call whose block is open
         self._tools: dict[int, _PendingTool] = {}
+        self._between_calls = ""  # whitespace after a tool call, held (see _text)
         self._has_tool_use = False
         self._finish_reason: str | None = None
         self._engine_stop: Any = None
@@ -1049,6 +1050,17 @@ class StreamTranslator:
         return events
 
     def _text(self, text: str) -> list[SSEEvent]:
+        if not self._text_open and self._tools:
+            # Parsers stream what a model writes between two calls of one turn ("</tool_call>\n
+            # <tool_call>") as text. As a text block it would come back with the harness's history
+            # as text before the calls, which the model never wrote there (and Anthropic's API
+            # refuses whitespace-only text): held until text follows, and dropped if none does,
+            # as vLLM drops it from a whole answer.
+            text = self._between_calls + text
+            if text.isspace():
+                self._between_calls = text
+                return []
+            self._between_calls = ""
         events: list[SSEEvent] = []
         if not self._text_open:
             events = self._open_block({"type": "text", "text": ""})

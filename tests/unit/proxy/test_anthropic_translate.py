@@ -688,6 +688,35 @@ def test_finish_without_any_chunk_emits_a_whole_empty_message() -> None:
     assert events[0][1]["message"]["id"].startswith("msg_")
 
 
+def test_whitespace_between_streamed_tool_calls_makes_no_text_block() -> None:
+    # What parsers stream between "</tool_call>" and the next "<tool_call>" (and after the last):
+    # a whole answer has no content there, and a text block of it would come back with the
+    # history as text before the turn's calls. Whitespace with text after it is still text.
+    def call(index: int, name: str) -> dict[str, Any]:
+        return chunk({"tool_calls": [{"index": index, "id": f"t{index}", "type": "function",
+                                      "function": {"name": name, "arguments": "{}"}}]})
+
+    events = run_stream([chunk({"role": "assistant", "content": ""}), call(0, "Bash"), chunk({"content": "\n"}),
+                         chunk({"content": " "}), call(1, "Read"), chunk({"content": "\n"}),
+                         chunk({}, finish_reason="tool_calls"), usage_chunk()])
+    blocks = [data["content_block"]["type"] for name, data in events if name == "content_block_start"]
+    assert blocks == ["tool_use", "tool_use"]
+    assert [data["index"] for name, data in events if name == "content_block_start"] == [0, 1]
+    whole = from_chat_response(vllm_completion({"content": None, "tool_calls": [
+        {"id": "t0", "type": "function", "function": {"name": "Bash", "arguments": "{}"}},
+        {"id": "t1", "type": "function", "function": {"name": "Read", "arguments": "{}"}}]}, "tool_calls"),
+        model="m")
+    assert [block["type"] for block in whole["content"]] == blocks
+
+    events = run_stream([call(0, "Bash"), chunk({"content": "\n"}), chunk({"content": "Done."}),
+                         chunk({}, finish_reason="stop"), usage_chunk()])
+    text = "".join(data["delta"]["text"] for name, data in events
+                   if name == "content_block_delta" and data["delta"]["type"] == "text_delta")
+    assert text == "\nDone."
+    assert [data["content_block"]["type"] for name, data in events if name == "content_block_start"] == \
+        ["tool_use", "text"]
+
+
 def test_stream_tool_call_whose_name_comes_late_is_held_back() -> None:
     events = run_stream([
         chunk({"role": "assistant", "content": ""}),
