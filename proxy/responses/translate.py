@@ -1438,7 +1438,9 @@ class StreamTranslator:
                     self._emit(events, "response.custom_tool_call_input.delta", **where, delta=text)
                 self._emit(events, "response.custom_tool_call_input.done", **where, input=text)
             else:
-                self._emit(events, "response.function_call_arguments.done", **where, arguments=item.text)
+                # The call's name too: newer SDKs declare it on this event (Codex reads the item's).
+                self._emit(events, "response.function_call_arguments.done", **where,
+                           name=item.snapshot(self._custom_tools)["name"], arguments=item.text)
             self._tool = None
         self._emit(
             events,

@@ -475,6 +475,7 @@ def test_stream_event_order_and_sequence_numbers() -> None:
     (done,) = [d for n, d in events if n == "response.function_call_arguments.done"]
     assert arguments_deltas == done["arguments"] == SHELL_ARGS
     assert done["output_index"] == 1 and done["item_id"] == "fc_9b1c_0"
+    assert done["name"] == "shell"  # newer SDKs declare it on this event
 
     final = Response.model_validate(events[-1][1]["response"])
     assert final.status == "completed"
