@@ -40,7 +40,7 @@ SAMPLING_KEYS = frozenset({
 })
 #: Request fields the proxy adds for capture; they are not part of what the harness asked.
 CAPTURE_KEYS = frozenset({"logprobs", "top_logprobs", "return_token_ids", "return_weight_versions",
-                          "stream_options"})
+                          "stream_options", "include_reasoning"})
 _STRUCTURE_KEYS = frozenset({"messages", "tools", "tool_choice", "model", "stream"})
 
 #: Headers never recorded: credentials, and transport details that say nothing about the session.

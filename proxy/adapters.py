@@ -15,9 +15,11 @@ from proxy.errors import InvalidRequestError
 from proxy.media import ImagePolicy, check_chat_media
 from schemas.call.v1 import ApiProtocol
 
-#: What the proxy adds to engine answers for capture; stripped unless the harness asked.
-_CAPTURE_RESPONSE_KEYS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
-_CAPTURE_CHOICE_KEYS = ("token_ids", "weight_versions")
+#: Fields vLLM's answers carry, null unless a request asked for them (``prompt_logprobs``,
+#: ``kv_transfer_params``): left out when null, as OpenAI's answers have no such fields.
+_NULL_ENGINE_KEYS = ("prompt_logprobs", "kv_transfer_params")
+#: Where vLLM puts an answer's reasoning (a message's, a stream delta's).
+_REASONING_KEYS = ("reasoning", "reasoning_content")
 
 
 class StreamSession(Protocol):
@@ -92,8 +94,11 @@ class Adapter(Protocol):
 def strip_capture(payload: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
     """Remove what the proxy asked the engine for and the harness did not."""
     if not asked.get("return_token_ids"):
-        for key in _CAPTURE_RESPONSE_KEYS:
-            payload.pop(key, None)
+        payload.pop("prompt_token_ids", None)
+    for key in _NULL_ENGINE_KEYS:
+        if key in payload and payload[key] is None:
+            del payload[key]
+    hide_reasoning = asked.get("include_reasoning") is False
     for choice in payload.get("choices") or ():
         if not asked.get("return_token_ids"):
             choice.pop("token_ids", None)
@@ -101,6 +106,11 @@ def strip_capture(payload: dict[str, Any], asked: dict[str, Any]) -> dict[str, A
             choice.pop("weight_versions", None)
         if not asked.get("logprobs"):
             choice.pop("logprobs", None)
+        if hide_reasoning:  # the proxy asked the engine to include it (proxy/service.py)
+            for part in (choice.get("message"), choice.get("delta")):
+                if isinstance(part, dict):
+                    for key in _REASONING_KEYS:
+                        part.pop(key, None)
     return payload
 
 
@@ -131,6 +141,10 @@ class ChatAdapter:
             raise InvalidRequestError("stream must be a boolean")
         if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
             raise InvalidRequestError("stream_options must be an object")
+        if body.get("top_logprobs") is not None and body.get("logprobs") is not True:
+            # The engine refuses it too, but the proxy turns logprobs on for capture (and takes
+            # them out of the answer again): the harness would get 200 and no logprobs.
+            raise InvalidRequestError("when using top_logprobs, logprobs must be set to true")
         return dict(body)
 
     def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,

@@ -217,6 +217,10 @@ class CallService:
         chat["logprobs"] = True
         chat["return_token_ids"] = True
         chat["return_weight_versions"] = True
+        if chat.get("include_reasoning") is False:
+            # vLLM withholds every token id and logprob of an answer whose reasoning is hidden;
+            # the reasoning is taken out of the answer here instead (proxy/adapters.py).
+            chat["include_reasoning"] = True
         if streamed:
             chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
 

@@ -318,13 +318,15 @@ class ScriptedEngine:
                  "total_tokens": len(prompt_ids) + len(completion_ids)}
         chat_id = f"chatcmpl-{uuid.uuid4().hex}"
         if not streamed:
+            # As vLLM with a reasoning parser: hiding the reasoning withholds every token id and logprob.
+            hidden = bool(thought) and body.get("include_reasoning") is False
             message: dict[str, Any] = {"role": "assistant", "content": text or None, "tool_calls": [call] if call
-                                       else [], "reasoning": thought or None}
+                                       else [], "reasoning": None if hidden else thought or None}
             return _json({
                 "id": chat_id, "object": "chat.completion", "created": int(time.time()), "model": MODEL,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "stop_reason": None,
-                             "logprobs": {"content": [_logprob_item(t) for t in completion_ids]},
-                             "token_ids": completion_ids,
+                             "logprobs": None if hidden else {"content": [_logprob_item(t) for t in completion_ids]},
+                             "token_ids": None if hidden else completion_ids,
                              "weight_versions": [{"version": WEIGHT_VERSION, "start": 0,
                                                   "end": len(completion_ids)}]}],
                 "usage": usage, "prompt_token_ids": prompt_ids, "prompt_logprobs": None,

@@ -73,6 +73,34 @@ async def test_an_answer_that_is_not_a_chat_completion_is_a_502_and_still_record
     assert {e.upstream_status_code for e in events} == {200}  # what the engine said, not what the harness got
 
 
+async def test_a_chat_call_hiding_its_reasoning_is_still_captured_token_exact_and_shows_none(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """vLLM withholds an answer's token ids and logprobs when its reasoning is hidden
+    (``include_reasoning: false``): the engine is asked to include it, and the proxy takes it out."""
+    engine = ScriptedEngine(command="true", reasoning=(2, 0.0))
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "include_reasoning": False}
+    [answer] = await _calls_through_proxy(engine, kafka_settings, tmp_path, "/v1/chat/completions", [body])
+    assert answer.status_code == 200, answer.text
+    message = answer.json()["choices"][0]["message"]
+    assert "reasoning" not in message and "reasoning_content" not in message
+    assert engine.seen[-1].body["include_reasoning"] is True
+    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
+    assert event.status is CallStatus.OK and event.request.extra["include_reasoning"] is False
+    assert list(event.choices[0].completion_token_ids) == engine.seen[-1].completion_token_ids
+    assert len(event.choices[0].logprobs) == len(engine.seen[-1].completion_token_ids)
+
+
+async def test_top_logprobs_without_logprobs_is_refused_as_the_engine_would(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """The proxy turns logprobs on for capture and takes them out again: without this refusal the
+    harness got a 200 and none of the logprobs it asked for."""
+    engine = ScriptedEngine(command="true")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}
+    [answer] = await _calls_through_proxy(engine, kafka_settings, tmp_path, "/v1/chat/completions", [body])
+    assert answer.status_code == 400 and "logprobs must be set to true" in answer.text
+    assert not engine.seen
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}),
     ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": True}),
