@@ -825,7 +825,8 @@ def _custom_input(arguments: str) -> str:
     taken rather than failing the turn, since the harness validates the input anyway.
     """
     try:
-        parsed = json.loads(arguments)
+        # Not strict: models often write a patch's line breaks into the JSON string as they are.
+        parsed = json.loads(arguments, strict=False)
     except ValueError:
         return arguments
     if isinstance(parsed, str):

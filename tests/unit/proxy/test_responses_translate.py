@@ -376,7 +376,11 @@ def test_length_finish_is_incomplete_with_max_output_tokens() -> None:
     assert response.output[0].status == "incomplete"
 
 
-def test_custom_tool_answer_gives_custom_tool_call_item() -> None:
+@pytest.mark.parametrize("arguments", [
+    json.dumps({"input": "*** Begin Patch\n*** End Patch"}),
+    '{"input": "*** Begin Patch\n*** End Patch"}',  # line breaks written into the string as they are
+], ids=["escaped", "raw-line-breaks"])
+def test_custom_tool_answer_gives_custom_tool_call_item(arguments: str) -> None:
     patch = "*** Begin Patch\n*** End Patch"
     message = {
         "role": "assistant",
@@ -385,7 +389,7 @@ def test_custom_tool_answer_gives_custom_tool_call_item() -> None:
             {
                 "id": "call_p",
                 "type": "function",
-                "function": {"name": "apply_patch", "arguments": json.dumps({"input": patch})},
+                "function": {"name": "apply_patch", "arguments": arguments},
             }
         ],
     }
