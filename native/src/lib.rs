@@ -65,12 +65,13 @@ const SAMPLING_KEYS: [&str; 13] = [
     "logit_bias",
 ];
 /// `producers.capture.CAPTURE_KEYS`.
-const CAPTURE_KEYS: [&str; 5] = [
+const CAPTURE_KEYS: [&str; 6] = [
     "logprobs",
     "top_logprobs",
     "return_token_ids",
     "return_weight_versions",
     "stream_options",
+    "include_reasoning",
 ];
 /// `producers.capture._STRUCTURE_KEYS`.
 const STRUCTURE_KEYS: [&str; 5] = ["messages", "tools", "tool_choice", "model", "stream"];
