@@ -38,7 +38,7 @@ SAMPLING_KEYS = frozenset({
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "n", "seed",
     "stop", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
 })
-#: Request fields the proxy adds for capture; they are not part of what the harness asked.
+#: Request fields the proxy adds or overrides for capture; the harness's own values go to ``extra``.
 CAPTURE_KEYS = frozenset({"logprobs", "top_logprobs", "return_token_ids", "return_weight_versions",
                           "stream_options", "include_reasoning"})
 _STRUCTURE_KEYS = frozenset({"messages", "tools", "tool_choice", "model", "stream"})

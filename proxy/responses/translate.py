@@ -1423,6 +1423,7 @@ class StreamTranslator:
         item.status = status
         item.closed_at = self._sequence
         where = {"item_id": item.item_id, "output_index": item.output_index}
+        done = item.snapshot(self._custom_tools)
         if item.kind == "message":
             self._emit(events, "response.output_text.done", **where, content_index=0, text=item.text, logprobs=[])
             self._emit(events, "response.content_part.done", **where, content_index=0, part=_text_part(item.text))
@@ -1440,15 +1441,10 @@ class StreamTranslator:
                 self._emit(events, "response.custom_tool_call_input.done", **where, input=text)
             else:
                 # The call's name too: newer SDKs declare it on this event (Codex reads the item's).
-                self._emit(events, "response.function_call_arguments.done", **where,
-                           name=item.snapshot(self._custom_tools)["name"], arguments=item.text)
+                self._emit(events, "response.function_call_arguments.done", **where, name=done["name"],
+                           arguments=item.text)
             self._tool = None
-        self._emit(
-            events,
-            "response.output_item.done",
-            output_index=item.output_index,
-            item=item.snapshot(self._custom_tools),
-        )
+        self._emit(events, "response.output_item.done", output_index=item.output_index, item=done)
 
     def _close_all(self, events: list[Event], status: str) -> None:
         for item in (self._thought, self._text, self._tool):
