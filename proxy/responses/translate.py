@@ -734,6 +734,10 @@ def from_chat_response(
         call_id = call.get("id") or ids.call(k)
         item_id = ids.custom_tool_call(k) if name in custom_tools.custom else ids.function_call(k)
         output.append(_tool_call_item(item_id, call_id, name, arguments, status, custom_tools))
+    # Each item ended when the next began: a cut leaves only the last one unfinished, as the
+    # stream reports it.
+    for item in output[:-1]:
+        item["status"] = "completed"
 
     return _response_object(
         request,

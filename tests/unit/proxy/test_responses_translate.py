@@ -529,6 +529,19 @@ def test_streamed_and_unstreamed_answers_agree() -> None:
     assert streamed["id"] == unstreamed["id"] == "resp_9b1c"
 
 
+def test_after_a_length_cut_only_the_last_item_is_incomplete_streamed_or_not() -> None:
+    # The reasoning ended when the text began: only the text was cut off, in both forms.
+    chunks = [chunk({"reasoning": "Think."}), chunk({"content": "Once upon"}), chunk({}, "length"), usage_chunk()]
+    streamed = translate(chunks, codex_request())[-1][1]["response"]
+    chat = chat_completion({"role": "assistant", "reasoning": "Think.", "content": "Once upon"}, "length")
+    chat |= {"id": "chatcmpl-9b1c", "created": 1_700_000_001}
+    unstreamed = from_chat_response(chat, request=codex_request())
+    assert [(item["type"], item["status"]) for item in unstreamed["output"]] == [
+        ("reasoning", "completed"), ("message", "incomplete")]
+    assert streamed["output"] == unstreamed["output"]
+    assert streamed["status"] == unstreamed["status"] == "incomplete"
+
+
 def test_every_stream_event_validates_against_the_sdk_union() -> None:
     from openai.types.responses import ResponseStreamEvent
     from pydantic import TypeAdapter
