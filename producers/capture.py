@@ -155,14 +155,31 @@ class _Choice:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     role: str = "assistant"
 
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": self.role, "content": "".join(self.text) or None}
+        if self.reasoning:
+            message["reasoning"] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return message
+
+
+def reasoning_text(fields: dict[str, Any]) -> str:
+    """The reasoning text of an engine message or delta; empty when it has none.
+
+    vLLM's reasoning parsers put what the model thought before answering in ``reasoning``
+    (``reasoning_content`` in older releases and other engines). Its tokens are in the
+    completion ids either way; the summary keeps its text so that a reader of the event sees
+    what those ids say.
+    """
+    text = fields.get("reasoning")
+    if type(text) is not str or not text:
+        text = fields.get("reasoning_content")
+    return text if type(text) is str else ""
 
 
 def _logprob_values(logprobs: Any) -> list[float]:
@@ -256,6 +273,8 @@ class CallCapture:
             choice.role = message.get("role") or "assistant"
             if message.get("content"):
                 choice.text = [message["content"]]
+            if thought := reasoning_text(message):
+                choice.reasoning = [thought]
             for i, call in enumerate(message.get("tool_calls") or []):
                 choice.tool_calls[i] = call
 
@@ -291,6 +310,8 @@ class CallCapture:
                 if self.first_token_s is None:
                     self.first_token_s = self.elapsed()
                 choice.text.append(delta["content"])
+            if thought := reasoning_text(delta):
+                choice.reasoning.append(thought)
             for call in delta.get("tool_calls") or []:
                 slot = choice.tool_calls.setdefault(
                     int(call.get("index", 0)),

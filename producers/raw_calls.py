@@ -43,6 +43,7 @@ from producers.capture import (
     event_from_fields,
     event_json,
     normalize_request,
+    reasoning_text,
 )
 from schemas import DeadLetterV1, ModelCallV1
 from schemas._base import new_event_id
@@ -266,6 +267,8 @@ def _one_choice_fields(meta: dict[str, Any], chat: Any, answer: Any) -> dict[str
     version = meta["weight_version"]
     finish_reason = raw.get("finish_reason")
     summary: dict[str, Any] = {"role": message.get("role") or "assistant", "content": content}
+    if thought := reasoning_text(message):
+        summary["reasoning"] = thought
     if tool_calls:
         summary["tool_calls"] = list(tool_calls)
     return {

@@ -258,6 +258,10 @@ struct Message<'a> {
     role: Field<String>,
     #[serde(default)]
     content: Field<String>,
+    #[serde(default)]
+    reasoning: Field<String>,
+    #[serde(default)]
+    reasoning_content: Field<String>,
     #[serde(borrow, default)]
     tool_calls: Field<&'a RawValue>,
 }
@@ -479,10 +483,18 @@ fn event_json(record: &[u8]) -> Option<Made> {
         None => Message {
             role: Field::Absent,
             content: Field::Absent,
+            reasoning: Field::Absent,
+            reasoning_content: Field::Absent,
             tool_calls: Field::Absent,
         },
     };
     let content = message.content.value().filter(|text| !text.is_empty());
+    // producers.capture.reasoning_text: `reasoning`, else the older `reasoning_content`.
+    let thought = message
+        .reasoning
+        .value()
+        .filter(|text| !text.is_empty())
+        .or_else(|| message.reasoning_content.value().filter(|text| !text.is_empty()));
     let tool_calls = match message.tool_calls.value() {
         None => None,
         Some(raw) if raw.get().starts_with('[') => {
@@ -646,6 +658,10 @@ fn event_json(record: &[u8]) -> Option<Made> {
     push_str(&mut out, &role);
     out.extend_from_slice(b",\"content\":");
     push_opt_str(&mut out, content.as_deref());
+    if let Some(text) = &thought {
+        out.extend_from_slice(b",\"reasoning\":");
+        push_str(&mut out, text);
+    }
     if let Some(raw) = tool_calls {
         out.extend_from_slice(b",\"tool_calls\":");
         out.extend_from_slice(raw.get().as_bytes());

@@ -185,7 +185,8 @@ class ModelCallV1(EventBase):
     assembler uses it to keep only the last attempt of a retried request."""
 
     protocol: ApiProtocol
-    """API the harness used; ``response`` is in this protocol's format."""
+    """API the harness used. ``request`` and ``response`` are in chat-completion form whatever it
+    is, as the engine received and answered them."""
 
     model: str = Field(min_length=1)
     """Model name the harness asked for."""
@@ -194,8 +195,12 @@ class ModelCallV1(EventBase):
     """The request in the form the engine received it."""
 
     response: JsonValue = None
-    """The response body returned to the harness, in its protocol's format (for streamed calls,
-    the response assembled from the stream). Absent when no response was produced."""
+    """The engine's answer in chat-completion form, without the token arrays (those are fields of
+    their own): id, model, each choice's message (role, content, the reasoning text when the
+    engine's parser separated it, tool calls) and finish reason, and usage; for a streamed call,
+    assembled from the chunks. It is the engine's answer, not what the harness was sent: a
+    translated protocol's body, or an answer with fields the harness did not ask for removed, is
+    made from it. Absent when the engine gave no answer."""
 
     prompt_token_ids: TokenIds = Field(default_factory=TokenIds)
     """Token ids of the prompt exactly as the engine tokenized it (chat template applied).

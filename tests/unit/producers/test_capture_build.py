@@ -112,6 +112,26 @@ def test_streamed_cut_with_tool_calls_and_retry() -> None:
     assert event.choices[0].completion_token_ids == [9]  # the unlogprobbed token is cut
 
 
+def test_the_reasoning_text_is_in_the_summary_streamed_or_whole() -> None:
+    # Its tokens are in the completion ids either way; without its text a reader of the event
+    # would see ids that no part of the summary says.
+    streamed = _capture(streamed=True)
+    streamed.on_chunk({"id": "cmpl-1", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+    for ids, delta in [([7], {"reasoning": "Two plus ", "reasoning_content": "Two plus "}),
+                       ([8], {"reasoning": "two."}), ([9], {"content": "4"})]:
+        streamed.on_chunk({"choices": [{"index": 0, "token_ids": ids, "delta": delta,
+                                        "logprobs": {"content": [{"logprob": -0.5}]}}]})
+    streamed.on_chunk({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    whole = _capture()
+    whole.on_response(_whole([_choice(ids=(7, 8, 9), logprobs={"content": [{"logprob": -0.5}] * 3}, message={
+        "role": "assistant", "content": "4", "reasoning": None, "reasoning_content": "Two plus two."})]))
+    for capture in (streamed, whole):
+        event = _both(capture, upstream_status_code=200)
+        assert isinstance(event.response, dict)
+        assert event.response["choices"][0]["message"] == {"role": "assistant", "content": "4",
+                                                           "reasoning": "Two plus two."}
+
+
 def test_failures_and_untranslated_requests() -> None:
     bare = _capture(request=NormalizedRequest(messages=[], extra={"untranslated": {"weird": [1, None]}}))
     event = _both(bare, CallStatus.INVALID_REQUEST, error_message="malformed JSON")

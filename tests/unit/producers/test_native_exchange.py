@@ -40,7 +40,7 @@ ANSWER: dict[str, Any] = {
         "index": 0, "token_ids": [7, 8, 9],
         "message": {"role": "assistant", "content": "caf\u00e9 \"quoted\" \\ \n\t\u2028 \U0001f600", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}}],
-            "reasoning_content": None},
+            "reasoning": "The user wants a listing.\n", "reasoning_content": None},
         "logprobs": {"content": [
             {"token": "a", "logprob": -0.25, "bytes": [97], "top_logprobs": []},
             {"token": "b", "logprob": -9999.0, "bytes": [98], "top_logprobs": [{"token": "c", "logprob": -1.5}]},
@@ -168,6 +168,8 @@ def _answer_changes() -> Iterator[tuple[str, Callable[[dict[str, Any]], None]]]:
         (*choice, "message", "role"): [_DELETE, None, "", 5, "tool"],
         (*choice, "message", "content"): [_DELETE, None, "", 5, ["part"], "\x00\x1f\x7f\ud7ff"],
         (*choice, "message", "tool_calls"): [_DELETE, None, [], {}, "x", 0, [1, 2]],
+        (*choice, "message", "reasoning"): [_DELETE, None, "", 5, ["part"], "Think \u00e9\n\"first\"."],
+        (*choice, "message", "reasoning_content"): [_DELETE, "", 5, "Older name.", "\x00\ud7ff"],
         (*choice, "logprobs"): [_DELETE, None, {}, [], "x", {"content": None}, {"content": []}, {"content": "ab"},
                                 {"content": {}}],
         (*choice, "logprobs", "content", 0): [5, [], {"token": "a"}, {"logprob": 0}, {"logprob": True},

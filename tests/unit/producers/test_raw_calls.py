@@ -199,6 +199,9 @@ _ONE_CHOICE = _finite(_choice())
     (_whole([{**_ONE_CHOICE, "message": {"role": "assistant", "content": None, "tool_calls": [_TOOL_CALL]},
               "finish_reason": "tool_calls"}]), None),
     (_whole([{**_ONE_CHOICE, "message": {"content": ""}}]), None),
+    (_whole([{**_ONE_CHOICE, "message": {"role": "assistant", "content": "4", "reasoning": "2+2"}}]), None),
+    (_whole([{**_ONE_CHOICE, "message": {"content": "4", "reasoning": None, "reasoning_content": "2+2"}}]), None),
+    (_whole([{**_ONE_CHOICE, "message": {"content": "4", "reasoning": 5, "reasoning_content": ""}}]), None),
     (_whole([{**_ONE_CHOICE, "message": None, "logprobs": None}]), "v"),
     (_whole([{**_ONE_CHOICE, "token_ids": [7, 8, 9]}]), "v"),  # a logprob short: ids cut to match
     (_whole([{**_ONE_CHOICE, "index": 2, "stop_reason": 13}]), None),
