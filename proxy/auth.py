@@ -63,6 +63,16 @@ class Authenticator:
             # Refused here, at start-up: later, every call would fail with a 500 while /health said ok.
             raise ValueError(f"the credential key (OPENFORGE_PROXY_CREDENTIAL_KEY or _FILE) has {len(self.key)} "
                              f"bytes; it needs at least {MIN_KEY_BYTES}")
+        other = settings.other_signing_key()
+        if other is not None and self.key is None:
+            raise ValueError("OPENFORGE_PROXY_CREDENTIAL_OTHER_KEY (or _FILE) is accepted beside the signing key, "
+                             "not instead of it: set OPENFORGE_PROXY_CREDENTIAL_KEY (or _FILE) too")
+        if other is not None and len(other) < MIN_KEY_BYTES:
+            raise ValueError(f"the other credential key (OPENFORGE_PROXY_CREDENTIAL_OTHER_KEY or _FILE) has "
+                             f"{len(other)} bytes; it needs at least {MIN_KEY_BYTES}")
+        self.keys: tuple[bytes, ...] = () if self.key is None else (
+            (self.key,) if other is None or other == self.key else (self.key, other))
+        """The keys a token may be signed with: the signing key, and while it is rotated the other one."""
 
     def authenticate(
         self, request: Request, path_rollout: str | None, *, need: Role | None = None
@@ -110,7 +120,7 @@ class Authenticator:
         credential = self._verified.get(token)
         if credential is None or credential.expires_at < time.time():
             try:
-                credential = verify_token(self.key, token)
+                credential = verify_token(self.keys, token)
             except CredentialError as exc:
                 self._verified.pop(token, None)
                 raise UnauthorizedError(str(exc)) from exc

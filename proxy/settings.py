@@ -58,6 +58,15 @@ class ProxySettings(BaseSettings):
     credential_key_file: Path | None = None
     """Read the key from this file instead (a mounted Kubernetes Secret)."""
 
+    credential_other_key: SecretStr | None = None
+    """A second key whose tokens are accepted too, for rotating the signing key without refusing
+    the tokens of rollouts in flight (docs/proxy.md, "Rotating the signing key"). The proxy signs
+    nothing itself; whoever mints tokens (the launcher) signs with its one key."""
+
+    credential_other_key_file: Path | None = None
+    """Read the other key from this file instead. A file that is not there, or is empty, means no
+    other key: a mounted Secret holds it only while a key is being rotated."""
+
     allow_anonymous: bool = False
     """Accept calls without a token, attributed to the rollout in the path or header. Only
     without a credential key (one-machine experiments): with a key, tokens are what keeps one
@@ -221,4 +230,19 @@ class ProxySettings(BaseSettings):
             except OSError as exc:
                 raise ValueError(f"the credential key file (OPENFORGE_PROXY_CREDENTIAL_KEY_FILE) cannot be read: "
                                  f"{exc.strerror or exc} ({self.credential_key_file})") from exc
+        return None
+
+    def other_signing_key(self) -> bytes | None:
+        """The other accepted key's bytes, from the setting or the file; None when there is none."""
+        if self.credential_other_key is not None and self.credential_other_key.get_secret_value():
+            return self.credential_other_key.get_secret_value().encode()
+        if self.credential_other_key_file is not None:
+            try:
+                key = self.credential_other_key_file.read_bytes().strip()
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise ValueError(f"the other credential key file (OPENFORGE_PROXY_CREDENTIAL_OTHER_KEY_FILE) cannot "
+                                 f"be read: {exc.strerror or exc} ({self.credential_other_key_file})") from exc
+            return key or None
         return None

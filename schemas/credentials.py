@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import math
 import time
+from collections.abc import Sequence
 from enum import StrEnum
 
 import orjson
@@ -108,23 +109,34 @@ def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id
     return token
 
 
-def verify_token(key: bytes, token: str, *, now: float | None = None) -> Credential:
+def verify_token(key: bytes | Sequence[bytes], token: str, *, now: float | None = None) -> Credential:
     """Check signature and expiry; return the claims.
+
+    Args:
+        key: The signing key, or several keys any of which may have signed the token: while a
+            key is rotated, tokens signed with the old one and with the new one are both live.
+        token: The token as the caller sent it.
+        now: The time to check expiry against (Unix seconds); the clock's when None.
 
     Raises:
         CredentialError: anything is wrong; the message says what, never the key.
     """
-    _check_key(key)
+    keys = (key,) if isinstance(key, bytes) else tuple(key)
+    if not keys:
+        raise ValueError("no credential signing key to verify with")
+    for one in keys:
+        _check_key(one)
     if len(token) > _MAX_TOKEN_CHARS:
         raise CredentialError(f"token longer than {_MAX_TOKEN_CHARS} characters")
     if not token.startswith(_PREFIX) or token.count(".") != 2:
         raise CredentialError("not an OpenForge rollout token")
     body, _, signature = token.rpartition(".")
-    expected = hmac.new(key, body.encode(), hashlib.sha256).digest()
+    given = signature.encode(errors="replace")
     # Compared as text, not decoded: base64 decoding skips stray characters and takes '+' for
     # '-', so one token would have endless spellings that all verify, each a new entry in the
     # proxy's cache of verified tokens.
-    if not hmac.compare_digest(_b64(expected).encode(), signature.encode(errors="replace")):
+    if not any(hmac.compare_digest(_b64(hmac.new(one, body.encode(), hashlib.sha256).digest()).encode(), given)
+               for one in keys):
         raise CredentialError("token signature does not match")
     try:
         credential = Credential.model_validate(orjson.loads(_unb64(body[len(_PREFIX):])))

@@ -228,6 +228,45 @@ def test_given_signing_key_is_used(helm: Helm, helm_tmp: Path) -> None:
     assert base64.b64decode(data) == b"0123456789abcdef-given"
 
 
+def test_during_a_key_rotation_the_proxy_alone_reads_the_other_key(helm: Helm, helm_tmp: Path,
+                                                                   tmp_path: Path) -> None:
+    import base64
+
+    from proxy.auth import Authenticator
+    from proxy.settings import ProxySettings
+    from schemas.credentials import Role, mint_token, verify_token
+
+    new, old = "0123456789abcdef-new", "0123456789abcdef-old"
+    objects = helm.render({"credentials": {"signingKey": new, "otherSigningKey": old}}, helm_tmp)
+    data = one(objects, "Secret", "-credentials")["data"]
+    assert {name: base64.b64decode(value).decode() for name, value in data.items()} == {
+        "signing-key": new, "other-signing-key": old}
+    proxy = one(objects, "Deployment", "-proxy")["spec"]["template"]["spec"]
+    mount = next(m for m in proxy["containers"][0]["volumeMounts"] if m["name"] == "credentials")
+    env = env_of(one(objects, "Deployment", "-proxy"))
+    # The files the Secret's volume holds, where the proxy's settings look for them.
+    mounted = tmp_path / "credentials"
+    mounted.mkdir()
+    files = {}
+    for name in ("OPENFORGE_PROXY_CREDENTIAL_KEY_FILE", "OPENFORGE_PROXY_CREDENTIAL_OTHER_KEY_FILE"):
+        path = Path(env[name])
+        assert path.parent == Path(mount["mountPath"])
+        (mounted / path.name).write_bytes(base64.b64decode(data[path.name]))
+        files[name] = mounted / path.name
+    auth = Authenticator(ProxySettings(credential_key_file=files["OPENFORGE_PROXY_CREDENTIAL_KEY_FILE"],
+                                       credential_other_key_file=files["OPENFORGE_PROXY_CREDENTIAL_OTHER_KEY_FILE"]))
+    assert auth.keys == (new.encode(), old.encode())
+    for key in (new, old):
+        assert verify_token(auth.keys, mint_token(key.encode(), "r-1", Role.AGENT, 60.0)).rollout_id == "r-1"
+    # The launcher signs with the one key only.
+    launcher = env_of(one(objects, "Deployment", "-launcher"))
+    assert launcher["OPENFORGE_LAUNCHER_CREDENTIAL_KEY_FILE"].endswith("/signing-key")
+    assert not any("OTHER" in name for name in launcher)
+    # Without a rotation under way, the Secret has no other key and the proxy reads none.
+    plain = one(helm.render({"credentials": {"signingKey": new}}, helm_tmp), "Secret", "-credentials")
+    assert set(plain["data"]) == {"signing-key"}
+
+
 def test_existing_secret_is_referenced_not_created(helm: Helm, helm_tmp: Path) -> None:
     objects = helm.render({"credentials": {"existingSecret": "my-keys"}}, helm_tmp)
     assert find(objects, "Secret") == []
@@ -410,6 +449,7 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
     ({"kafka": {"mode": "external"}}, "kafka.bootstrapServers is required"),
     ({"kafka": {"mode": "external", "bootstrapServers": "no-port"}}, "bootstrapServers"),
     ({"credentials": {"signingKey": "short"}}, "signingKey"),
+    ({"credentials": {"otherSigningKey": "short"}}, "otherSigningKey"),
     ({"checkpoints": {"storage": "objectStore"}}, "checkpoints.storage=objectStore is not supported yet"),
     ({"kafka": {"strimzi": {"replicas": 1, "replicationFactor": 3}}}, "replicationFactor cannot exceed"),
     ({"proxy": {"replicaz": 3}}, "replicaz"),

@@ -118,6 +118,7 @@ OPENFORGE_PROXY_PORT: {{ $v.port | quote }}
 OPENFORGE_PROXY_UPSTREAMS: {{ include "openforge.vllmUpstreams" . | quote }}
 OPENFORGE_PROXY_SERVED_MODEL: {{ .Values.vllm.servedModelName | quote }}
 OPENFORGE_PROXY_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
+OPENFORGE_PROXY_CREDENTIAL_OTHER_KEY_FILE: "/etc/openforge/credentials/other-signing-key"
 OPENFORGE_PROXY_ALLOW_ANONYMOUS: {{ $v.allowAnonymous | quote }}
 OPENFORGE_PROXY_SPOOL_DIR: "/var/spool/openforge"
 OPENFORGE_PROXY_SPOOL_MAX_BYTES: {{ include "openforge.spoolMaxBytes" . | quote }}

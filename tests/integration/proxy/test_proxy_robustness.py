@@ -805,3 +805,29 @@ async def test_a_replica_that_takes_no_connection_is_skipped_and_its_calls_answe
         for filler in fillers:
             filler.close()
         listener.close()
+
+
+async def test_while_the_key_is_rotated_tokens_of_both_keys_call_and_post_rewards(
+        proxy_settings_factory: Callable[..., Any], topics: TopicRegistry) -> None:
+    from pydantic import SecretStr
+
+    old = b"the-old-signing-key-0123"
+    settings = proxy_settings_factory(credential_other_key=SecretStr(old.decode()))
+    server, task = await serve(settings)
+    running = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+    try:
+        for key, rollout in ((KEY, "r-new"), (old, "r-old")):
+            answered = await post(f"{running.base(rollout)}/v1/chat/completions", json=CHAT,
+                                  token=mint_token(key, rollout, Role.AGENT, 600))
+            assert answered.status_code == 200, answered.text
+        stranger = await post(f"{running.base('r-old')}/v1/chat/completions", json=CHAT,
+                              token=mint_token(b"a-key-neither-side-has!!", "r-old", Role.AGENT, 600))
+        assert stranger.status_code == 401 and "signature" in stranger.text
+        rewarded = await post(f"{running.url}/rollouts/r-old/reward", json={"value": 1.0},
+                              token=mint_token(old, "r-old", Role.VERIFIER, 600))
+        assert rewarded.status_code == 202, rewarded.text
+        assert sorted(e.rollout_id for e in await calls_of(running, 2)) == ["r-new", "r-old"]
+        [reward] = await rewards_of(running, 1)
+        assert (reward.rollout_id, reward.value) == ("r-old", 1.0)
+    finally:
+        await shutdown(server, task)

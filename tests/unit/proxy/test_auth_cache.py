@@ -168,3 +168,41 @@ def test_an_empty_rollout_header_is_named_as_such(path_rollout: str | None) -> N
                        "headers": [(b"authorization", f"Bearer {token}".encode()), (b"x-openforge-rollout-id", b" ")]})
     with pytest.raises(UnauthorizedError, match="header is empty"):
         auth.authenticate(request, path_rollout)
+
+
+def test_while_the_key_is_rotated_tokens_of_both_keys_are_accepted(tmp_path) -> None:
+    new, old, stranger = KEY, "o" * 32, "s" * 32
+    auth = Authenticator(ProxySettings(credential_key=new, credential_other_key=old))
+    for key in (new, old):
+        token = mint_token(key.encode(), "r-1", Role.AGENT, 60.0)
+        assert auth.authenticate(_request(token), "r-1").rollout_id == "r-1"
+    with pytest.raises(UnauthorizedError, match="signature"):
+        auth.authenticate(_request(mint_token(stranger.encode(), "r-1", Role.AGENT, 60.0)), "r-1")
+    # Dropping the other key ends its tokens: a proxy started without it refuses them.
+    after = Authenticator(ProxySettings(credential_key=new))
+    with pytest.raises(UnauthorizedError, match="signature"):
+        after.authenticate(_request(mint_token(old.encode(), "r-1", Role.AGENT, 60.0)), "r-1")
+    # From a file, as a mounted Secret gives it; a Secret without it (no rotation under way) gives none.
+    other_file = tmp_path / "other-signing-key"
+    other_file.write_text(old + "\n")
+    from_file = Authenticator(ProxySettings(credential_key=new, credential_other_key_file=other_file))
+    assert from_file.authenticate(_request(mint_token(old.encode(), "r-2", Role.AGENT, 60.0)), "r-2")
+    assert Authenticator(ProxySettings(credential_key=new,
+                                       credential_other_key_file=tmp_path / "absent")).keys == (new.encode(),)
+    other_file.write_text("")
+    assert Authenticator(ProxySettings(credential_key=new, credential_other_key_file=other_file)).keys == (
+        new.encode(),)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"credential_other_key": "o" * 32, "allow_anonymous": True}, "beside the signing key"),
+    ({"credential_key": KEY, "credential_other_key": "short"}, "other credential key .* has 5 bytes"),
+])
+def test_an_other_key_that_cannot_work_is_refused_at_start(settings: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Authenticator(ProxySettings(**settings))
+
+
+def test_an_unreadable_other_key_file_is_refused_at_start(tmp_path) -> None:
+    with pytest.raises(ValueError, match="other credential key file .* cannot be read"):
+        Authenticator(ProxySettings(credential_key=KEY, credential_other_key_file=tmp_path))  # a directory
