@@ -735,9 +735,10 @@ def from_chat_response(
         item_id = ids.custom_tool_call(k) if name in custom_tools.custom else ids.function_call(k)
         output.append(_tool_call_item(item_id, call_id, name, arguments, status, custom_tools))
     # Each item ended when the next began: a cut leaves only the last one unfinished, as the
-    # stream reports it.
+    # stream reports it. (A custom tool call has no status in the API.)
     for item in output[:-1]:
-        item["status"] = "completed"
+        if "status" in item:
+            item["status"] = "completed"
 
     return _response_object(
         request,

@@ -542,6 +542,27 @@ def test_after_a_length_cut_only_the_last_item_is_incomplete_streamed_or_not() -
     assert streamed["status"] == unstreamed["status"] == "incomplete"
 
 
+
+@pytest.mark.parametrize("finish_reason", ["tool_calls", "length"])
+def test_a_custom_tool_call_before_another_item_is_the_same_streamed_or_not(finish_reason: str) -> None:
+    # A custom tool call has no status in the API, in neither form.
+    arguments = json.dumps({"input": "*** Begin Patch\n*** End Patch"})
+    request = codex_request(tools=[SHELL_TOOL, APPLY_PATCH_TOOL])
+    chunks = [chunk({"tool_calls": [{"index": 0, "id": "c0", "function": {"name": "apply_patch",
+                                                                           "arguments": arguments}}]}),
+              chunk({"tool_calls": [{"index": 1, "id": "c1", "function": {"name": "shell", "arguments": "{}"}}]}),
+              chunk({}, finish_reason), usage_chunk()]
+    streamed = translate(chunks, request)[-1][1]["response"]
+    calls = [{"id": f"c{k}", "type": "function", "function": {"name": name, "arguments": args}}
+             for k, (name, args) in enumerate([("apply_patch", arguments), ("shell", "{}")])]
+    chat = chat_completion({"role": "assistant", "content": None, "tool_calls": calls}, finish_reason)
+    chat |= {"id": "chatcmpl-9b1c", "created": 1_700_000_001}
+    unstreamed = from_chat_response(chat, request=request)
+    assert [item["type"] for item in unstreamed["output"]] == ["custom_tool_call", "function_call"]
+    assert "status" not in unstreamed["output"][0]
+    assert streamed["output"] == unstreamed["output"]
+
+
 def test_every_stream_event_validates_against_the_sdk_union() -> None:
     from openai.types.responses import ResponseStreamEvent
     from pydantic import TypeAdapter
