@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fastapi import Request
@@ -9,6 +10,8 @@ from fastapi import Request
 from proxy.errors import ProxyError
 from proxy.settings import ProxySettings
 from schemas.credentials import MIN_KEY_BYTES, Credential, CredentialError, Role, verify_token
+
+logger = logging.getLogger(__name__)
 
 #: Verified tokens remembered at most (one per live rollout is typical).
 _VERIFIED_CACHE_SIZE = 100_000
@@ -73,6 +76,9 @@ class Authenticator:
         self.keys: tuple[bytes, ...] = () if self.key is None else (
             (self.key,) if other is None or other == self.key else (self.key, other))
         """The keys a token may be signed with: the signing key, and while it is rotated the other one."""
+        if len(self.keys) > 1:
+            # A rotation step gone wrong shows only as 401s for running rollouts: the log says which keys are live.
+            logger.info("accepting rollout tokens of two signing keys (a key rotation is under way)")
 
     def authenticate(
         self, request: Request, path_rollout: str | None, *, need: Role | None = None

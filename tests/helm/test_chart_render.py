@@ -263,8 +263,20 @@ def test_during_a_key_rotation_the_proxy_alone_reads_the_other_key(helm: Helm, h
     assert launcher["OPENFORGE_LAUNCHER_CREDENTIAL_KEY_FILE"].endswith("/signing-key")
     assert not any("OTHER" in name for name in launcher)
     # Without a rotation under way, the Secret has no other key and the proxy reads none.
-    plain = one(helm.render({"credentials": {"signingKey": new}}, helm_tmp), "Secret", "-credentials")
-    assert set(plain["data"]) == {"signing-key"}
+    plain_objects = helm.render({"credentials": {"signingKey": new}}, helm_tmp)
+    assert set(one(plain_objects, "Secret", "-credentials")["data"]) == {"signing-key"}
+    # Each step restarts the processes that read the keys, and only those (the learner would stop training).
+    def restarted(rendered: list[dict[str, Any]]) -> set[str]:
+        return {d["metadata"]["name"].rsplit("-", 1)[-1] for d in find(rendered, "Deployment")
+                if "checksum/credentials" in (d["spec"]["template"]["metadata"].get("annotations") or {})}
+
+    def checksums(rendered: list[dict[str, Any]]) -> dict[str, str]:
+        return {d["metadata"]["name"]: (d["spec"]["template"]["metadata"].get("annotations") or {}).get(
+            "checksum/credentials", "") for d in find(rendered, "Deployment")}
+
+    assert restarted(objects) == {"proxy", "launcher"}
+    changed = {name for name, value in checksums(objects).items() if checksums(plain_objects)[name] != value}
+    assert {name.rsplit("-", 1)[-1] for name in changed} == {"proxy", "launcher"}
 
 
 def test_existing_secret_is_referenced_not_created(helm: Helm, helm_tmp: Path) -> None:

@@ -66,8 +66,12 @@ spec:
       labels:
         {{- include "openforge.selectorLabels" $ctx | nindent 8 }}
         {{- include "openforge.stackLabel" $root | nindent 8 }}
+      {{- if has .name (list "proxy" "launcher") }}
       annotations:
+        # Only the processes that read the signing keys restart when they change: a key rotation
+        # takes three upgrades, and the learner (Recreate) would stop training at each.
         checksum/credentials: {{ include (print $root.Template.BasePath "/secret-credentials.yaml") $root | sha256sum | trunc 16 | quote }}
+      {{- end }}
     spec:
       serviceAccountName: {{ include "openforge.component" $ctx }}
       automountServiceAccountToken: {{ .token | default false }}
