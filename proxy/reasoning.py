@@ -29,16 +29,13 @@ import base64
 import binascii
 from typing import Any, Final
 
+# Read where the call's record reads it, so that what a harness is shown and what is recorded agree.
+from producers.capture import reasoning_text as engine_reasoning
+
+__all__ = ["SIGNATURE_PREFIX", "engine_reasoning", "signature", "signed_thought"]
+
 SIGNATURE_PREFIX: Final = "openforge-1."
 """How a thinking block's signature made by this proxy begins; the text follows, base64url."""
-
-
-def engine_reasoning(fields: dict[str, Any]) -> str:
-    """The reasoning text of an engine message or delta; empty when it has none."""
-    text = fields.get("reasoning")
-    if not isinstance(text, str) or not text:
-        text = fields.get("reasoning_content")
-    return text if isinstance(text, str) else ""
 
 
 def signature(text: str) -> str:
