@@ -168,6 +168,11 @@ class _Choice:
         return message
 
 
+#: Where vLLM puts an answer's reasoning (a message's, a stream delta's): ``reasoning``, and
+#: ``reasoning_content`` in older releases and other engines.
+REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
 def reasoning_text(fields: dict[str, Any]) -> str:
     """The reasoning text of an engine message or delta; empty when it has none.
 
@@ -176,9 +181,10 @@ def reasoning_text(fields: dict[str, Any]) -> str:
     completion ids either way; the summary keeps its text so that a reader of the event sees
     what those ids say.
     """
-    text = fields.get("reasoning")
+    newer, older = REASONING_KEYS
+    text = fields.get(newer)
     if type(text) is not str or not text:
-        text = fields.get("reasoning_content")
+        text = fields.get(older)
     return text if type(text) is str else ""
 
 

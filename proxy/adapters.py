@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from producers.capture import REASONING_KEYS
 from proxy.errors import InvalidRequestError
 from proxy.media import ImagePolicy, check_chat_media
 from schemas.call.v1 import ApiProtocol
@@ -18,8 +19,6 @@ from schemas.call.v1 import ApiProtocol
 #: Fields vLLM's answers carry, null unless a request asked for them (``prompt_logprobs``,
 #: ``kv_transfer_params``): left out when null, as OpenAI's answers have no such fields.
 _NULL_ENGINE_KEYS = ("prompt_logprobs", "kv_transfer_params")
-#: Where vLLM puts an answer's reasoning (a message's, a stream delta's).
-_REASONING_KEYS = ("reasoning", "reasoning_content")
 
 
 class StreamSession(Protocol):
@@ -109,7 +108,7 @@ def strip_capture(payload: dict[str, Any], asked: dict[str, Any]) -> dict[str, A
         if hide_reasoning:  # the proxy asked the engine to include it (proxy/service.py)
             for part in (choice.get("message"), choice.get("delta")):
                 if isinstance(part, dict):
-                    for key in _REASONING_KEYS:
+                    for key in REASONING_KEYS:
                         part.pop(key, None)
     return payload
 
