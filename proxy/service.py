@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import time
@@ -758,4 +759,10 @@ def _engine_message(detail: str) -> str:
 
 
 def _json(payload: dict[str, Any], status: int) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+    try:
+        content = orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        # orjson refuses integers past 64 bits, which a translated tool call's input can hold
+        # (the model wrote one); the standard encoder writes them exactly.
+        content = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    return Response(content, status_code=status, media_type="application/json")

@@ -29,7 +29,9 @@ Decisions worth knowing (each is explained where it is made):
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import uuid
 from typing import Any, Final, Literal
 
@@ -732,13 +734,25 @@ def _parse_arguments(arguments: Any) -> dict[str, Any]:
         return {}
     if isinstance(arguments, str):
         try:
-            parsed = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
+            # orjson reads an integer past 64 bits as a float, which would hand the harness a
+            # different number than the model wrote (the stream passes the text on as it is).
+            parsed = (json.loads(arguments, parse_constant=_not_json) if _LONG_DIGITS.search(arguments)
+                      else orjson.loads(arguments))
+        except ValueError:  # both decoders' errors are ValueErrors
             parsed = None
         if isinstance(parsed, dict):
             return parsed
         return {RAW_ARGUMENTS_KEY: arguments}
     return {RAW_ARGUMENTS_KEY: _dumps(arguments)}
+
+
+_LONG_DIGITS: Final = re.compile(r"\d{19}")
+"""A run of digits that may be an integer past 64 bits (2**63 has 19 digits)."""
+
+
+def _not_json(constant: str) -> Any:
+    """Refuse what the standard decoder alone reads (``NaN``, ``Infinity``), as orjson does."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _usage(usage: Any) -> dict[str, int]:

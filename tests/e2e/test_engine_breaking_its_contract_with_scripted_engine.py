@@ -275,3 +275,30 @@ async def test_a_whole_answer_still_waited_for_when_the_proxy_stops_is_recorded(
     [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
     assert event.status is CallStatus.INTERNAL_ERROR and event.error_message == PROXY_STOPPED
     assert event.rollout_id == "r-stop"
+
+
+async def test_a_whole_answers_tool_input_keeps_integers_past_64_bits(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """A model may write an integer past 64 bits into a tool call (an id, a hash as a number). The
+    streamed Messages answer passes the arguments' text on as it is; the whole one parses them into
+    ``input``, and orjson, which reads such an integer as a float and cannot write one back, made it
+    another number (or, written back, a failure after the call was recorded)."""
+    arguments = '{"id": 1234567890123456789012345678901, "small": 7, "ratio": 0.25, "name": "x"}'
+    answer = {"id": "chatcmpl-big", "object": "chat.completion", "created": 1, "model": "m",
+              "choices": [{"index": 0, "finish_reason": "tool_calls", "token_ids": [5, 6, 7],
+                           "logprobs": {"content": [{"token": "t", "logprob": -0.5, "bytes": None,
+                                                     "top_logprobs": []}] * 3},
+                           "message": {"role": "assistant", "content": None, "tool_calls": [
+                               {"id": "call_big", "type": "function",
+                                "function": {"name": "Lookup", "arguments": arguments}}]}}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}, "prompt_token_ids": [1, 2, 3]}
+    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, status=200,
+                                                          body=orjson.dumps(answer))])
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "look it up"}],
+            "tools": [{"name": "Lookup", "input_schema": {"type": "object"}}]}
+    [reply] = await _calls_through_proxy(engine, kafka_settings, tmp_path, "/v1/messages", [body])
+    assert reply.status_code == 200, reply.text
+    [block] = reply.json()["content"]  # the standard decoder, as the anthropic SDK reads answers
+    assert block["input"] == {"id": 1234567890123456789012345678901, "small": 7, "ratio": 0.25, "name": "x"}
+    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
+    assert event.status is CallStatus.OK and list(event.choices[0].completion_token_ids) == [5, 6, 7]

@@ -1130,3 +1130,18 @@ def test_keepalives_reach_the_client_as_events_that_change_nothing_against_sdk_p
             return stream.get_final_message()
 
     assert final(kept_events).model_dump() == final(plain_events).model_dump()
+
+
+@pytest.mark.parametrize(("arguments", "expected"), [
+    ('{"id": 18446744073709551616}', {"id": 18446744073709551616}),  # 2**64: past orjson's integers
+    ('{"id": -9223372036854775809, "f": 1.5}', {"id": -9223372036854775809, "f": 1.5}),
+    ('{"digits": "12345678901234567890"}', {"digits": "12345678901234567890"}),  # long digits in a string
+    ('{"id": 12345678901234567890, "x": NaN}', {"_raw": '{"id": 12345678901234567890, "x": NaN}'}),  # not JSON
+])
+def test_tool_arguments_keep_integers_past_64_bits_exactly(arguments: str, expected: dict[str, Any]) -> None:
+    chat = vllm_completion({"content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "Lookup", "arguments": arguments}},
+    ]}, "tool_calls")
+    [block] = from_chat_response(chat, model="m")["content"]
+    assert block["input"] == expected
+    assert all(type(block["input"][k]) is type(v) for k, v in expected.items())  # an int, not a float equal to it
