@@ -134,6 +134,7 @@ class Shipper:
         self._rewards_topic = registry[REWARDS].name
         self._missing_reported: list[str] = []  # the missing topics last logged, so a wait is logged once
         self._unauthorized_reported: list[str] = []  # likewise the topics last found not ours to write
+        self._letter_refused: int | None = None  # the record whose dead letter Kafka refused too, once logged
 
     def wake(self) -> None:
         """Something was appended: look now instead of at the next poll."""
@@ -162,7 +163,8 @@ class Shipper:
         # A producer that starts is not yet a Kafka that takes the events: while the last batch
         # waits for a topic or a grant, readiness keeps saying so rather than true for each try.
         connected = self._producer is not None
-        self.kafka_ok = connected and not (self._missing_reported or self._unauthorized_reported)
+        self.kafka_ok = connected and not (self._missing_reported or self._unauthorized_reported
+                                           or self._letter_refused is not None)
         return connected
 
     async def close(self) -> None:
@@ -178,7 +180,34 @@ class Shipper:
             self._on_progress()
 
     async def run(self) -> None:
-        """Ship until stopped (and nothing is left) or the journal is found damaged."""
+        """Ship until stopped (and nothing is left) or the journal is found damaged.
+
+        A failure the shipping loop does not expect (marking records shipped when the folder
+        cannot be listed, a dead letter that cannot be made) starts it again from the first record
+        not shipped, after a pause. Left to end the task, it stopped shipping unseen: the journal
+        filled and every call was refused, though nothing was wrong with Kafka or the journal.
+        Records Kafka had taken before the failure are sent again; consumers drop copies by id.
+        """
+        backoff = 1.0
+        while True:
+            try:
+                await self._ship()
+                return
+            except Exception:  # whatever it was, the records wait in the journal
+                self.publish_errors += 1
+                logger.exception("shipping the journal at %s failed unexpectedly; starting again from the first "
+                                 "record not shipped", self.source.directory)
+            await self.close()
+            self._progress()
+            if self.stopping:
+                return
+            await self._pause(backoff)
+            backoff = min(backoff * 2, 10.0)
+            if not await self._rewind():
+                return
+
+    async def _ship(self) -> None:
+        """The shipping loop: read, send, mark shipped; Kafka's and the journal's failures are handled here."""
         backoff = 0.5
         while True:
             try:
@@ -253,7 +282,7 @@ class Shipper:
                     self._one_by_one_to = max(self._one_by_one_to, records[-1].seq)
                 elif missing:
                     self._report_missing(missing, len(records))
-                elif not isinstance(exc, _UnreachableError):
+                elif not isinstance(exc, _UnreachableError) and not (refused and self._letter_refused is not None):
                     # Also a failure to make the producer (its settings, say): never a silent retry loop.
                     logger.warning("shipping %d journalled events failed (%r); will retry", len(records), exc)
                 await self.close()
@@ -267,7 +296,9 @@ class Shipper:
             backoff = 0.5
             if self._unauthorized_reported:
                 logger.info("topics %s take this client's events again", ", ".join(self._unauthorized_reported))
-            self._missing_reported, self._unauthorized_reported = [], []
+            if self._letter_refused is not None:
+                logger.info("Kafka took journal record %d's dead letter; shipping goes on", self._letter_refused)
+            self._missing_reported, self._unauthorized_reported, self._letter_refused = [], [], None
             self.kafka_ok = True
             self.source.mark_shipped(records)
             self.shipped = records[-1].seq
@@ -374,6 +405,8 @@ class Shipper:
         except Exception as failure:
             if (topics := unauthorized_topics(failure, [letter[0]])) is not None:
                 self._report_unauthorized(topics, 1, cluster=isinstance(failure, ClusterDenied))
+            elif isinstance(failure, REFUSED):
+                self._report_letter_refused(record, sent, exc, letter, failure)
             else:
                 logger.warning("sending the dead letter for journal record %d failed too", record.seq, exc_info=True)
             return False
@@ -384,6 +417,30 @@ class Shipper:
         self.shipped = record.seq
         self._progress()
         return True
+
+    def _report_letter_refused(self, record: JournalRecord, sent: Record, exc: Exception, letter: Record,
+                               failure: Exception) -> None:
+        """Say that a record and its dead letter were both refused, and what to change: once, then quietly.
+
+        The record waits in the journal, as for a missing topic or grant, rather than be dropped
+        or cut down to what the dead-letter topic takes: both topics refusing is a configuration
+        to fix (topics made outside ``openforge topics create`` keep the broker's default limit of
+        about 1 MiB, below a long conversation's event), and every record behind it ships once
+        either topic takes it.
+        """
+        if self._letter_refused == record.seq:
+            logger.info("journal record %d and its dead letter are still refused; it and the records after it wait",
+                        record.seq)
+            return
+        self._letter_refused = record.seq
+        self.kafka_ok = False
+        topic, letters = sent[0], letter[0]
+        logger.error(
+            "Kafka refused journal record %d for %s (%r) and its dead letter for %s too (%r). The record and every "
+            "one after it wait in %s and ship once either topic takes it: raise max.message.bytes of %s above %d "
+            "bytes, or of %s above %d (`openforge topics describe` shows what the broker has)",
+            record.seq, topic, exc, letters, failure, self.source.directory, topic, len(sent[2]), letters,
+            len(letter[2]))
 
     async def _linger(self) -> None:
         """Let a few more events join the next batch, unless someone waits for Kafka.
