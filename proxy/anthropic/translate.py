@@ -387,12 +387,21 @@ def _without_billing_line(system: Any) -> Any:
     model sees it. Passed on, it would put a line into the engine's prompt that the model
     never sees behind Anthropic's API, and since it names the harness's version, every Claude
     Code upgrade would change the prompt's first tokens and miss the engine's prefix cache.
+    Only that line goes: a harness (or a gateway in front of one) that writes its prompt into the
+    same block after it keeps the prompt, which dropping the block lost without a word.
     """
     if not isinstance(system, list):
         return system
-    return [block for block in system
-            if not (isinstance(block, dict) and block.get("type") == "text"
-                    and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_LINE))]
+    out = []
+    for block in system:
+        if (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
+                and block["text"].startswith(BILLING_LINE)):
+            rest = block["text"].partition("\n")[2]
+            if not rest:
+                continue
+            block = {**block, "text": rest}
+        out.append(block)
+    return out
 
 
 def _chat_messages(body: dict[str, Any], images: ImagePolicy) -> list[dict[str, Any]]:

@@ -905,6 +905,10 @@ def test_claude_codes_attribution_block_never_reaches_the_engine() -> None:
     assert chat["messages"][0] == {"role": "system", "content": "You are a Claude agent."}
     only = {**body, "system": body["system"][:1]}
     assert [m["role"] for m in to_chat_request(only)["messages"]] == ["user"]
+    # Only the line goes: a prompt written into the same block after it stays.
+    joined = {**body, "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cc_entrypoint=cli;"
+                                                          "\nYou are a Claude agent."}]}
+    assert to_chat_request(joined)["messages"][0] == {"role": "system", "content": "You are a Claude agent."}
 
 
 def test_arguments_that_arrive_after_their_block_ended_are_dropped_not_appended_against_sdk_parser() -> None:
