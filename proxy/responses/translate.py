@@ -1452,9 +1452,22 @@ class StreamTranslator:
         self._emit(events, "response.output_item.done", output_index=item.output_index, item=done)
 
     def _close_all(self, events: list[Event], status: str) -> None:
+        """End the open items; a tool call the output limit cut off gets no ``done`` of its own.
+
+        As for a stream that ends early (:meth:`finish`): Codex runs a call at its
+        ``response.output_item.done`` whatever the status, and a command or patch cut short by
+        ``max_output_tokens`` must not run. The terminal response lists it as ``incomplete``.
+        """
         for item in (self._thought, self._text, self._tool):
-            if item is not None:
-                self._close(item, events, status)
+            if item is None:
+                continue
+            if status == "incomplete" and item.kind not in ("message", "reasoning"):
+                if not item.name:
+                    raise UpstreamFormatError(f"the engine's tool call {item.index} has no name")
+                item.status = status
+                self._tool = None
+                continue
+            self._close(item, events, status)
 
     def _terminal(self, events: list[Event]) -> None:
         status = self._item_status()

@@ -669,6 +669,26 @@ def test_length_finish_streams_response_incomplete() -> None:
     assert response.output[0].status == "incomplete"
 
 
+@pytest.mark.parametrize("tool", ["shell", "apply_patch"])
+def test_a_tool_call_the_output_limit_cut_off_gets_no_done_event(tool: str) -> None:
+    # Codex runs a call at its output_item.done, whatever its status: a command or a patch cut
+    # short by max_output_tokens must not run. The text before it ended and is done as usual.
+    arguments = '{"command": ["rm", "-rf", "bu' if tool == "shell" else '{"input": "*** Begin Patch\\n*** Add'
+    chunks = [chunk({"content": "Cleaning up."}),
+              chunk({"tool_calls": [{"index": 0, "id": "c0", "function": {"name": tool, "arguments": arguments}}]}),
+              chunk({}, "length"), usage_chunk()]
+    events = translate(chunks, codex_request(tools=[SHELL_TOOL, APPLY_PATCH_TOOL]))
+    names = [name for name, _ in events]
+    assert names.count("response.output_item.added") == 2 and names.count("response.output_item.done") == 1
+    assert not [n for n in names if n.endswith(("arguments.done", "input.done"))]
+    assert names[-1] == "response.incomplete"
+    final = Response.model_validate(events[-1][1]["response"])
+    assert [item.type for item in final.output] == ["message", "function_call" if tool == "shell" else "custom_tool_call"]
+    assert final.output[0].status == "completed"
+    assert tool != "shell" or final.output[1].status == "incomplete"
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+
+
 def test_upstream_ending_early_still_gives_one_terminal_event() -> None:
     translator = StreamTranslator(request=codex_request())
     events = translator.feed(chunk({"content": "Partial"}))
