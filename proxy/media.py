@@ -5,7 +5,10 @@ model's image tokens would be trained without the pixels they stood for, and a c
 images repeats every earlier image in its event (a few screenshots put a conversation's events
 over the calls topic's limit, and they go to the dead-letter topic instead of training). With
 ``inline``, images sent as data go on; an image by URL is refused either way, because the engine
-would fetch it itself, from inside the cluster, at an address the rollout chose.
+would fetch it itself, from inside the cluster, at an address the rollout chose. With
+``placeholder``, each image becomes a line of text saying it was left out: a harness resends its
+whole conversation on every call, so under ``refuse`` one image (Claude Code reading a
+screenshot) fails every later call of the rollout, where a text-only model can go on without it.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from typing import Any, Final, Literal
 
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
 
-ImagePolicy = Literal["refuse", "inline"]
+ImagePolicy = Literal["refuse", "inline", "placeholder"]
 """``refuse`` (default): image parts get a 400 naming them. ``inline``: images sent as data
-(base64, data URLs) go to the engine as chat ``image_url`` parts; URLs are refused."""
+(base64, data URLs) go to the engine as chat ``image_url`` parts; URLs are refused.
+``placeholder``: every image, by data or URL, goes to the engine as :data:`IMAGE_PLACEHOLDER`."""
+
+IMAGE_PLACEHOLDER: Final = "[image omitted: this model reads text only]"
+"""The text an image becomes under ``placeholder``: the model learns that something was there."""
 
 MEDIA_PARTS: Final = frozenset({"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio",
                                 "audio_embeds", "video_url", "video_embeds", "prompt_embeds", "file"})
@@ -59,7 +66,9 @@ def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
 
     A part is media by its ``type`` or by any media key it carries (see :data:`MEDIA_PARTS`), or
     by a ``uuid``, which sends it down vLLM's media path; the only media that passes is, under
-    ``inline``, a typed ``image_url`` part whose URL is data.
+    ``inline``, a typed ``image_url`` part whose URL is data. Under ``placeholder`` a typed
+    ``image_url`` part (data or URL) is replaced, in ``messages``, by a text part of
+    :data:`IMAGE_PLACEHOLDER`; other media is refused as under ``inline``.
 
     Raises:
         UnsupportedFeatureError: names the first such part.
@@ -79,10 +88,13 @@ def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
             path = f"messages[{i}].content[{j}]"
             if kind != "image_url" or keys != {"image_url"} or "uuid" in part:
                 named = kind if isinstance(kind, str) and kind in MEDIA_PARTS else "/".join(sorted(keys)) or "uuid"
-                if "image_url" not in keys or policy == "inline":
+                if "image_url" not in keys or policy != "refuse":
                     raise UnsupportedFeatureError(f"{path}.type", f"{named} parts are not passed to the engine "
                                                                   "(an image goes as a typed image_url part with data)")
                 raise refuse_images(f"{path}.type")
+            if policy == "placeholder":
+                content[j] = {"type": "text", "text": IMAGE_PLACEHOLDER}
+                continue
             image = part["image_url"]
             url = image.get("url") if type(image) is dict else None
             if policy == "inline" and type(url) is not str:
@@ -90,4 +102,4 @@ def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
             inline_image(url or "", f"{path}.type", f"{path}.image_url.url", policy)
 
 
-__all__ = ["MEDIA_PARTS", "ImagePolicy", "check_chat_media", "inline_image", "refuse_images"]
+__all__ = ["IMAGE_PLACEHOLDER", "MEDIA_PARTS", "ImagePolicy", "check_chat_media", "inline_image", "refuse_images"]

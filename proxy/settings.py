@@ -138,10 +138,12 @@ class ProxySettings(BaseSettings):
     where a spare core exists); see docs/proxy.md."""
 
     images: ImagePolicy = "refuse"
-    """Whether images reach the engine (``refuse`` or ``inline``; see :mod:`proxy.media`). Off by
-    default: the learner trains on token ids alone. ``inline`` passes images sent as data (for a
-    stack that trains on them, or serving alone); images by URL are refused either way, since the
-    engine would fetch them from inside the cluster."""
+    """Whether images reach the engine (``refuse``, ``inline`` or ``placeholder``; see
+    :mod:`proxy.media`). Off by default: the learner trains on token ids alone. ``inline`` passes
+    images sent as data (for a stack that trains on them, or serving alone); images by URL are
+    refused, since the engine would fetch them from inside the cluster. ``placeholder`` sends
+    each image as a line of text saying it was left out, so a rollout whose harness read an image
+    goes on with a text-only model."""
 
     publish_timeout_s: float = Field(default=5.0, gt=0)
     """How long to wait for Kafka's acknowledgement: before spooling (``ack``), per shipped

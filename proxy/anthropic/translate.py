@@ -38,7 +38,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
-from proxy.media import ImagePolicy, inline_image, refuse_images
+from proxy.media import IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning, signature, signed_thought
 
 logger = logging.getLogger(__name__)
@@ -208,14 +208,16 @@ def _text_only(content: Any, path: str) -> str:
 _IMAGE_MEDIA_TYPES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
-def _image_part(block: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any]:
+def _image_part(block: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any] | str:
     """An ``image`` block as a chat ``image_url`` part (its data as a data URL), if ``images`` allows.
 
     Refused by default (see :mod:`proxy.media`). Let through, a vision model sees the image, as
     the harness meant (Claude Code reads screenshots and image files into tool results), and a
     text-only model's engine refuses it with its own 400, which reaches the harness as
-    Anthropic's error.
+    Anthropic's error. Under ``placeholder`` it is the placeholder's text, whatever its source.
     """
+    if images == "placeholder":
+        return IMAGE_PLACEHOLDER
     if images != "inline":
         raise refuse_images(f"{path}.type")
     source = _expect_dict(block.get("source"), f"{path}.source")

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
-from proxy.media import ImagePolicy, inline_image, refuse_images
+from proxy.media import IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning
 
 __all__ = [
@@ -369,8 +369,13 @@ def _translate_content(content: Any, path: str, *, images: ImagePolicy | None) -
     return [{"type": "text", "text": part} if isinstance(part, str) else part for part in parts]
 
 
-def _image_part(part: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any]:
-    """An ``input_image`` part as a chat ``image_url`` part, if ``images`` allows (see :mod:`proxy.media`)."""
+def _image_part(part: dict[str, Any], path: str, images: ImagePolicy) -> dict[str, Any] | str:
+    """An ``input_image`` part as a chat ``image_url`` part, if ``images`` allows (see :mod:`proxy.media`).
+
+    Under ``placeholder`` it is the placeholder's text, whatever its source.
+    """
+    if images == "placeholder":
+        return IMAGE_PLACEHOLDER
     if images != "inline":
         raise refuse_images(f"{path}.type")
     if part.get("file_id") is not None:

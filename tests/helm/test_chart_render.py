@@ -474,7 +474,7 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
     ({"proxy": {"spoolSizeLimit": "9999999Ti"}}, "at '/proxy/spoolSizeLimit': '9999999Ti' does not match pattern"),
     ({"proxy": {"sampling": {"seed": 1}}}, "additional properties 'seed' not allowed"),  # the harness's, not forced
     ({"proxy": {"sampling": {"temperature": "hot"}}}, "at '/proxy/sampling/temperature'"),
-    ({"proxy": {"images": "url"}}, "at '/proxy/images': value must be one of 'refuse', 'inline'"),
+    ({"proxy": {"images": "url"}}, "at '/proxy/images': value must be one of 'refuse', 'inline', 'placeholder'"),
     ({"kafka": {"security": {"protocol": "SASL_SSL"}}}, "kafka.security applies to kafka.mode external"),
     ({"kafka": {**_SECURED_KAFKA["kafka"], "security": {"protocol": "SASL_SSL", "saslMechanism": "PLAIN"}}},
      "kafka.security.protocol SASL_SSL needs kafka.security.saslMechanism and kafka.security.credentialsSecret"),
@@ -599,3 +599,4 @@ def test_the_proxy_refuses_images_unless_told_to_inline_them(default_objects: li
 
     assert images(default_objects) == "refuse"
     assert images(helm.render({"proxy": {"images": "inline"}}, helm_tmp)) == "inline"
+    assert images(helm.render({"proxy": {"images": "placeholder"}}, helm_tmp)) == "placeholder"

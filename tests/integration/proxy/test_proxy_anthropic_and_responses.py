@@ -15,6 +15,7 @@ import pytest
 from proxy_helpers import RunningProxy, calls_of, serve, shutdown
 from test_proxy_openai_chat import tokenize
 
+from proxy.media import IMAGE_PLACEHOLDER
 from proxy.reasoning import signature
 from proxy.service import ENGINE_UNFINISHED, UNFINISHED
 from schemas.call.v1 import ApiProtocol, CallStatus
@@ -195,14 +196,19 @@ async def test_a_refusal_quoting_a_huge_value_is_cut_in_the_answer_and_the_recor
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 
 
-@pytest.fixture
-async def proxy_with_images(proxy_settings_factory, topics) -> AsyncIterator[RunningProxy]:
-    settings = proxy_settings_factory(images="inline")
+@contextlib.asynccontextmanager
+async def _serving(settings, topics) -> AsyncIterator[RunningProxy]:
     server, task = await serve(settings)
     try:
         yield RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
     finally:
         await shutdown(server, task)
+
+
+@pytest.fixture
+async def proxy_with_images(proxy_settings_factory, topics) -> AsyncIterator[RunningProxy]:
+    async with _serving(proxy_settings_factory(images="inline"), topics) as proxy:
+        yield proxy
 
 
 async def test_images_reach_the_engine_which_answers_for_its_model(proxy_with_images) -> None:
@@ -227,6 +233,42 @@ async def test_images_reach_the_engine_which_answers_for_its_model(proxy_with_im
         ("r-img", CallStatus.UPSTREAM_ERROR, 400), ("r-img-resp", CallStatus.UPSTREAM_ERROR, 400)]
     for event in events:
         assert event.request.messages[-1]["content"] == [{"type": "text", "text": "What is this?"}, image]
+
+
+@pytest.fixture
+async def proxy_with_placeholders(proxy_settings_factory, topics) -> AsyncIterator[RunningProxy]:
+    async with _serving(proxy_settings_factory(images="placeholder"), topics) as proxy:
+        yield proxy
+
+
+async def test_images_become_a_line_of_text_the_text_model_answers_under_placeholder(
+        proxy_with_placeholders, vllm_url) -> None:
+    # A harness resends its whole conversation, so under the default one image fails every later
+    # call of the rollout; with placeholders each protocol's image (by data or by URL) reaches the
+    # text-only engine as a line saying it was left out, and is captured token-exact as such.
+    proxy = proxy_with_placeholders
+    async with anthropic_client(proxy, "r-ph-anthropic") as client:
+        message = await client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}]}])
+    async with responses_client(proxy, "r-ph-responses") as responses:
+        response = await responses.responses.create(model="m", max_output_tokens=5, input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "What is this?"},
+            {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"}]}])
+        chat = await responses.chat.completions.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}])
+    assert message.stop_reason in {"end_turn", "max_tokens"} and response.status in {"completed", "incomplete"}
+    assert chat.choices[0].finish_reason in {"stop", "length"}
+    events = {e.protocol: e for e in await calls_of(proxy, 3)}
+    joined = [{"role": "user", "content": f"What is this?\n{IMAGE_PLACEHOLDER}"}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                          {"type": "text", "text": IMAGE_PLACEHOLDER}]}]
+    for protocol, messages in [(ApiProtocol.ANTHROPIC_MESSAGES, joined), (ApiProtocol.OPENAI_RESPONSES, parts),
+                               (ApiProtocol.OPENAI_CHAT, parts)]:
+        event = events[protocol]
+        assert event.status is CallStatus.OK and event.request.messages == messages, protocol
+        assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, messages), protocol
 
 
 def responses_client(proxy, rollout_id: str) -> openai.AsyncOpenAI:

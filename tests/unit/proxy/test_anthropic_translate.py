@@ -28,6 +28,7 @@ from proxy.anthropic.translate import (
     to_chat_request,
 )
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+from proxy.media import IMAGE_PLACEHOLDER
 from proxy.reasoning import signature
 
 try:  # the SDK brings its own HTTP library (a fork of httpx) in recent versions and refuses httpx objects
@@ -296,6 +297,21 @@ def test_an_image_a_tool_read_comes_back_in_the_tool_message() -> None:
     assert result["content"] == [
         {"type": "text", "text": "1\tfrom setuptools import setup"}, {"type": "text", "text": "2\tsetup()"},
         {"type": "image_url", "image_url": {"url": "data:image/webp;base64,UklGRg=="}}]
+
+
+@pytest.mark.parametrize("source", [{"type": "base64", "media_type": "image/webp", "data": "UklGRg=="},
+                                    {"type": "url", "url": "https://example.com/a.png"}])
+def test_an_image_is_a_line_of_text_in_its_place_under_placeholder(source: dict[str, Any]) -> None:
+    # In a tool result (Claude Code's Read of an image file) and in a user turn alike.
+    body = claude_code_request()
+    body["messages"][5]["content"][0]["content"].append({"type": "image", "source": source})
+    body["messages"].append({"role": "assistant", "content": "Seen."})
+    body["messages"].append({"role": "user", "content": [{"type": "text", "text": "And this?"},
+                                                         {"type": "image", "source": source}]})
+    chat = to_chat_request(body, images="placeholder")
+    [result] = [m for m in chat["messages"] if m.get("tool_call_id") == "toolu_01B"]
+    assert result["content"] == f"1\tfrom setuptools import setup\n2\tsetup()\n{IMAGE_PLACEHOLDER}"
+    assert chat["messages"][-1] == {"role": "user", "content": f"And this?\n{IMAGE_PLACEHOLDER}"}
 
 
 @pytest.mark.parametrize(("source", "error", "field"), [

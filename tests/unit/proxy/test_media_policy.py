@@ -14,6 +14,7 @@ import pytest
 
 from proxy.adapters import ChatAdapter
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+from proxy.media import IMAGE_PLACEHOLDER
 
 DATA_URL = "data:image/png;base64,iVBORw0KGgo="
 
@@ -76,3 +77,19 @@ def test_media_by_key_is_refused_under_the_default_too(part: dict[str, Any]) -> 
 def test_a_malformed_type_is_left_to_the_engine_rather_than_failing_here() -> None:
     body = _chat({"type": ["text"], "text": "x"})
     assert ChatAdapter().to_chat(body) == body
+
+
+@pytest.mark.parametrize("url", [DATA_URL, "https://example.com/cat.png"])
+def test_an_image_becomes_the_placeholder_text_in_its_place_under_placeholder(url: str) -> None:
+    body = _chat({"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "and this"})
+    sent = ChatAdapter("placeholder").to_chat(body)
+    assert sent["messages"][1]["content"] == [{"type": "text", "text": "look"},
+                                              {"type": "text", "text": IMAGE_PLACEHOLDER},
+                                              {"type": "text", "text": "and this"}]
+
+
+@pytest.mark.parametrize("part", [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+                                  {"type": "image_url", "image_url": {"url": DATA_URL}, "uuid": "u1"}])
+def test_other_media_are_still_refused_under_placeholder(part: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedFeatureError, match="not passed to the engine"):
+        ChatAdapter("placeholder").to_chat(_chat(part))

@@ -17,6 +17,7 @@ import pytest
 from openai.types.responses import Response
 
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
+from proxy.media import IMAGE_PLACEHOLDER
 from proxy.responses.translate import (
     StreamTranslator,
     UpstreamFormatError,
@@ -1117,6 +1118,18 @@ def test_input_images_become_chat_image_parts_in_their_place() -> None:
     # "original" has no chat counterpart: the engine's default stands.
     assert tool == {"role": "tool", "tool_call_id": "c1",
                     "content": [{"type": "image_url", "image_url": {"url": PNG_URL}}]}
+
+
+def test_input_images_are_a_line_of_text_in_their_place_under_placeholder() -> None:
+    chat = to_chat_request(codex_request(input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "what is this?"},
+                                     {"type": "input_image", "image_url": "https://example.com/a.png"}]},
+        {"type": "function_call", "call_id": "c1", "name": "view_image", "arguments": '{"path":"a.png"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_image", "image_url": PNG_URL}]},
+    ]), images="placeholder")
+    user, _, tool = chat["messages"][-3:]
+    assert user["content"] == [{"type": "text", "text": "what is this?"}, {"type": "text", "text": IMAGE_PLACEHOLDER}]
+    assert tool == {"role": "tool", "tool_call_id": "c1", "content": IMAGE_PLACEHOLDER}
 
 
 def test_an_input_image_is_refused_by_default() -> None:
