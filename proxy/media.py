@@ -20,10 +20,14 @@ from proxy.errors import InvalidRequestError, UnsupportedFeatureError
 ImagePolicy = Literal["refuse", "inline", "placeholder"]
 """``refuse`` (default): image parts get a 400 naming them. ``inline``: images sent as data
 (base64, data URLs) go to the engine as chat ``image_url`` parts; URLs are refused.
-``placeholder``: every image, by data or URL, goes to the engine as :data:`IMAGE_PLACEHOLDER`."""
+``placeholder``: every image, by data or URL, goes to the engine as :data:`IMAGE_PLACEHOLDER`, and
+every Anthropic ``document`` as :data:`DOCUMENT_PLACEHOLDER`."""
 
 IMAGE_PLACEHOLDER: Final = "[image omitted: this model reads text only]"
 """The text an image becomes under ``placeholder``: the model learns that something was there."""
+
+DOCUMENT_PLACEHOLDER: Final = "[document omitted: this model reads text only]"
+"""The text an Anthropic ``document`` block (Claude Code's Read of a PDF) becomes under ``placeholder``."""
 
 MEDIA_PARTS: Final = frozenset({"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio",
                                 "audio_embeds", "video_url", "video_embeds", "prompt_embeds", "file"})
@@ -102,4 +106,5 @@ def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
             inline_image(url or "", f"{path}.type", f"{path}.image_url.url", policy)
 
 
-__all__ = ["IMAGE_PLACEHOLDER", "MEDIA_PARTS", "ImagePolicy", "check_chat_media", "inline_image", "refuse_images"]
+__all__ = ["DOCUMENT_PLACEHOLDER", "IMAGE_PLACEHOLDER", "MEDIA_PARTS", "ImagePolicy", "check_chat_media",
+           "inline_image", "refuse_images"]

@@ -38,7 +38,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
-from proxy.media import IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
+from proxy.media import DOCUMENT_PLACEHOLDER, IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning, signature, signed_thought
 
 logger = logging.getLogger(__name__)
@@ -278,6 +278,8 @@ def _tool_result_message(block: dict[str, Any], path: str, images: ImagePolicy) 
                 parts.append(_expect_str(inner.get("text"), f"{inner_path}.text"))
             elif kind == "image":
                 parts.append(_image_part(inner, inner_path, images))
+            elif kind == "document" and images == "placeholder":
+                parts.append(DOCUMENT_PLACEHOLDER)
             else:
                 raise _refuse_block(kind, inner_path)
         joined = _parts_content(parts)
@@ -310,6 +312,8 @@ def _user_messages(blocks: list[tuple[Any, str]], called: set[str], images: Imag
             pending.append(_expect_str(block.get("text"), f"{block_path}.text"))
         elif kind == "image":
             pending.append(_image_part(block, block_path, images))
+        elif kind == "document" and images == "placeholder":
+            pending.append(DOCUMENT_PLACEHOLDER)
         elif kind == "tool_result":
             if pending:
                 out.append({"role": "user", "content": _parts_content(pending)})

@@ -28,7 +28,7 @@ from proxy.anthropic.translate import (
     to_chat_request,
 )
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
-from proxy.media import IMAGE_PLACEHOLDER
+from proxy.media import DOCUMENT_PLACEHOLDER, IMAGE_PLACEHOLDER
 from proxy.reasoning import signature
 
 try:  # the SDK brings its own HTTP library (a fork of httpx) in recent versions and refuses httpx objects
@@ -312,6 +312,17 @@ def test_an_image_is_a_line_of_text_in_its_place_under_placeholder(source: dict[
     [result] = [m for m in chat["messages"] if m.get("tool_call_id") == "toolu_01B"]
     assert result["content"] == f"1\tfrom setuptools import setup\n2\tsetup()\n{IMAGE_PLACEHOLDER}"
     assert chat["messages"][-1] == {"role": "user", "content": f"And this?\n{IMAGE_PLACEHOLDER}"}
+
+
+def test_a_document_is_a_line_of_text_in_its_place_under_placeholder_and_refused_otherwise() -> None:
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    body = claude_code_request()
+    body["messages"][5]["content"][0]["content"] = [pdf]
+    chat = to_chat_request(body, images="placeholder")
+    [result] = [m for m in chat["messages"] if m.get("tool_call_id") == "toolu_01B"]
+    assert result["content"] == DOCUMENT_PLACEHOLDER
+    with pytest.raises(UnsupportedFeatureError, match="reads no documents"):
+        to_chat_request(body, images="inline")
 
 
 @pytest.mark.parametrize(("source", "error", "field"), [
