@@ -1514,12 +1514,16 @@ def error_body(status: int, message: str, error_type: str) -> dict[str, Any]:
 
     Args:
         status: The HTTP status the body goes with; it chooses the type when
-            ``error_type`` is empty.
+            ``error_type`` is empty or one of the two generic ones.
         message: The human-readable message.
-        error_type: OpenAI's error type, such as ``invalid_request_error``.
+        error_type: OpenAI's error type, such as ``invalid_request_error``. The proxy's own
+            errors say only "the request" or "the server"; an engine's 429 (or 404, 401) is then
+            given its status's own type, as the API gives it.
 
     Returns:
         ``{"error": {"message", "type", "param": None, "code": None}}``.
     """
-    kind = error_type or _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    kind = error_type
+    if not kind or kind in ("invalid_request_error", "api_error"):
+        kind = _ERROR_TYPES.get(status, kind or ("api_error" if status >= 500 else "invalid_request_error"))
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}

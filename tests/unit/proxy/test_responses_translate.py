@@ -937,6 +937,10 @@ def test_error_body_has_openai_shape() -> None:
     }
     assert error_body(502, "engine down", "")["error"]["type"] == "api_error"
     assert error_body(429, "slow down", "")["error"]["type"] == "rate_limit_error"
+    # An engine's status through the proxy's generic failure path keeps its own type.
+    assert error_body(429, "slow down", "invalid_request_error")["error"]["type"] == "rate_limit_error"
+    assert error_body(404, "no such model", "invalid_request_error")["error"]["type"] == "not_found_error"
+    assert error_body(503, "overloaded", "overloaded_error")["error"]["type"] == "overloaded_error"  # a specific one stays
 
 
 SPAWN = {"type": "function", "name": "spawn_agent", "description": "Spawn a sub-agent.", "strict": False,
