@@ -68,6 +68,14 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
     return producer
 
 
+class LetterRefusedError(RuntimeError):
+    """Kafka refused a record and its dead letter too: a topic's limit to raise, not a record to drop.
+
+    Topics made outside ``openforge topics create`` keep the broker's default ``max.message.bytes``
+    (about 1 MiB), below a long conversation's event; the record waits, with those after it.
+    """
+
+
 REFUSED: tuple[type[Exception], ...] = (
     kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
     kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError,
@@ -316,6 +324,7 @@ class DurablePublisher:
     async def _drain_forever(self) -> None:
         backoff = self.drain_interval_s
         unauthorized: list[str] | None = None  # the topics last reported as not this client's to write
+        refused: str | None = None  # the last refusal of a record and its dead letter, said once while it lasts
         while not self._stopped:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), backoff)
@@ -328,7 +337,10 @@ class DurablePublisher:
                 topics = unauthorized_topics(exc, ())
                 if topics is not None:
                     self._one_at_a_time = True
-                if topics is not None and topics != unauthorized and self._producer is not None:
+                if isinstance(exc, LetterRefusedError) and str(exc) != refused:
+                    refused = str(exc)
+                    logger.error("%s", exc)
+                elif topics is not None and topics != unauthorized and self._producer is not None:
                     unauthorized = topics  # said once while it lasts
                     cluster = isinstance(exc, kafka_errors.ClusterAuthorizationFailedError)
                     logger.error("%s; spooled events wait in %s and are sent once it is granted",
@@ -340,7 +352,7 @@ class DurablePublisher:
                 backoff = min(backoff * 2, 30.0)
                 continue
             backoff = self.drain_interval_s
-            unauthorized = None
+            unauthorized = refused = None
             if drained:
                 self._wake.set()  # more may be waiting: go again at once
 
@@ -408,8 +420,17 @@ class DurablePublisher:
                 topic, key, value, headers = dead_letter(
                     self.registry, (record.topic, record.key, record.value, record.headers), 0,
                     DeadLetterErrorType.REFUSED_BY_BROKER, f"Kafka refused the record: {exc!r}", exc)
-                await asyncio.wait_for(await self._producer.send_raw(topic, value, key=key, headers=list(headers)),
-                                       self.ack_timeout_s * 4)
+                try:
+                    await asyncio.wait_for(await self._producer.send_raw(topic, value, key=key,
+                                                                         headers=list(headers)),
+                                           self.ack_timeout_s * 4)
+                except REFUSED as failure:
+                    raise LetterRefusedError(
+                        f"Kafka refused spooled record {record.path.name} for {record.topic} ({exc!r}) and its dead "
+                        f"letter for {topic} too ({failure!r}); it and the records after it wait in "
+                        f"{self.spool.directory} and are sent once either topic takes it: raise max.message.bytes "
+                        f"of {record.topic} above {len(record.value)} bytes, or of {topic} above {len(value)} "
+                        "(`openforge topics describe` shows what the broker has)") from failure
                 self.refused += 1
                 logger.error("Kafka refused spooled record %s for %s (%r); it is on %s instead", record.path.name,
                              record.topic, exc, topic)
@@ -455,4 +476,4 @@ class DurablePublisher:
         self.spool.release()
 
 
-__all__ = ["DurablePublisher", "EventLog", "Outcome", "connect_producer"]
+__all__ = ["DurablePublisher", "EventLog", "LetterRefusedError", "Outcome", "connect_producer"]

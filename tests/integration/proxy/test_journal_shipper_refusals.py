@@ -242,6 +242,28 @@ async def test_a_journal_read_that_fails_once_injected_ships_every_record_once_i
     assert [r.value for r in await _records(kafka_settings, topic.name, expect=8)] == values
 
 
+async def _tight_topics(kafka: KafkaSettings, topics: TopicRegistry) -> tuple[TopicRegistry, Topic, Topic]:
+    """A registry whose dead-letter topic takes 50 kB, and a topic of its prefix that takes 20 kB, made
+    as an operator might make them outside the registry's tooling (which assumes far more)."""
+    registry = TopicRegistry(prefix=f"{topics.prefix}tight{uuid.uuid4().hex[:6]}.")
+    letters = Topic(registry[DEAD_LETTERS].name, 1, dataclasses.replace(DEAD_LETTERS, max_message_bytes=50_000))
+    small = Topic(f"{registry.prefix}refusals", 1,
+                  TopicSpec(base_name="refusals", partitions=1, schemas=(), key="", max_message_bytes=20_000))
+    async with KafkaAdmin(kafka, registry) as admin:
+        await admin.create_topics([letters, small])
+    return registry, letters, small
+
+
+async def _raise_limit(kafka: KafkaSettings, topic: str) -> None:
+    """The operator's remedy: ``topic`` takes records of up to 1 MiB from now on."""
+    client = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await client.start()
+    try:
+        await client.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(1 << 20)})])
+    finally:
+        await client.close()
+
+
 async def test_a_record_whose_dead_letter_is_refused_too_waits_reported_once_and_ships_once_the_topic_takes_it(
         tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -250,12 +272,7 @@ async def test_a_record_whose_dead_letter_is_refused_too_waits_reported_once_and
     logging a traceback each time and saying nothing of the remedy. Now the record waits, as for a
     missing topic: Kafka counts as not ready, the error names both topics and the sizes to allow,
     once, and once the dead-letter topic takes the letter every record behind it ships, in order."""
-    registry = TopicRegistry(prefix=f"{topics.prefix}tight{uuid.uuid4().hex[:6]}.")
-    letters = Topic(registry[DEAD_LETTERS].name, 1, dataclasses.replace(DEAD_LETTERS, max_message_bytes=50_000))
-    small = Topic(f"{registry.prefix}refusals", 1,
-                  TopicSpec(base_name="refusals", partitions=1, schemas=(), key="", max_message_bytes=20_000))
-    async with KafkaAdmin(kafka_settings, registry) as admin:
-        await admin.create_topics([letters, small])
+    registry, letters, small = await _tight_topics(kafka_settings, topics)
     values = [os.urandom(size) for size in (100, 60_000, 100)]  # the letter: 80 kB of base64
     journal = Journal(tmp_path, 64 << 20)
     journal.open()
@@ -269,13 +286,7 @@ async def test_a_record_whose_dead_letter_is_refused_too_waits_reported_once_and
         assert shipper.shipped == 0 and not shipper.failed and not shipper.kafka_ok
         [report] = [m for m in _shipper_errors(caplog) if "dead letter" in m]
         assert f"raise max.message.bytes of {small.name}" in report and letters.name in report
-        admin_client = AIOKafkaAdminClient(bootstrap_servers=kafka_settings.bootstrap_servers)
-        await admin_client.start()
-        try:
-            await admin_client.alter_configs([ConfigResource(ConfigResourceType.TOPIC, letters.name,
-                                                             {"max.message.bytes": str(1 << 20)})])
-        finally:
-            await admin_client.close()
+        await _raise_limit(kafka_settings, letters.name)
         await _until(lambda: shipper.shipped >= 2, 40.0)
         assert shipper.shipped == 2 and shipper.refused == 1 and shipper.kafka_ok
     assert [r.value for r in await _records(kafka_settings, small.name, expect=2)] == [values[0], values[2]]
@@ -322,3 +333,34 @@ async def test_a_failure_the_shipping_loop_does_not_expect_starts_it_again_and_n
         assert any("failed unexpectedly" in m for m in _shipper_errors(caplog))
     stored = [r.value for r in await _records(kafka_settings, topic.name, expect=6 + failures[0])]
     assert list(dict.fromkeys(stored)) == values  # copies of what was sent before the failure, in order
+
+
+async def test_a_spooled_record_whose_dead_letter_is_refused_too_waits_reported_once_until_the_topic_takes_it(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same in ``ack`` durability's spool: its drainer said only "drain paused" at info level,
+    again at every try, and nothing of which topics or limits."""
+    registry, letters, small = await _tight_topics(kafka_settings, topics)
+    values = [os.urandom(size) for size in (100, 60_000, 100)]
+    spool = DiskSpool(tmp_path, 64 << 20)
+    for value in values:
+        spool.append(small.name, b"r-1", value, ())
+    caplog.set_level(logging.INFO, logger="producers.durable")
+    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=registry), spool, registry,
+                                 ack_timeout_s=5.0, drain_interval_s=0.1)
+    await publisher.start()
+    try:
+        await _until(lambda: sum("drain paused" in r.getMessage() for r in caplog.records) >= 2, 30.0)
+        assert len(spool) == 2 and not publisher.direct  # the refused record and the one after it wait
+        [report] = [r.getMessage() for r in caplog.records if r.name == "producers.durable"
+                    and r.levelno >= logging.ERROR and "dead letter" in r.getMessage()]
+        assert f"raise max.message.bytes of {small.name}" in report and letters.name in report
+        await _raise_limit(kafka_settings, letters.name)
+        await _until(lambda: publisher.direct, 60.0)
+        assert len(spool) == 0 and publisher.refused == 1
+    finally:
+        await publisher.stop()
+    stored = [r.value for r in await _records(kafka_settings, small.name, expect=2)]
+    assert list(dict.fromkeys(stored)) == [values[0], values[2]]
+    [letter] = [decode(r.headers, r.value) for r in await _records(kafka_settings, letters.name, 1)]
+    assert isinstance(letter, DeadLetterV1) and letter.value == values[1]
