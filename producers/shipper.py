@@ -296,8 +296,6 @@ class Shipper:
             backoff = 0.5
             if self._unauthorized_reported:
                 logger.info("topics %s take this client's events again", ", ".join(self._unauthorized_reported))
-            if self._letter_refused is not None:
-                logger.info("Kafka took journal record %d's dead letter; shipping goes on", self._letter_refused)
             self._missing_reported, self._unauthorized_reported, self._letter_refused = [], [], None
             self.kafka_ok = True
             self.source.mark_shipped(records)
@@ -412,6 +410,10 @@ class Shipper:
             return False
         logger.error("Kafka refused journal record %d for %s (%r); it is on %s instead", record.seq, sent[0], exc,
                      letter[0])
+        if self._letter_refused is not None:  # said earlier that it waited: the letter is what ended the wait
+            logger.info("Kafka took journal record %d's dead letter; shipping goes on", record.seq)
+            self._letter_refused = None
+            self.kafka_ok = True
         self.refused += 1
         self.source.mark_shipped([record])
         self.shipped = record.seq
