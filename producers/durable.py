@@ -337,6 +337,10 @@ class DurablePublisher:
                 topics = unauthorized_topics(exc, ())
                 if topics is not None:
                     self._one_at_a_time = True
+                if isinstance(exc, LetterRefusedError):
+                    # Its batch found it one record at a time: go on so, or every try would send
+                    # the records ahead of it (stored already) again.
+                    self._one_at_a_time = True
                 if isinstance(exc, LetterRefusedError) and str(exc) != refused:
                     refused = str(exc)
                     logger.error("%s", exc)

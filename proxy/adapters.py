@@ -129,7 +129,8 @@ class ChatAdapter:
             raise InvalidRequestError("messages must be a non-empty list")
         if not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("every entry of messages must be an object")
-        check_chat_media(messages, self.images)
+        sent = dict(body)
+        sent["messages"] = check_chat_media(messages, self.images)
         # The fields the proxy itself reads (to record the call, to stream it) are checked here,
         # so a wrong type is a 400 and a recorded refusal, not a fault of the proxy; "false" as
         # stream would have been read as a stream the engine never sent.
@@ -144,7 +145,7 @@ class ChatAdapter:
             # The engine refuses it too, but the proxy turns logprobs on for capture (and takes
             # them out of the answer again): the harness would get 200 and no logprobs.
             raise InvalidRequestError("when using top_logprobs, logprobs must be set to true")
-        return dict(body)
+        return sent
 
     def from_chat(self, chat: dict[str, Any], body: dict[str, Any], asked: dict[str, Any], *,
                   context: int | None = None) -> dict[str, Any]:

@@ -42,7 +42,8 @@ def refuse_images(path: str) -> UnsupportedFeatureError:
     """The refusal of an image under the default policy."""
     return UnsupportedFeatureError(
         path, f"images are not passed to the engine: the learner trains on token ids alone ({_SETTING}=inline "
-              "passes images sent as data, for a stack that trains on them)")
+              f"passes images sent as data, for a stack that trains on them; {_SETTING}=placeholder sends each "
+              "as a line of text saying it was left out, for a text-only model)")
 
 
 def inline_image(url: str, kind_path: str, url_path: str, policy: ImagePolicy) -> dict[str, Any]:
@@ -65,19 +66,24 @@ def inline_image(url: str, kind_path: str, url_path: str, policy: ImagePolicy) -
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
+def check_chat_media(messages: list[Any], policy: ImagePolicy) -> list[Any]:
     """Refuse the media parts of chat messages that ``policy`` does not let through.
 
     A part is media by its ``type`` or by any media key it carries (see :data:`MEDIA_PARTS`), or
     by a ``uuid``, which sends it down vLLM's media path; the only media that passes is, under
     ``inline``, a typed ``image_url`` part whose URL is data. Under ``placeholder`` a typed
-    ``image_url`` part (data or URL) is replaced, in ``messages``, by a text part of
-    :data:`IMAGE_PLACEHOLDER`; other media is refused as under ``inline``.
+    ``image_url`` part (data or URL) becomes a text part of :data:`IMAGE_PLACEHOLDER`; other
+    media is refused as under ``inline``.
+
+    Returns:
+        The messages to send: ``messages`` itself, or, where placeholders replaced images, a
+        copy (the harness's request stays as sent, for the record of a call refused later).
 
     Raises:
         UnsupportedFeatureError: names the first such part.
         InvalidRequestError: an image part without a string URL.
     """
+    out = messages
     for i, message in enumerate(messages):
         content = message.get("content")
         if type(content) is not list:
@@ -97,13 +103,18 @@ def check_chat_media(messages: list[Any], policy: ImagePolicy) -> None:
                                                                   "(an image goes as a typed image_url part with data)")
                 raise refuse_images(f"{path}.type")
             if policy == "placeholder":
-                content[j] = {"type": "text", "text": IMAGE_PLACEHOLDER}
+                if out is messages:
+                    out = list(messages)
+                if out[i] is message:
+                    out[i] = {**message, "content": list(content)}
+                out[i]["content"][j] = {"type": "text", "text": IMAGE_PLACEHOLDER}
                 continue
             image = part["image_url"]
             url = image.get("url") if type(image) is dict else None
             if policy == "inline" and type(url) is not str:
                 raise InvalidRequestError(f"{path}.image_url.url must be a string")
             inline_image(url or "", f"{path}.type", f"{path}.image_url.url", policy)
+    return out
 
 
 __all__ = ["DOCUMENT_PLACEHOLDER", "IMAGE_PLACEHOLDER", "MEDIA_PARTS", "ImagePolicy", "check_chat_media",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import uuid
 from typing import Any, Final, Literal
@@ -77,7 +78,8 @@ _UNHONOURABLE_FIELDS: Final = {
 # Content block types that carry content the engine cannot take (no document parsing) or results of
 # server tools that never ran here. Images are the proxy's images policy's (proxy/media.py).
 _UNSUPPORTED_BLOCKS: Final = {
-    "document": "the engine reads no documents; send their text as text blocks",
+    "document": "the engine reads no documents; send their text as text blocks (OPENFORGE_PROXY_IMAGES=placeholder "
+                "sends each as a line of text saying it was left out)",
     "search_result": "search-result blocks with citations are not supported",
     "container_upload": "code-execution containers are not supported",
     "server_tool_use": "server tools are not supported",
@@ -751,9 +753,8 @@ def _parse_arguments(arguments: Any) -> dict[str, Any]:
         try:
             # orjson reads an integer past 64 bits as a float, which would hand the harness a
             # different number than the model wrote (the stream passes the text on as it is).
-            parsed = (json.loads(arguments, parse_constant=_not_json) if _LONG_DIGITS.search(arguments)
-                      else orjson.loads(arguments))
-        except ValueError:  # both decoders' errors are ValueErrors
+            parsed = _exact_loads(arguments) if _LONG_DIGITS.search(arguments) else orjson.loads(arguments)
+        except (ValueError, RecursionError):  # both decoders' errors are ValueErrors
             parsed = None
         if isinstance(parsed, dict):
             return parsed
@@ -765,9 +766,31 @@ _LONG_DIGITS: Final = re.compile(r"\d{19}")
 """A run of digits that may be an integer past 64 bits (2**63 has 19 digits)."""
 
 
+def _exact_loads(text: str) -> Any:
+    """JSON with integers of any size, refusing what orjson refuses (so arguments mean the same either way).
+
+    The standard decoder also reads ``NaN``, numbers past a double's range (as infinity) and lone
+    surrogates, which orjson refuses; let through, the answer could not be written back out
+    (a 500 after the call was recorded ok). Such arguments go to the harness as raw text instead.
+
+    Raises:
+        ValueError: ``text`` is not JSON orjson would read, or cannot be written back.
+        RecursionError: nested deeper than the standard decoder goes.
+    """
+    value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    json.dumps(value, ensure_ascii=False, allow_nan=False).encode()  # a lone surrogate fails here
+    return value
+
+
 def _not_json(constant: str) -> Any:
-    """Refuse what the standard decoder alone reads (``NaN``, ``Infinity``), as orjson does."""
     raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a double's range")
+    return value
 
 
 def _usage(usage: Any) -> dict[str, int]:

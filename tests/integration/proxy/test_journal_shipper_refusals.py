@@ -359,6 +359,9 @@ async def test_a_spooled_record_whose_dead_letter_is_refused_too_waits_reported_
         [report] = [r.getMessage() for r in caplog.records if r.name == "producers.durable"
                     and r.levelno >= logging.ERROR and "dead letter" in r.getMessage()]
         assert f"raise max.message.bytes of {small.name}" in report and letters.name in report
+        # Found once in its batch; later tries send the records one at a time from it, not the
+        # batch again (whose records ahead of it Kafka had stored).
+        assert sum("one at a time" in r.getMessage() for r in caplog.records) == 1
         await _raise_limit(kafka_settings, letters.name)
         await _until(lambda: publisher.direct, 60.0)
         assert len(spool) == 0 and publisher.refused == 1

@@ -920,7 +920,8 @@ def test_error_body_is_raised_by_the_sdk_against_sdk_parser() -> None:
     assert info.value.body == {"type": "error", "error": {
         "type": "invalid_request_error",
         "message": "unsupported field messages[0].content[1].type: the engine reads no documents; "
-                   "send their text as text blocks"}}
+                   "send their text as text blocks (OPENFORGE_PROXY_IMAGES=placeholder sends each as a line "
+                   "of text saying it was left out)"}}
 
 
 def test_claude_codes_attribution_block_never_reaches_the_engine() -> None:
@@ -1168,6 +1169,10 @@ def test_keepalives_reach_the_client_as_events_that_change_nothing_against_sdk_p
     ('{"id": -9223372036854775809, "f": 1.5}', {"id": -9223372036854775809, "f": 1.5}),
     ('{"digits": "12345678901234567890"}', {"digits": "12345678901234567890"}),  # long digits in a string
     ('{"id": 12345678901234567890, "x": NaN}', {"_raw": '{"id": 12345678901234567890, "x": NaN}'}),  # not JSON
+    # What orjson refuses is refused on this path too, not read and then unwritable (a 500):
+    ('{"ts": 1234567890123456789, "x": 1e400}', {"_raw": '{"ts": 1234567890123456789, "x": 1e400}'}),
+    ('{"id": "1234567890123456789", "s": "\\ud800"}', {"_raw": '{"id": "1234567890123456789", "s": "\\ud800"}'}),
+    ('[' * 5000 + '1234567890123456789' + ']' * 5000, {"_raw": '[' * 5000 + '1234567890123456789' + ']' * 5000}),
 ])
 def test_tool_arguments_keep_integers_past_64_bits_exactly(arguments: str, expected: dict[str, Any]) -> None:
     chat = vllm_completion({"content": "", "tool_calls": [

@@ -7,6 +7,7 @@ video and images alike), from inside the cluster, at addresses a rollout chose.
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -82,10 +83,13 @@ def test_a_malformed_type_is_left_to_the_engine_rather_than_failing_here() -> No
 @pytest.mark.parametrize("url", [DATA_URL, "https://example.com/cat.png"])
 def test_an_image_becomes_the_placeholder_text_in_its_place_under_placeholder(url: str) -> None:
     body = _chat({"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "and this"})
+    asked = copy.deepcopy(body)
     sent = ChatAdapter("placeholder").to_chat(body)
     assert sent["messages"][1]["content"] == [{"type": "text", "text": "look"},
                                               {"type": "text", "text": IMAGE_PLACEHOLDER},
                                               {"type": "text", "text": "and this"}]
+    assert body == asked  # the harness's request stays as sent (a call refused later records it)
+    assert sent["messages"][0] is body["messages"][0]  # messages without images are not copied
 
 
 @pytest.mark.parametrize("part", [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
