@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from producers.durable import DurablePublisher, EventLog
 from producers.journal import Journal
+from producers.journal_tail import LOCK_WAIT_S, lock_shipping
 from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, import_spool, spool_path
 from producers.spool import DiskSpool
@@ -89,17 +91,27 @@ def _refuse_unshipped_journal(folder: Path) -> None:
     ``ack`` mode does not read the journal, so its records would wait on disk unseen for as
     long as the setting stays. (The other way round, a spool is moved into the journal.)
 
+    The shipping lock is taken first, as a shipper takes it: the shipping process of the run
+    before may still be draining the folder as its proxy exits. Opened under it, the journal
+    would cut and start segments under that shipper and write back the shipped mark it read, an
+    older one; waited for, the shipper finishes, and what it shipped no longer counts.
+
     Raises:
         ValueError: the journal holds records not yet in Kafka.
+        TimeoutError: an earlier run's shipper still held the folder after :data:`LOCK_WAIT_S`.
     """
     if not any(folder.glob("*.log")):
         return
-    journal = Journal(folder, 1 << 62)
-    journal.open()
+    lock = lock_shipping(folder, LOCK_WAIT_S)
     try:
-        waiting = len(journal)
+        journal = Journal(folder, 1 << 62)
+        journal.open()
+        try:
+            waiting = len(journal)
+        finally:
+            journal.close()
     finally:
-        journal.close()
+        os.close(lock)
     if waiting:
         raise ValueError(f"the journal at {folder} holds {waiting:,} events not yet in Kafka, left by a run with "
                          "OPENFORGE_PROXY_DURABILITY=journal, which ack durability does not ship: start with "

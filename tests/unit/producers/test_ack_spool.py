@@ -3,6 +3,9 @@ write, a rename lost by a power cut, and a call whose event the calls topic woul
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from disklimits import file_size_limit
 from producers.capture import CallCapture
 from producers.durable import DurablePublisher
 from producers.journal import Journal
+from producers.journal_tail import lock_shipping
 from producers.shipper import import_spool, spool_path
 from producers.spool import DiskSpool, SpoolLockedError, unpack_record
 from proxy.app import build_app
@@ -119,6 +123,43 @@ def test_ack_durability_refuses_to_start_over_a_journal_left_unshipped(tmp_path:
     journal.mark_shipped(journal.read(10, 1 << 20))
     journal.close()
     build_app(settings)  # all shipped: nothing is stranded
+
+
+def test_ack_durability_waits_for_a_shipper_still_draining_the_journal_and_sees_what_it_shipped(
+        tmp_path: Path) -> None:
+    # The shipping process of the journal-mode run before may still drain the folder as its proxy
+    # exits. The check used to open the journal under it (cutting and starting segments, writing
+    # back an older shipped mark) and, here, to refuse: the 3 records were on their way to Kafka.
+    folder = spool_path(tmp_path)
+    journal = Journal(folder, 1 << 20, mark_interval_s=0)
+    journal.open()
+    for i in range(3):
+        journal.append("t.calls", b"r-1", f"value-{i}".encode(), ())
+    journal.close()
+    settings = ProxySettings(credential_key="k" * 32, durability="ack", spool_dir=tmp_path)
+    draining = lock_shipping(folder, 1.0)  # the old shipper, still at work
+    outcome: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            build_app(settings)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread to assert on
+            outcome.append(exc)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    try:
+        time.sleep(0.5)
+        assert not outcome, outcome  # waiting for the shipper, not judging the journal under it
+        shipper = Journal(folder, 1 << 20, mark_interval_s=0)
+        shipper.open()
+        shipper.mark_shipped(shipper.read(10, 1 << 20))  # it ships the rest, then exits
+        shipper.close()
+    finally:
+        os.close(draining)
+        starting.join(10)
+    assert outcome == [None]  # nothing was left unshipped once it let go
 
 
 async def test_a_second_publisher_on_one_spool_folder_is_refused_at_start(tmp_path: Path) -> None:
