@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
@@ -29,7 +28,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request, session_headers
 from producers.durable import EventLog
 from producers.raw_calls import EngineExchange
-from proxy import telemetry
+from proxy import exact_json, telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
@@ -763,6 +762,6 @@ def _json(payload: dict[str, Any], status: int) -> Response:
         content = orjson.dumps(payload)
     except orjson.JSONEncodeError:
         # orjson refuses integers past 64 bits, which a translated tool call's input can hold
-        # (the model wrote one); the standard encoder writes them exactly.
-        content = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        # (the model wrote one); see proxy/exact_json.py.
+        content = exact_json.dumps(payload)
     return Response(content, status_code=status, media_type="application/json")

@@ -29,15 +29,13 @@ Decisions worth knowing (each is explained where it is made):
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import re
 import uuid
 from typing import Any, Final, Literal
 
 import orjson
 
+from proxy import exact_json
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.media import DOCUMENT_PLACEHOLDER, IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning, signature, signed_thought
@@ -753,44 +751,14 @@ def _parse_arguments(arguments: Any) -> dict[str, Any]:
         try:
             # orjson reads an integer past 64 bits as a float, which would hand the harness a
             # different number than the model wrote (the stream passes the text on as it is).
-            parsed = _exact_loads(arguments) if _LONG_DIGITS.search(arguments) else orjson.loads(arguments)
+            exact = exact_json.LONG_DIGITS.search(arguments)
+            parsed = exact_json.loads(arguments) if exact else orjson.loads(arguments)
         except (ValueError, RecursionError):  # both decoders' errors are ValueErrors
             parsed = None
         if isinstance(parsed, dict):
             return parsed
         return {RAW_ARGUMENTS_KEY: arguments}
     return {RAW_ARGUMENTS_KEY: _dumps(arguments)}
-
-
-_LONG_DIGITS: Final = re.compile(r"\d{19}")
-"""A run of digits that may be an integer past 64 bits (2**63 has 19 digits)."""
-
-
-def _exact_loads(text: str) -> Any:
-    """JSON with integers of any size, refusing what orjson refuses (so arguments mean the same either way).
-
-    The standard decoder also reads ``NaN``, numbers past a double's range (as infinity) and lone
-    surrogates, which orjson refuses; let through, the answer could not be written back out
-    (a 500 after the call was recorded ok). Such arguments go to the harness as raw text instead.
-
-    Raises:
-        ValueError: ``text`` is not JSON orjson would read, or cannot be written back.
-        RecursionError: nested deeper than the standard decoder goes.
-    """
-    value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
-    json.dumps(value, ensure_ascii=False, allow_nan=False).encode()  # a lone surrogate fails here
-    return value
-
-
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of a double's range")
-    return value
 
 
 def _usage(usage: Any) -> dict[str, int]:
