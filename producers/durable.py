@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import aiokafka.errors as kafka_errors
@@ -74,6 +75,15 @@ class LetterRefusedError(RuntimeError):
     Topics made outside ``openforge topics create`` keep the broker's default ``max.message.bytes``
     (about 1 MiB), below a long conversation's event; the record waits, with those after it.
     """
+
+    @classmethod
+    def of(cls, record: str, topic: str, size: int, refusal: Exception, letters: str, letter_size: int,
+           letter_refusal: Exception, folder: Path) -> LetterRefusedError:
+        """The error for ``record`` (as the log names it), with the remedy: the two limits to raise."""
+        return cls(f"Kafka refused {record} for {topic} ({refusal!r}) and its dead letter for {letters} too "
+                   f"({letter_refusal!r}); it and the records after it wait in {folder} and are sent once either "
+                   f"topic takes it: raise max.message.bytes of {topic} above {size} bytes, or of {letters} above "
+                   f"{letter_size} (`openforge topics describe` shows what the broker has)")
 
 
 REFUSED: tuple[type[Exception], ...] = (
@@ -429,12 +439,8 @@ class DurablePublisher:
                                                                          headers=list(headers)),
                                            self.ack_timeout_s * 4)
                 except REFUSED as failure:
-                    raise LetterRefusedError(
-                        f"Kafka refused spooled record {record.path.name} for {record.topic} ({exc!r}) and its dead "
-                        f"letter for {topic} too ({failure!r}); it and the records after it wait in "
-                        f"{self.spool.directory} and are sent once either topic takes it: raise max.message.bytes "
-                        f"of {record.topic} above {len(record.value)} bytes, or of {topic} above {len(value)} "
-                        "(`openforge topics describe` shows what the broker has)") from failure
+                    raise LetterRefusedError.of(f"spooled record {record.path.name}", record.topic, len(record.value),
+                                                exc, topic, len(value), failure, self.spool.directory) from failure
                 self.refused += 1
                 logger.error("Kafka refused spooled record %s for %s (%r); it is on %s instead", record.path.name,
                              record.topic, exc, topic)

@@ -32,7 +32,7 @@ from aiokafka.errors import ClusterAuthorizationFailedError as ClusterDenied
 
 from producers.capture import CallCapture
 from producers.disk_room import DiskRoom
-from producers.durable import REFUSED, Outcome, connect_producer, first_reward_after_a_call
+from producers.durable import REFUSED, LetterRefusedError, Outcome, connect_producer, first_reward_after_a_call
 from producers.journal import Journal, JournalCorruptError, JournalRecord
 from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
 from producers.raw_calls import (
@@ -436,13 +436,8 @@ class Shipper:
             return
         self._letter_refused = record.seq
         self.kafka_ok = False
-        topic, letters = sent[0], letter[0]
-        logger.error(
-            "Kafka refused journal record %d for %s (%r) and its dead letter for %s too (%r). The record and every "
-            "one after it wait in %s and ship once either topic takes it: raise max.message.bytes of %s above %d "
-            "bytes, or of %s above %d (`openforge topics describe` shows what the broker has)",
-            record.seq, topic, exc, letters, failure, self.source.directory, topic, len(sent[2]), letters,
-            len(letter[2]))
+        logger.error("%s", LetterRefusedError.of(f"journal record {record.seq}", sent[0], len(sent[2]), exc, letter[0],
+                                                 len(letter[2]), failure, self.source.directory))
 
     async def _linger(self) -> None:
         """Let a few more events join the next batch, unless someone waits for Kafka.
