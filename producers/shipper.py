@@ -55,6 +55,9 @@ from stream.topics import unauthorized_topics
 
 logger = logging.getLogger(__name__)
 
+# A shipping loop that ran this long before failing starts again after the shortest pause.
+_HEALTHY_RUN_S = 60.0
+
 
 class JournalSource(Protocol):
     """What the shipper reads: the journal itself, or its tail in another process."""
@@ -190,6 +193,7 @@ class Shipper:
         """
         backoff = 1.0
         while True:
+            began = time.monotonic()
             try:
                 await self._ship()
                 return
@@ -201,6 +205,8 @@ class Shipper:
             self._progress()
             if self.stopping:
                 return
+            if time.monotonic() - began >= _HEALTHY_RUN_S:
+                backoff = 1.0  # a failure after a long healthy run is a new one, not the last one again
             await self._pause(backoff)
             backoff = min(backoff * 2, 10.0)
             if not await self._rewind():

@@ -298,6 +298,18 @@ async def test_a_record_whose_dead_letter_is_refused_too_waits_reported_once_and
     assert isinstance(letter, DeadLetterV1) and letter.value == values[1] and letter.offset == 1
 
 
+async def _topic_and_journal(tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry,
+                             base: str) -> tuple[Topic, Journal]:
+    """A fresh one-partition topic of the broker's limits, and an open journal to ship to it."""
+    topic = Topic(f"{topics.prefix}{base}.{uuid.uuid4().hex[:8]}", 1,
+                  TopicSpec(base_name=base, partitions=1, schemas=(), key=""))
+    async with KafkaAdmin(kafka_settings, topics) as admin:
+        await admin.create_topics([topic])
+    journal = Journal(tmp_path, 64 << 20)
+    journal.open()
+    return topic, journal
+
+
 async def test_a_failure_the_shipping_loop_does_not_expect_starts_it_again_and_nothing_is_skipped_injected(
         tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -306,12 +318,7 @@ async def test_a_failure_the_shipping_loop_does_not_expect_starts_it_again_and_n
     stopped shipping and refused every call once the journal filled. Now the loop starts again
     from the first record not shipped; what Kafka had already taken comes again, which consumers
     drop by id, and every record arrives in order."""
-    topic = Topic(f"{topics.prefix}marks.{uuid.uuid4().hex[:8]}", 1,
-                  TopicSpec(base_name="marks", partitions=1, schemas=(), key=""))
-    async with KafkaAdmin(kafka_settings, topics) as admin:
-        await admin.create_topics([topic])
-    journal = Journal(tmp_path, 64 << 20)
-    journal.open()
+    topic, journal = await _topic_and_journal(tmp_path, kafka_settings, topics, "marks")
     values = [f"value-{i}".encode() for i in range(6)]
     for value in values[:3]:
         journal.append(topic.name, b"r-1", value, ())
@@ -337,6 +344,43 @@ async def test_a_failure_the_shipping_loop_does_not_expect_starts_it_again_and_n
         assert any("failed unexpectedly" in m for m in _shipper_errors(caplog))
     stored = [r.value for r in await _records(kafka_settings, topic.name, expect=6 + failures[0])]
     assert list(dict.fromkeys(stored)) == values  # copies of what was sent before the failure, in order
+
+
+@pytest.mark.parametrize(("healthy_run_s", "pauses"), [(3600.0, [1.0, 2.0]), (0.0, [1.0, 1.0])])
+async def test_a_restart_after_a_healthy_run_pauses_as_briefly_as_the_first_injected(
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, monkeypatch: pytest.MonkeyPatch,
+        healthy_run_s: float, pauses: list[float]) -> None:
+    """Marking records shipped raises twice, the loop shipping in between (injected, as above).
+    The restart pause doubled for ever: a failure a day after the last one waited as long as the
+    tenth of a burst. A loop that ran long enough before failing (here: any time at all, or an
+    hour) starts again after the shortest pause."""
+    monkeypatch.setattr("producers.shipper._HEALTHY_RUN_S", healthy_run_s)
+    topic, journal = await _topic_and_journal(tmp_path, kafka_settings, topics, "restarts")
+    real_mark, marks = journal.mark_shipped, []
+
+    def mark_failing_at_first_and_third(records: list) -> None:
+        marks.append(len(records))
+        if len(marks) in (1, 3):
+            raise OSError(errno.EMFILE, "Too many open files")
+        real_mark(records)
+
+    journal.mark_shipped = mark_failing_at_first_and_third  # type: ignore[method-assign]
+    shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=10.0,
+                      linger_s=0, idle_wait_s=0.05)
+    real_pause, paused = shipper._pause, []
+
+    async def pause(seconds: float) -> None:
+        paused.append(seconds)
+        await real_pause(min(seconds, 0.05))
+
+    shipper._pause = pause  # type: ignore[method-assign]
+    async with _running(shipper, journal):
+        for i, marked in enumerate((2, 4, 5)):  # a failed mark and its retry, twice; then one that holds
+            journal.append(topic.name, b"r-1", f"value-{i}".encode(), ())
+            shipper.wake()
+            await _until(lambda marked=marked: len(marks) >= marked, 30.0)
+        await _until(lambda: shipper.shipped >= 3, 30.0)
+    assert len(marks) == 5 and paused == pauses
 
 
 async def test_a_spooled_record_whose_dead_letter_is_refused_too_waits_reported_once_until_the_topic_takes_it(
