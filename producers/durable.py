@@ -133,6 +133,10 @@ class EventLog(Protocol):
         """Sends or batches that failed and were kept on disk or sent again."""
 
     @property
+    def flush_errors(self) -> int:
+        """Flushes of local storage to the disk that failed (readiness and a metric report them)."""
+
+    @property
     def kafka_ok(self) -> bool:
         """Events are reaching Kafka (readiness reports it)."""
 
@@ -198,14 +202,19 @@ class DurablePublisher:
         self.publish_errors = 0
         """Sends that failed or timed out and were spooled instead."""
         self.refused = 0
-        self._one_at_a_time = False  # after an authorization failure: see _drain_once
         """Spooled records Kafka refused, sent to the dead-letter topic instead."""
+        self._one_at_a_time = False  # after an authorization failure: see _drain_once
         self._keeping: set[asyncio.Future[Outcome]] = set()
 
     @property
     def direct(self) -> bool:
         """True while events go straight to Kafka (healthy, spool empty)."""
         return self._direct
+
+    @property
+    def flush_errors(self) -> int:
+        """Always 0: the spool flushes each record as it is written, and a failed flush raises to its caller."""
+        return 0
 
     @property
     def kafka_ok(self) -> bool:

@@ -512,8 +512,8 @@ class JournalPublisher:
         self._tasks: list[asyncio.Task[None]] = []
         self._inline_lock: int | None = None  # the shipper lock, held while shipping inline
         self._stopped = False
-        self.sync_errors = 0
-        """Periodic flushes of the journal that failed (each is logged)."""
+        self.flush_errors = 0
+        """Flushes of the journal to the disk that failed (each is logged; readiness and a metric count them)."""
 
     @property
     def kafka_ok(self) -> bool:
@@ -601,7 +601,7 @@ class JournalPublisher:
             try:
                 await asyncio.to_thread(self.journal.sync)
             except OSError as exc:  # the record is in the journal; only its flush failed, as in _sync_forever
-                self.sync_errors += 1
+                self.flush_errors += 1
                 logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
         if self._shipper is not None:
             self._shipper.wake()
@@ -659,7 +659,7 @@ class JournalPublisher:
             except OSError as exc:
                 # Keep flushing: a flush that failed once (a disk briefly full) may succeed next
                 # time, and a task that ended here would stop every later flush unseen.
-                self.sync_errors += 1
+                self.flush_errors += 1
                 logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
 
     async def stop(self) -> None:

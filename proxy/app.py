@@ -144,7 +144,8 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         kafka = settings.kafka.model_copy(update={"linger_ms": settings.capture_linger_ms})
         publisher = _publisher(settings, registry, kafka)
         await publisher.start()
-        telemetry.observe_publisher(lambda: publisher.backlog, lambda: publisher.publish_errors)
+        telemetry.observe_publisher(lambda: publisher.backlog, lambda: publisher.publish_errors,
+                                    lambda: publisher.flush_errors)
         calls = CallService(settings, upstream, publisher)
         app.state.openforge = AppState(settings, auth, upstream, publisher, calls, _adapters(settings.images))
         if own_process:
@@ -351,7 +352,8 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         disk_ok = st.publisher.disk.ok  # asked apart: ``accepting`` does not look while another bound refuses
         accepting = st.publisher.accepting
         body = {"engine": engine, "kafka": st.publisher.kafka_ok, "spooled": st.publisher.backlog,
-                "accepting": accepting, "disk_ok": disk_ok, "disk_free_bytes": st.publisher.disk.free_bytes}
+                "accepting": accepting, "disk_ok": disk_ok, "disk_free_bytes": st.publisher.disk.free_bytes,
+                "flush_errors": st.publisher.flush_errors}
         # Spooling is degraded but serving; no engine or a full spool is not ready.
         ok = engine and accepting
         return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type="application/json")

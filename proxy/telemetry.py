@@ -30,6 +30,7 @@ class _Publisher:
 
     backlog: Callable[[], int] | None = None
     errors: Callable[[], int] | None = None
+    flush_errors: Callable[[], int] | None = None
 
 
 def _spool_depth(_options: CallbackOptions) -> Iterable[Observation]:
@@ -42,6 +43,11 @@ def _publish_errors(_options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(_Publisher.errors())
 
 
+def _flush_errors(_options: CallbackOptions) -> Iterable[Observation]:
+    if _Publisher.flush_errors is not None:
+        yield Observation(_Publisher.flush_errors())
+
+
 # Registered once, here: an instrument registered again under the same name keeps its first
 # callbacks, which would read a publisher that is gone (several apps in one process, as in tests).
 _meter.create_observable_gauge("openforge.proxy.spool_depth", callbacks=[_spool_depth], unit="{event}",
@@ -51,13 +57,19 @@ _meter.create_observable_counter(
     description="Hand-offs to Kafka that failed: batches of the journal sent again (journal durability), "
                 "or events that went to the spool (ack durability).")
 
+_meter.create_observable_counter(
+    "openforge.proxy.journal_flush_errors", callbacks=[_flush_errors], unit="{flush}",
+    description="Flushes of the journal to the disk that failed (journal durability). Records written since the "
+                "last good flush may be only in memory until Kafka has them: a disk to look at.")
 
-def observe_publisher(backlog: Callable[[], int], errors: Callable[[], int]) -> None:
-    """Report the publisher's backlog (a gauge) and its failed hand-offs to Kafka (a counter).
 
-    Both are read from the publisher when metrics are collected. The failures happen where the
+def observe_publisher(backlog: Callable[[], int], errors: Callable[[], int], flush_errors: Callable[[], int]) -> None:
+    """Report the publisher's backlog (a gauge), its failed hand-offs to Kafka and its failed flushes (counters).
+
+    All are read from the publisher when metrics are collected. The hand-offs happen where the
     events are shipped, which with journal durability is the shipping worker, in a process of
     its own; the publisher keeps their running count either way.
     """
     _Publisher.backlog = backlog
     _Publisher.errors = errors
+    _Publisher.flush_errors = flush_errors

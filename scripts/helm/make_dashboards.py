@@ -101,10 +101,13 @@ def proxy() -> dict[str, Any]:
               [(f"sum by (status) (rate(openforge_proxy_refused_total{{{NS}}}[{RATE}]))", "{{status}}")], "reqps"),
         panel("Spool depth", "Call events waiting on local disk for Kafka (0 when Kafka keeps up).",
               [(f"sum by (k8s_pod_name) (openforge_proxy_spool_depth{{{NS}}})", "{{k8s_pod_name}}")]),
-        panel("Failed hand-offs to Kafka/s",
+        panel("Failed hand-offs to Kafka, failed journal flushes/s",
               "Journal batches Kafka did not take and that are sent again (journal durability), or events "
-              "that went to the spool (ack durability). Nothing is lost; the spool depth shows what waits.",
-              [(f"sum(rate(openforge_proxy_publish_errors_total{{{NS}}}[{RATE}]))", "failed")]),
+              "that went to the spool (ack durability). Nothing is lost; the spool depth shows what waits. "
+              "A failed flush of the journal to its disk is a disk to look at: records written before it "
+              "are safe only once Kafka has them.",
+              [(f"sum(rate(openforge_proxy_publish_errors_total{{{NS}}}[{RATE}]))", "failed"),
+               (f"sum(rate(openforge_proxy_journal_flush_errors_total{{{NS}}}[{RATE}]))", "journal flush failed")]),
     ])
 
 

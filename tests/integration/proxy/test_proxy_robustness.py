@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gzip
 import logging
 import os
@@ -203,6 +204,38 @@ async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegi
         assert big_reward.status_code == 413 and "10,000" in big_reward.text, big_reward.text
     finally:
         await shutdown(server, task)
+
+
+async def test_failed_journal_flushes_are_counted_in_readiness_and_metrics_injected(
+        proxy_settings_factory, topics: TopicRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The journal's flushes to the disk fail twice (injected: no disk here can be made to fail a
+    # write-back). They were logged and nothing else: no dashboard or probe showed a disk losing
+    # writes, and Linux reports a failed write-back once, so the next flush succeeds regardless.
+    # The calls are still answered and their events still reach Kafka (from the page cache).
+    real_fdatasync, failed = os.fdatasync, []
+
+    def failing_twice(fd: int) -> None:
+        if len(failed) < 2:
+            failed.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", failing_twice)
+    settings = proxy_settings_factory(journal_fsync_interval_ms=50)
+    server, task = await serve(settings)
+    url = f"http://127.0.0.1:{settings.port}/rollouts/r-flush/v1/chat/completions"
+    token = mint_token(KEY, "r-flush", Role.AGENT, 600)
+    try:
+        for seed in range(3):
+            assert (await post(url, json={**CHAT, "seed": seed}, token=token)).status_code == 200
+            await asyncio.sleep(0.2)  # a flush between calls
+        ready = await _ready_until(settings.port, lambda r: r["flush_errors"] == 2 and r["spooled"] == 0)
+        assert ready["accepting"] is True, ready  # serving goes on: the records are in the page cache
+        assert metric_value("openforge.proxy.journal_flush_errors") == 2  # read from this proxy's journal
+    finally:
+        await shutdown(server, task)
+    events = await read_events(settings.kafka, topics, expect=3)
+    assert sorted(e.request.sampling.get("seed") for e in events) == [0, 1, 2], events
 
 
 async def test_a_nearly_full_disk_refuses_calls_before_the_engine_and_is_not_ready(
