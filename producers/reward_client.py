@@ -19,6 +19,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from consumers.rollouts.backend import ENV_PROXY_URL, ENV_REWARD_URL, ENV_ROLLOUT_ID, ENV_VERIFIER_TOKEN
+from schemas.reward.v1 import REWARD_LIMIT
 
 __all__ = ["RewardClientSettings", "RewardConfigError", "RewardError", "post_reward"]
 
@@ -92,7 +93,7 @@ def post_reward(value: float, info: dict[str, Any] | None = None, *, settings: R
     """Post one reward; return the proxy's answer (``event_id``, ``stored``).
 
     Args:
-        value: The reward; must be finite.
+        value: The reward; finite and within ±:data:`schemas.reward.v1.REWARD_LIMIT`.
         info: Free JSON details for dashboards.
         settings: Target and retry policy; read from the environment when None.
         transport: HTTP transport override (tests only).
@@ -103,9 +104,13 @@ def post_reward(value: float, info: dict[str, Any] | None = None, *, settings: R
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise RewardError(f"the reward must be a number, not {value!r}: the proxy refuses anything else")
-    if not math.isfinite(value):
-        raise RewardError(f"the reward must be a finite number, not {value}")
-    value = float(value)  # subclasses of int and float (numpy's float64) go out as plain JSON numbers
+    try:
+        number = float(value)  # subclasses of int and float (numpy's float64) go out as plain JSON numbers
+    except OverflowError:  # an int past a double's range
+        number = math.inf
+    if not math.isfinite(number) or abs(number) > REWARD_LIMIT:
+        raise RewardError(f"the reward must be a finite number within ±{REWARD_LIMIT:g}, not {value}")
+    value = number
     config = settings or RewardClientSettings()
     url, token = config.target()
     body = {"value": value, "info": info or {}}

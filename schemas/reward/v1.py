@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from pydantic import Field
 
 from schemas._base import EventBase
 from schemas._common import Identifier, JsonObject
 
-__all__ = ["RewardV1"]
+__all__ = ["REWARD_LIMIT", "RewardV1"]
+
+REWARD_LIMIT: Final = 1e9
+"""The largest reward magnitude accepted. A finite reward far past it (a raw score, ``sys.float_info.max``)
+is infinite in the learner's float32 arithmetic and turns its whole group's advantages into NaN."""
 
 
 class RewardV1(EventBase):
@@ -29,8 +33,8 @@ class RewardV1(EventBase):
     task_id: Identifier | None = None
     """Task of the rollout, when known at intake."""
 
-    value: float = Field(allow_inf_nan=False)
-    """The reward. Must be finite: NaN or infinity would poison group advantages."""
+    value: float = Field(allow_inf_nan=False, ge=-REWARD_LIMIT, le=REWARD_LIMIT)
+    """The reward. Finite and within ±:data:`REWARD_LIMIT`: NaN or infinity would poison group advantages."""
 
     info: JsonObject = Field(default_factory=dict)
     """Verifier details (test results, partial scores, logs excerpt) for dashboards."""

@@ -139,6 +139,11 @@ async def test_rewards_only_from_the_verifier(proxy: RunningProxy) -> None:
     nan = await post(url, content=b'{"value": NaN}', token=proxy.token("r-v", Role.VERIFIER),
                      headers={"content-type": "application/json"})
     assert nan.status_code == 400
+    # Finite, but infinite in the learner's float32 (its group's advantages were all NaN).
+    for huge in (b"1e39", b"-1e300", b"1" + b"0" * 30):
+        refused = await post(url, content=b'{"value": ' + huge + b"}", token=proxy.token("r-v", Role.VERIFIER),
+                             headers={"content-type": "application/json"})
+        assert refused.status_code == 400 and "value" in refused.text and "1000000000" in refused.text, refused.text
     accepted = await post(url, json={"value": 0.75, "info": {"passed": 3}},
                           token=proxy.token("r-v", Role.VERIFIER, task_id="t-9"))
     assert accepted.status_code == 202

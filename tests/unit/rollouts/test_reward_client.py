@@ -26,9 +26,11 @@ def test_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     assert RewardClientSettings().target() == ("http://p/rollouts/r-9/reward", "v-token")
 
 
-def test_non_finite_reward_is_refused_before_sending() -> None:
-    with pytest.raises(RewardError, match="finite"):
-        post_reward(float("nan"), settings=settings())
+@pytest.mark.parametrize("value", [float("nan"), 1e39, -2e9, 10**400])
+def test_a_reward_not_finite_or_past_the_limit_is_refused_before_sending(value: float) -> None:
+    # 10**400 raised OverflowError from the finite check itself; 1e39 went out, to be refused.
+    with pytest.raises(RewardError, match=r"finite number within ±1e\+09"):
+        post_reward(value, settings=settings())
 
 
 @pytest.mark.parametrize("value", [True, "0.5", None])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -42,6 +43,7 @@ from schemas import (
     decode,
     encode,
 )
+from schemas.reward.v1 import REWARD_LIMIT
 
 EXAMPLES = all_examples()
 
@@ -283,6 +285,14 @@ def test_group_index_within_group() -> None:
 def test_rewards_must_be_finite(value: float) -> None:
     with pytest.raises(ValidationError, match="finite"):
         RewardV1(**replace(reward(), value=value))
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, 1.5e9, sys.float_info.max])
+def test_rewards_past_the_limit_are_refused(value: float) -> None:
+    """Finite in float64, infinite (or past squaring) in the learner's float32: NaN advantages."""
+    with pytest.raises(ValidationError, match="less than or equal|greater than or equal"):
+        RewardV1(**replace(reward(), value=value))
+    assert RewardV1(**replace(reward(), value=math.copysign(REWARD_LIMIT, value))).value == math.copysign(1e9, value)
 
 
 def test_reward_from_json_rejects_non_finite_spellings() -> None:
