@@ -35,12 +35,20 @@ class ForbiddenError(ProxyError):
     error_type = "permission_error"
 
 
-def bearer(request: Request) -> str | None:
-    """The token, from ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic)."""
+def _offered(request: Request) -> list[str]:
+    """Every token the request offers, ``Authorization: Bearer`` first, then ``x-api-key``.
+
+    Both are looked at: a gateway, an OAuth helper or a harness's own settings may put something
+    that is not a rollout token in one of them while the rollout's token is in the other.
+    """
+    tokens = []
     header = request.headers.get("authorization")
-    if header and header.lower().startswith("bearer "):
-        return header[7:].strip()
-    return request.headers.get("x-api-key")
+    if header and header.lower().startswith("bearer ") and header[7:].strip():
+        tokens.append(header[7:].strip())
+    key = request.headers.get("x-api-key")
+    if key and key not in tokens:
+        tokens.append(key)
+    return tokens
 
 
 class Authenticator:
@@ -111,7 +119,7 @@ class Authenticator:
             # Both are recorded with the call; one of them would be a lie.
             raise UnauthorizedError(f"the {ROLLOUT_HEADER} header names another rollout than the path")
         named = path_rollout or header_rollout
-        token = bearer(request)
+        tokens = _offered(request)
         if self.key is None:
             if not self.allow_anonymous or need is Role.VERIFIER:
                 raise UnauthorizedError("a rollout token is required")
@@ -119,20 +127,19 @@ class Authenticator:
                 return Credential.model_validate({"r": named or "anonymous", "role": Role.AGENT, "exp": 2**62})
             except ValueError as exc:  # pydantic's ValidationError: an id too long, empty
                 raise UnauthorizedError(f"not a rollout id: {str(named)[:80]!r}") from exc
-        if not token:
+        if not tokens:
             raise UnauthorizedError(
                 "missing credential: send the rollout token as a bearer token or x-api-key"
             )
-        credential = self._verified.get(token)
-        if credential is None or credential.expires_at < time.time():
-            try:
-                credential = verify_token(self.keys, token)
-            except CredentialError as exc:
-                self._verified.pop(token, None)
-                raise UnauthorizedError(str(exc)) from exc
-            if len(self._verified) >= _VERIFIED_CACHE_SIZE:
-                self._verified.clear()  # crude but bounded; live rollouts re-verify once
-            self._verified[token] = credential
+        refusals = []
+        for token in tokens:
+            verified = self._verify(token)
+            if isinstance(verified, Credential):
+                credential = verified
+                break
+            refusals.append(verified)
+        else:  # the first header's reason: the bearer token, where there is one
+            raise UnauthorizedError(str(refusals[0])) from refusals[0]
         if named is not None and named != credential.rollout_id:
             raise UnauthorizedError("the token belongs to another rollout")
         if need is Role.VERIFIER and credential.role is not Role.VERIFIER:
@@ -142,4 +149,19 @@ class Authenticator:
             # and so assembled into the agent's trajectory and trained on.
             raise ForbiddenError("a verifier token posts the rollout's reward; model calls need the agent's "
                                  "token, since every call is recorded as a turn of the agent")
+        return credential
+
+    def _verify(self, token: str) -> Credential | CredentialError:
+        """The token's credential (remembered once verified), or why it is refused."""
+        credential = self._verified.get(token)
+        if credential is not None and credential.expires_at >= time.time():
+            return credential
+        try:
+            credential = verify_token(self.keys, token)
+        except CredentialError as exc:
+            self._verified.pop(token, None)
+            return exc
+        if len(self._verified) >= _VERIFIED_CACHE_SIZE:
+            self._verified.clear()  # crude but bounded; live rollouts re-verify once
+        self._verified[token] = credential
         return credential

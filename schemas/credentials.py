@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = ["MAX_TOKEN_TTL_S", "MIN_KEY_BYTES", "Credential", "CredentialError", "Role", "mint_token", "verify_token"]
 
@@ -58,6 +58,15 @@ class Credential(BaseModel):
     """Unix time (seconds) after which the token is refused."""
     task_id: str | None = Field(default=None, min_length=1, max_length=256, alias="t")
     """Task of the rollout, so the proxy can stamp it on events without a lookup."""
+
+    @field_validator("rollout_id")
+    @classmethod
+    def _not_a_dot_segment(cls, value: str) -> str:
+        # HTTP clients resolve "." and ".." in a URL's path before sending it, so the rollout's
+        # own prefix and reward URLs would reach another path: its token could never be used.
+        if value in (".", ".."):
+            raise ValueError(f"{value!r} cannot be a rollout id: URLs resolve it away")
+        return value
 
 
 class CredentialError(Exception):

@@ -118,6 +118,7 @@ def test_a_token_lifetime_must_be_a_positive_number_of_seconds(ttl_s: float) -> 
 
 @pytest.mark.parametrize(("rollout_id", "task_id", "named"), [
     ("", None, "rollout_id"), ("r" * 201, None, "rollout_id"), ("a/b", None, "rollout_id"),
+    (".", None, "rollout_id"), ("..", None, "rollout_id"),  # URLs resolve these away
     ("r-1", "", "task_id"), ("r-1", "t" * 257, "task_id"),
 ])
 def test_claims_the_proxy_would_refuse_are_refused_when_minted(rollout_id: str, task_id: str | None,
@@ -206,3 +207,25 @@ def test_an_other_key_that_cannot_work_is_refused_at_start(settings: dict, messa
 def test_an_unreadable_other_key_file_is_refused_at_start(tmp_path) -> None:
     with pytest.raises(ValueError, match="other credential key file .* cannot be read"):
         Authenticator(ProxySettings(credential_key=KEY, credential_other_key_file=tmp_path))  # a directory
+
+
+def _both(bearer: str, api_key: str) -> Request:
+    return Request({"type": "http", "method": "POST", "path": "/v1/messages",
+                    "headers": [(b"authorization", f"Bearer {bearer}".encode()), (b"x-api-key", api_key.encode())]})
+
+
+def test_a_rollout_token_in_x_api_key_is_found_behind_another_bearer_token() -> None:
+    """A gateway or a harness's own setting put something else in ``Authorization: Bearer``;
+    the rollout's token in ``x-api-key`` was never looked at (401 "not an OpenForge rollout
+    token"), though the same key beside ``Authorization: Basic`` was accepted."""
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    token = mint_token(KEY.encode(), "r-1", Role.AGENT, 60.0)
+    assert auth.authenticate(_both("dummy", token), "r-1").rollout_id == "r-1"
+    assert auth.authenticate(_both(token, "dummy"), "r-1").rollout_id == "r-1"
+    # Each is verified in full: two tokens that are not rollout tokens are refused with the first's reason.
+    other_key = mint_token(("x" * 32).encode(), "r-1", Role.AGENT, 60.0)
+    with pytest.raises(UnauthorizedError, match="signature"):
+        auth.authenticate(_both(other_key, "dummy"), "r-1")
+    # Offering a second token gains nothing: another rollout's is still another rollout's.
+    with pytest.raises(UnauthorizedError, match="another rollout"):
+        auth.authenticate(_both("dummy", mint_token(KEY.encode(), "r-2", Role.AGENT, 60.0)), "r-1")
