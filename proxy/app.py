@@ -16,6 +16,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
@@ -169,9 +170,17 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             telemetry.refused.add(1, {"status": exc.status_code})
         return _error_response(request, exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI's own answers (no such route, a method the route does not take) were
+        # {"detail": ...}, where the SDKs look for error.message and showed the harness nothing.
+        return _error_response(request, _RoutingError(exc.status_code, _routing_message(request, exc),
+                                                      dict(exc.headers or {})))
+
     async def read_body(request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        # isascii: "²".isdigit() is true, and int() of it raises.
+        if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLargeError(f"request body of {int(declared):,} bytes exceeds {limit:,}")
         chunks, size = [], 0
         try:
@@ -326,8 +335,9 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
             raise InvalidRequestError(f"invalid reward: {problems}") from exc
         if not st.publisher.accepting:
             telemetry.refused.add(1, {"status": 503})
-            return Response(orjson.dumps({"error": {"message": _refusal(st.publisher, "event")}}), status_code=503,
-                            media_type="application/json", headers={"retry-after": "5"})
+            full = {"error": {"message": _refusal(st.publisher, "event"), "type": CallLogUnavailableError.error_type}}
+            return Response(orjson.dumps(full), status_code=503, media_type="application/json",
+                            headers={"retry-after": "5"})
         try:
             outcome = await st.publisher.publish(REWARDS, event, wait_for_kafka=True)
         except EventTooLargeError as exc:
@@ -379,6 +389,25 @@ def _freeze_startup_heap() -> None:
 def _clipped(text: str, limit: int = 80) -> str:
     """``text`` as shown in an error message: a rejected value may be most of a megabyte."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+class _RoutingError(ProxyError):
+    """An answer of FastAPI's router (404, 405), in the proxy's error shape."""
+
+    def __init__(self, status_code: int, message: str, headers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.error_type = "invalid_request_error" if status_code < 500 else "api_error"
+        self.headers = headers
+
+
+def _routing_message(request: Request, exc: StarletteHTTPException) -> str:
+    if exc.status_code == 404:
+        return (f"no route {request.method} {request.url.path}: model calls are POST /v1/chat/completions, "
+                "/v1/responses or /v1/messages, under /rollouts/<rollout id> or not")
+    if exc.status_code == 405:
+        return f"{request.method} is not allowed on {request.url.path}"
+    return str(exc.detail)
 
 
 def _error_response(request: Request, exc: ProxyError) -> Response:

@@ -45,6 +45,24 @@ async def test_wrong_method_goes_to_fastapi(client: httpx.AsyncClient) -> None:
         assert (await client.get("/health")).json() == {"status": "ok"}
 
 
+async def test_routing_errors_come_in_each_protocols_error_shape(client: httpx.AsyncClient) -> None:
+    """FastAPI's {"detail": ...} has no error.message, which is what the SDKs show the harness."""
+    async with client:
+        wrong_method = await client.get("/v1/chat/completions")
+        assert wrong_method.json()["error"] == {"message": "GET is not allowed on /v1/chat/completions",
+                                                "type": "invalid_request_error"}
+        assert wrong_method.headers["allow"] == "POST"
+        anthropic = await client.get("/rollouts/r-1/v1/messages")
+        assert anthropic.status_code == 405 and anthropic.json()["type"] == "error", anthropic.text
+        assert anthropic.json()["error"]["message"] == "GET is not allowed on /rollouts/r-1/v1/messages"
+        missing = await client.post("/rollouts/a%2Fb/v1/chat/completions", content=b"{}")
+        assert missing.status_code == 404, missing.text
+        assert missing.json()["error"]["message"].startswith("no route POST /rollouts/a/b/v1/chat/completions")
+        lost = await client.post("/rollouts/r-1/v1/messages/batches", content=b"{}")
+        assert lost.json() == {"type": "error", "error": {"type": "not_found_error",
+                                                          "message": lost.json()["error"]["message"]}}
+
+
 
 async def test_health_answers_head(client: httpx.AsyncClient) -> None:
     async with client:
