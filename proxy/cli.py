@@ -17,6 +17,7 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
 
     from openforge.otel import configure_telemetry
     from proxy.app import build_app
+    from proxy.server import server_config
     from proxy.settings import ProxySettings
 
     updates: dict[str, object] = {}
@@ -33,14 +34,10 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
         raise click.ClickException(str(exc)) from exc
     shutdown_telemetry = configure_telemetry("openforge-proxy")
     try:
-        uvicorn.run(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level="warning",
-            access_log=False,
-            timeout_graceful_shutdown=settings.drain_s,
-        )
+        server = uvicorn.Server(server_config(app, settings))
+        server.run()
+        if not server.started:  # as uvicorn.run: a start-up that failed (the lifespan's errors are logged)
+            raise SystemExit(3)
     finally:
         shutdown_telemetry()
 

@@ -94,6 +94,11 @@ class ProxySettings(BaseSettings):
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
     """Largest request body accepted; larger ones get 413."""
 
+    max_head_bytes: int = Field(default=64 * 1024, ge=4096)
+    """Largest request line and headers accepted, together; larger ones get 431 and the connection
+    is closed. The HTTP parser has no bound of its own: one 100 MB header, sent before any
+    credential is looked at, was read whole into memory."""
+
     durability: Literal["journal", "ack"] = "journal"
     """When a call's event counts as kept, so its answer may complete. ``journal`` (default):
     written to the local journal in ``spool_dir`` (page cache, flushed every

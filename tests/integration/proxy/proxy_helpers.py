@@ -16,6 +16,7 @@ from inloop_server import InLoopServer
 from netutil import free_port
 
 from proxy.app import build_app
+from proxy.server import server_config
 from proxy.settings import ProxySettings
 from schemas import ModelCallV1, RewardV1, decode
 from schemas.credentials import Role, mint_token
@@ -38,8 +39,7 @@ class RunningProxy:
 
 
 async def serve(settings: ProxySettings) -> tuple[uvicorn.Server, asyncio.Task[None]]:
-    server = InLoopServer(uvicorn.Config(build_app(settings), host="127.0.0.1", port=settings.port,
-                                          log_level="warning", lifespan="on"))
+    server = InLoopServer(server_config(build_app(settings), settings, host="127.0.0.1", lifespan="on"))
     task = asyncio.create_task(server.serve())
     async with httpx.AsyncClient() as client:
         for _ in range(200):

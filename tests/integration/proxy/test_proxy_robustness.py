@@ -211,6 +211,72 @@ async def test_oversized_body_gets_413(proxy_settings_factory, topics: TopicRegi
         await shutdown(server, task)
 
 
+async def _raw_exchange(port: int, pieces: list[bytes], pause_s: float = 0.0, *, until_answered: bool = True
+                        ) -> bytes:
+    """Send ``pieces`` over a plain connection (``until_answered``: no more once an answer came) and read it all."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    answer = bytearray()
+
+    async def read() -> None:
+        with contextlib.suppress(ConnectionError):  # a reset after the answer: what came before it counts
+            while chunk := await reader.read(65536):
+                answer.extend(chunk)
+
+    reading = asyncio.create_task(read())
+    try:
+        for piece in pieces:
+            if reading.done() or (answer and until_answered):  # refused already: writing on would only reset
+                break
+            try:
+                writer.write(piece)
+                await writer.drain()
+            except ConnectionError:
+                break
+            await asyncio.sleep(pause_s)
+        await asyncio.wait_for(reading, 30)
+        return bytes(answer)
+    finally:
+        writer.close()
+
+
+async def test_a_request_head_past_its_bound_gets_431_and_the_connection_closes(
+        proxy_settings_factory) -> None:
+    # The HTTP parser had no bound on a request's head: one 100 MB header, or headers that never
+    # end, were read whole into memory, before any credential was looked at (a 100 MB header on
+    # /health was answered 200 after the proxy grew by about 200 MB).
+    settings = proxy_settings_factory(max_head_bytes=16 * 1024)
+    server, task = await serve(settings)
+    token = mint_token(KEY, "r-head", Role.AGENT, 600)
+    call = (f"POST /rollouts/r-head/v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n"
+            "content-type: application/json\r\nconnection: close\r\n").encode()
+    body = orjson.dumps({**CHAT, "max_tokens": 2})
+    try:
+        # One long header, sent in reads, as a slow client does: refused once past the bound.
+        huge = await _raw_exchange(settings.port, [b"GET /health HTTP/1.1\r\nhost: x\r\nx-filler: "]
+                                   + [b"a" * 8192] * 64, pause_s=0.01)
+        assert huge.startswith(b"HTTP/1.1 431 ") and b"exceed 16,384 bytes" in huge, huge[:200]
+        # Many headers, the same.
+        many = await _raw_exchange(settings.port, [b"GET /health HTTP/1.1\r\nhost: x\r\n"]
+                                   + [b"x-h%d: v\r\n" % i for i in range(4000)], pause_s=0.0005)
+        assert many.startswith(b"HTTP/1.1 431 "), many[:200]
+        # Within the bound (a 12 KiB header) a call is served, and its body, however long, is not counted.
+        padded = call + b"x-filler: " + b"a" * 12 * 1024 + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+        served = await _raw_exchange(settings.port, [padded, body])
+        assert served.startswith(b"HTTP/1.1 200 "), served[:300]
+        long_body = orjson.dumps({**CHAT, "max_tokens": 2, "user": "u" * 200_000})
+        served = await _raw_exchange(settings.port, [call + b"content-length: %d\r\n\r\n" % len(long_body),
+                                                     long_body[:70_000], long_body[70_000:]], pause_s=0.05)
+        assert served.startswith(b"HTTP/1.1 200 "), served[:300]
+        # Keep-alive: the next request's head on the same connection is counted afresh.
+        again = call.replace(b"connection: close", b"connection: keep-alive")
+        twice = await _raw_exchange(settings.port, [again + b"content-length: %d\r\n\r\n" % len(body) + body,
+                                                    call + b"content-length: %d\r\n\r\n" % len(body) + body],
+                                    pause_s=0.5, until_answered=False)
+        assert twice.count(b"HTTP/1.1 200 ") == 2, twice[:300]
+    finally:
+        await shutdown(server, task)
+
+
 async def test_failed_journal_flushes_are_counted_in_readiness_and_metrics_injected(
         proxy_settings_factory, topics: TopicRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
     # The journal's flushes to the disk fail twice (injected: no disk here can be made to fail a
