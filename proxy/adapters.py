@@ -106,6 +106,11 @@ def strip_capture(payload: dict[str, Any], asked: dict[str, Any]) -> dict[str, A
         if not asked.get("logprobs"):
             choice.pop("logprobs", None)
         if hide_reasoning:  # the proxy asked the engine to include it (proxy/service.py)
+            # As vLLM: an answer whose reasoning is hidden has none of its tokens shown, since
+            # the reasoning's would spell out what was hidden.
+            for key in ("logprobs", "token_ids"):
+                if key in choice:
+                    choice[key] = None
             for part in (choice.get("message"), choice.get("delta")):
                 if isinstance(part, dict):
                     for key in REASONING_KEYS:

@@ -79,15 +79,22 @@ async def test_a_chat_call_hiding_its_reasoning_is_still_captured_token_exact_an
     (``include_reasoning: false``): the engine is asked to include it, and the proxy takes it out."""
     engine = ScriptedEngine(command="true", reasoning=(2, 0.0))
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "include_reasoning": False}
-    [answer] = await _calls_through_proxy(engine, kafka_settings, tmp_path, "/v1/chat/completions", [body])
-    assert answer.status_code == 200, answer.text
-    message = answer.json()["choices"][0]["message"]
-    assert "reasoning" not in message and "reasoning_content" not in message
+    # Asking for the tokens too: before, each reasoning token's logprob entry spelled out the
+    # hidden reasoning (vLLM shows none of an answer's tokens when it hides its reasoning).
+    asking = {**body, "logprobs": True, "top_logprobs": 2, "return_token_ids": True, "seed": 1}
+    answers = await _calls_through_proxy(engine, kafka_settings, tmp_path, "/v1/chat/completions", [body, asking])
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        message = answer.json()["choices"][0]["message"]
+        assert "reasoning" not in message and "reasoning_content" not in message
+    assert answers[1].json()["choices"][0]["logprobs"] is None and answers[1].json()["choices"][0]["token_ids"] is None
+    assert "logprobs" not in answers[0].json()["choices"][0]
     assert engine.seen[-1].body["include_reasoning"] is True
-    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
-    assert event.status is CallStatus.OK and event.request.extra["include_reasoning"] is False
-    assert list(event.choices[0].completion_token_ids) == engine.seen[-1].completion_token_ids
-    assert len(event.choices[0].logprobs) == len(engine.seen[-1].completion_token_ids)
+    events = await read_events(kafka_settings, topics, CALLS, expect=2)
+    for event, seen in zip(events, engine.seen, strict=True):
+        assert event.status is CallStatus.OK and event.request.extra["include_reasoning"] is False
+        assert list(event.choices[0].completion_token_ids) == seen.completion_token_ids
+        assert len(event.choices[0].logprobs) == len(seen.completion_token_ids)
 
 
 async def test_top_logprobs_without_logprobs_is_refused_as_the_engine_would(
