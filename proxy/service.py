@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
@@ -41,6 +41,8 @@ from schemas._base import new_event_id
 from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 _ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
@@ -496,6 +498,7 @@ class CallService:
                 disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
                 upstream.close(finished=False)
                 client_span.end()
+                capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
                 self._in_background(self._finish_stream(
                     capture, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
                     None if disconnected else f"proxy failed mid-stream: {exc!r}", replica, span, fingerprint))
@@ -505,7 +508,11 @@ class CallService:
             client_span.end()
             upstream_s = time.perf_counter() - upstream_t0
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-            unrecorded = await self._finish_stream(capture, status, error, replica, span, fingerprint)
+            # Shielded: a harness that hangs up while the record is written (Kafka's acknowledgement
+            # under ack durability) cancelled this between the record and the retry tracker's end,
+            # leaving the attempt in flight for good. The recording now runs to its end regardless.
+            unrecorded = await asyncio.shield(
+                self._in_background(self._finish_stream(capture, status, error, replica, span, fingerprint)))
             if unrecorded is not None:
                 # The harness must not keep an answer whose record is lost: it gets the stream's
                 # error instead of its end, and sends the call again.
@@ -554,11 +561,12 @@ class CallService:
 
         self._in_background(record())
 
-    def _in_background(self, recording: Coroutine[Any, Any, Any]) -> None:
-        """Run the recording of a call whose handler is unwinding; :meth:`drain` waits for it."""
+    def _in_background(self, recording: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+        """Run the recording of a call whose handler may unwind before it ends; :meth:`drain` waits for it."""
         task = asyncio.create_task(recording)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _fail(self, adapter: Adapter, capture: CallCapture, span: trace.Span, retries: RetryTracker,
                     fingerprint: bytes, http_status: int, status: CallStatus, message: str,

@@ -788,7 +788,8 @@ async def _up(port: int, process: asyncio.subprocess.Process) -> bool:
 async def test_ack_mode_keeps_the_event_of_a_harness_that_left_while_its_answer_waited_for_kafka(
         vllm_url: str, tmp_path: Path, own_broker: LocalBroker) -> None:
     """With ``ack`` durability a stream's closing events wait for Kafka's acknowledgement. A harness
-    that leaves during that wait cancels the wait; the event must still land in the spool."""
+    that leaves during that wait cancels the wait; the event must still land in the spool, and
+    the retry tracker must hear of its end (the attempt stayed in flight for good)."""
     broker, kafka, _ = await _private_broker(own_broker)
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
@@ -810,6 +811,7 @@ async def test_ack_mode_keeps_the_event_of_a_harness_that_left_while_its_answer_
         assert b"data: " in received and b"[DONE]" not in received  # left before the end
         ready = await _ready_until(settings.port, lambda r: r["spooled"] == 1, timeout_s=15.0)
         assert ready["spooled"] == 1, ready
+        assert len(server.config.app.state.openforge.calls.retries) == 0, "the attempt was left in flight"
     finally:
         await shutdown(server, task)
     [record] = DiskSpool(tmp_path / "spool", 1 << 30).oldest(10)
