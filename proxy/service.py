@@ -647,7 +647,14 @@ class _ChunkShapeError(Exception):
 
 
 def _choices(n: Any) -> int:
-    """How many choices a request's ``n`` asks the engine for (the engine refuses what is not a count)."""
+    """How many choices a request's ``n`` asks the engine for (the engine refuses what is not a count).
+
+    Read as vLLM's request model reads it: ``2.0`` and ``"2"`` are 2. Taken for 1, the other
+    choices' output was held back from the harness once the first choice ended.
+    """
+    whole = isinstance(n, float) and n.is_integer()
+    if whole or (isinstance(n, str) and n.strip().isascii() and n.strip().isdigit()):
+        n = int(n)
     return n if type(n) is int and n > 1 else 1
 
 
