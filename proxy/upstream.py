@@ -13,11 +13,15 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import time
 
 from proxy.engine_client import IDLE_REUSE_S, EngineClient, EngineError
 
 logger = logging.getLogger(__name__)
+
+READY_FOR_S = 1.0
+"""How long one readiness probe of the replicas answers for (see :meth:`UpstreamPool.ready`)."""
 
 
 class UpstreamPool:
@@ -32,6 +36,8 @@ class UpstreamPool:
         self._down_until: dict[str, float] = {}
         self._versions: dict[str, str] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._probe: asyncio.Future[bool] | None = None
+        self._probed_at = -math.inf
         self.client = EngineClient(timeout_s=timeout_s, keepalive_s=keepalive_s)
 
     def order(self, rollout_id: str) -> list[str]:
@@ -54,12 +60,28 @@ class UpstreamPool:
         self._down_until.pop(url, None)
 
     async def ready(self, timeout_s: float = 2.0) -> bool:
-        """True when at least one replica answers its health check.
+        """True when at least one replica answered its health check within the last :data:`READY_FOR_S`.
 
-        All are asked at once, and the first healthy answer decides: asked in turn, a replica
-        that accepts connections and never answers (a wedged server, a node whose packets
-        vanish) held every readiness probe for its whole timeout, longer than the probe waits,
-        and so took every proxy out of service while the other replicas were healthy.
+        ``/ready`` needs no credential: asked afresh for each probe, anyone reaching the proxy
+        could have it send every replica a request per request it sent. So one probe's answer
+        serves for a second, and probes arriving while one is under way share it.
+        """
+        if time.monotonic() - self._probed_at < READY_FOR_S and self._probe is not None and self._probe.done():
+            return self._probe.result()
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._probe_replicas(timeout_s))
+            self._probe.add_done_callback(self._probed)
+        return await asyncio.shield(self._probe)
+
+    def _probed(self, probe: asyncio.Future[bool]) -> None:
+        self._probed_at = time.monotonic() if not probe.cancelled() and probe.exception() is None else -math.inf
+
+    async def _probe_replicas(self, timeout_s: float) -> bool:
+        """Ask every replica's ``/health`` at once; the first healthy answer decides.
+
+        Asked in turn, a replica that accepts connections and never answers (a wedged server, a
+        node whose packets vanish) held every readiness probe for its whole timeout, longer than
+        the probe waits, and so took every proxy out of service while the other replicas were healthy.
         """
         async def healthy(url: str) -> bool:
             try:
@@ -112,7 +134,9 @@ class UpstreamPool:
         self._poller = asyncio.create_task(poll(), name="weight-version-poll")
 
     async def aclose(self) -> None:
-        """Stop polling and close the shared client."""
+        """Stop polling and probing, and close the shared client."""
+        if self._probe is not None:
+            self._probe.cancel()
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
