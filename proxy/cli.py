@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from schemas.credentials import Role, mint_token
@@ -52,12 +54,29 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
 @click.option(
     "--key",
     envvar="OPENFORGE_PROXY_CREDENTIAL_KEY",
-    required=True,
+    default=None,
     help="Signing key (default $OPENFORGE_PROXY_CREDENTIAL_KEY).",
 )
-def token_command(rollout_id: str, role: str, ttl_s: float, task_id: str | None, key: str) -> None:
+@click.option(
+    "--key-file",
+    envvar="OPENFORGE_PROXY_CREDENTIAL_KEY_FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File holding the signing key, as the proxy reads it (default $OPENFORGE_PROXY_CREDENTIAL_KEY_FILE).",
+)
+def token_command(rollout_id: str, role: str, ttl_s: float, task_id: str | None, key: str | None,
+                  key_file: Path | None) -> None:
     """Mint a rollout token (what the launcher gives each rollout) for manual use."""
+    secret = key.encode() if key else None
+    if secret is None and key_file is not None:  # as the proxy: an empty key does not hide the file
+        try:
+            secret = key_file.read_bytes().strip()
+        except OSError as exc:
+            raise click.ClickException(f"the key file cannot be read: {exc.strerror or exc} ({key_file})") from exc
+    if not secret:
+        raise click.ClickException("no signing key: pass --key or --key-file, or set OPENFORGE_PROXY_CREDENTIAL_KEY "
+                                   "or OPENFORGE_PROXY_CREDENTIAL_KEY_FILE, as for the proxy")
     try:
-        click.echo(mint_token(key.encode(), rollout_id, Role(role), ttl_s, task_id=task_id))
+        click.echo(mint_token(secret, rollout_id, Role(role), ttl_s, task_id=task_id))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
