@@ -124,10 +124,14 @@ class LauncherSettings(BaseSettings):
         Raises:
             ValueError: no key is configured; the message names the variables.
         """
-        if self.credential_key is not None:
+        if self.credential_key is not None and self.credential_key.get_secret_value():
             return self.credential_key.get_secret_value().encode()
-        if self.credential_key_file is not None:
-            return self.credential_key_file.read_bytes().strip()
+        if self.credential_key_file is not None:  # as the proxy: an empty key variable does not hide the file
+            try:
+                return self.credential_key_file.read_bytes().strip()
+            except OSError as exc:
+                raise ValueError(f"the credential key file cannot be read: {exc.strerror or exc} "
+                                 f"({self.credential_key_file})") from exc
         raise ValueError("the launcher needs the proxy's signing key: set OPENFORGE_PROXY_CREDENTIAL_KEY "
                          "(or OPENFORGE_LAUNCHER_CREDENTIAL_KEY, or a _FILE variant)")
 

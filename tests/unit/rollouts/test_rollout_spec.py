@@ -1,4 +1,5 @@
 import re
+from pathlib import Path
 
 import pytest
 from rollout_tasks import KEY, make_task
@@ -80,6 +81,20 @@ def test_launcher_reads_the_proxy_key_variable(monkeypatch: pytest.MonkeyPatch) 
     assert LauncherSettings().signing_key() == KEY
     monkeypatch.delenv("OPENFORGE_PROXY_CREDENTIAL_KEY")
     with pytest.raises(ValueError, match="OPENFORGE_PROXY_CREDENTIAL_KEY"):
+        LauncherSettings().signing_key()
+
+
+def test_launcher_reads_the_key_file_behind_an_empty_key_variable(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """As the proxy does: an unfilled template's ``KEY=`` returned an empty key, which then failed
+    every token minted, though the file beside it held the key."""
+    key_file = tmp_path / "key"
+    key_file.write_bytes(KEY + b"\n")
+    monkeypatch.setenv("OPENFORGE_PROXY_CREDENTIAL_KEY", "")
+    monkeypatch.setenv("OPENFORGE_PROXY_CREDENTIAL_KEY_FILE", str(key_file))
+    assert LauncherSettings().signing_key() == KEY
+    monkeypatch.setenv("OPENFORGE_PROXY_CREDENTIAL_KEY_FILE", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="the credential key file cannot be read"):
         LauncherSettings().signing_key()
 
 
