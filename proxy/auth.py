@@ -9,7 +9,7 @@ from fastapi import Request
 
 from proxy.errors import ProxyError
 from proxy.settings import ProxySettings
-from schemas.credentials import MIN_KEY_BYTES, Credential, CredentialError, Role, verify_token
+from schemas.credentials import MIN_KEY_BYTES, TOKEN_PREFIX, Credential, CredentialError, Role, verify_token
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +137,12 @@ class Authenticator:
             if isinstance(verified, Credential):
                 credential = verified
                 break
-            refusals.append(verified)
-        else:  # the first header's reason: the bearer token, where there is one
-            raise UnauthorizedError(str(refusals[0])) from refusals[0]
+            refusals.append((token, verified))
+        else:
+            # The reason of the first that looks like a rollout token ("expired" says more than
+            # "not an OpenForge rollout token" of the gateway's key beside it).
+            _, refusal = next(((t, r) for t, r in refusals if t.startswith(TOKEN_PREFIX)), refusals[0])
+            raise UnauthorizedError(str(refusal)) from refusal
         if named is not None and named != credential.rollout_id:
             raise UnauthorizedError("the token belongs to another rollout")
         if need is Role.VERIFIER and credential.role is not Role.VERIFIER:

@@ -24,9 +24,13 @@ from enum import StrEnum
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-__all__ = ["MAX_TOKEN_TTL_S", "MIN_KEY_BYTES", "Credential", "CredentialError", "Role", "mint_token", "verify_token"]
+__all__ = [
+    "MAX_TOKEN_TTL_S", "MIN_KEY_BYTES", "TOKEN_PREFIX", "Credential", "CredentialError", "Role", "mint_token",
+    "verify_token",
+]
 
-_PREFIX = "of1."
+TOKEN_PREFIX = "of1."  # noqa: S105 (a format tag, not a secret)
+"""What every rollout token begins with (its format's version)."""
 MIN_KEY_BYTES = 16
 """Shortest signing key accepted: 128 bits."""
 _MAX_TOKEN_CHARS = 4096
@@ -110,7 +114,7 @@ def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id
     except ValidationError as exc:
         problems = "; ".join(f"{_CLAIM_NAMES.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"these claims would be refused by the proxy: {problems}") from None
-    body = _PREFIX + _b64(orjson.dumps(claims))
+    body = TOKEN_PREFIX + _b64(orjson.dumps(claims))
     signature = hmac.new(key, body.encode(), hashlib.sha256).digest()
     token = f"{body}.{_b64(signature)}"
     if len(token) > _MAX_TOKEN_CHARS:
@@ -137,7 +141,7 @@ def verify_token(key: bytes | Sequence[bytes], token: str, *, now: float | None 
         _check_key(one)
     if len(token) > _MAX_TOKEN_CHARS:
         raise CredentialError(f"token longer than {_MAX_TOKEN_CHARS} characters")
-    if not token.startswith(_PREFIX) or token.count(".") != 2:
+    if not token.startswith(TOKEN_PREFIX) or token.count(".") != 2:
         raise CredentialError("not an OpenForge rollout token")
     body, _, signature = token.rpartition(".")
     given = signature.encode(errors="replace")
@@ -148,7 +152,7 @@ def verify_token(key: bytes | Sequence[bytes], token: str, *, now: float | None 
                for one in keys):
         raise CredentialError("token signature does not match")
     try:
-        credential = Credential.model_validate(orjson.loads(_unb64(body[len(_PREFIX):])))
+        credential = Credential.model_validate(orjson.loads(_unb64(body[len(TOKEN_PREFIX):])))
     except (ValueError, ValidationError) as exc:
         raise CredentialError("malformed token claims") from exc
     if credential.expires_at < (now or time.time()):

@@ -229,3 +229,12 @@ def test_a_rollout_token_in_x_api_key_is_found_behind_another_bearer_token() -> 
     # Offering a second token gains nothing: another rollout's is still another rollout's.
     with pytest.raises(UnauthorizedError, match="another rollout"):
         auth.authenticate(_both("dummy", mint_token(KEY.encode(), "r-2", Role.AGENT, 60.0)), "r-1")
+
+
+def test_when_neither_header_holds_a_valid_token_the_rollout_tokens_reason_is_given() -> None:
+    """A gateway's key in Authorization and an expired rollout token in x-api-key: "expired" is
+    what the operator needs to read, not "not an OpenForge rollout token"."""
+    auth = Authenticator(ProxySettings(credential_key=KEY))
+    expired = mint_token(KEY.encode(), "r-1", Role.AGENT, 5, now=time.time() - 10)
+    with pytest.raises(UnauthorizedError, match="expired"):
+        auth.authenticate(_both("sk-gateway-key", expired), "r-1")
