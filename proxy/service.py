@@ -24,6 +24,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from pydantic import TypeAdapter, ValidationError
 
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request, session_headers
 from producers.durable import EventLog
@@ -43,6 +44,9 @@ from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+_COUNT: TypeAdapter[int] = TypeAdapter(int)
+"""Reads a count as vLLM's request model does (see :func:`_choices`)."""
 
 
 _ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
@@ -649,12 +653,14 @@ class _ChunkShapeError(Exception):
 def _choices(n: Any) -> int:
     """How many choices a request's ``n`` asks the engine for (the engine refuses what is not a count).
 
-    Read as vLLM's request model reads it: ``2.0`` and ``"2"`` are 2. Taken for 1, the other
-    choices' output was held back from the harness once the first choice ended.
+    Read as vLLM's request model (pydantic, lax) reads it: ``2.0`` and ``"2"`` are 2. Taken for
+    1, the other choices' output was held back from the harness once the first choice ended.
     """
-    whole = isinstance(n, float) and n.is_integer()
-    if whole or (isinstance(n, str) and n.strip().isascii() and n.strip().isdigit()):
-        n = int(n)
+    if type(n) is not int and n is not None:
+        try:
+            n = _COUNT.validate_python(n)
+        except ValidationError:
+            return 1
     return n if type(n) is int and n > 1 else 1
 
 
