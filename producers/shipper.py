@@ -198,6 +198,7 @@ class Shipper:
                 await self._ship()
                 return
             except Exception:  # whatever it was, the records wait in the journal
+                ran_s = time.monotonic() - began
                 self.publish_errors += 1
                 logger.exception("shipping the journal at %s failed unexpectedly; starting again from the first "
                                  "record not shipped", self.source.directory)
@@ -205,7 +206,7 @@ class Shipper:
             self._progress()
             if self.stopping:
                 return
-            if time.monotonic() - began >= _HEALTHY_RUN_S:
+            if ran_s >= _HEALTHY_RUN_S:
                 backoff = 1.0  # a failure after a long healthy run is a new one, not the last one again
             await self._pause(backoff)
             backoff = min(backoff * 2, 10.0)

@@ -135,8 +135,10 @@ class UpstreamPool:
 
     async def aclose(self) -> None:
         """Stop polling and probing, and close the shared client."""
-        if self._probe is not None:
+        if self._probe is not None:  # its health requests end before the client they use closes
             self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a probe's failure was its callers'
+                await self._probe
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
