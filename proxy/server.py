@@ -24,50 +24,64 @@ logger = logging.getLogger(__name__)
 class BoundedHeadProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, answering 431 to a request whose head outgrows ``max_head_bytes``.
 
-    The bytes of every read that arrives while a request's head is open are counted; once more
-    than the bound has arrived without the head ending, the connection gets 431 and is closed. A
-    read may also carry the start of the body, so the check is on what came before it, and at
-    most one read (256 KiB) more than the bound is ever held.
+    Two checks. Every read is counted until the parser makes progress (a head ends, body bytes
+    arrive); past the bound without progress, the request is refused. That holds memory to the
+    bound and one read (256 KiB) whatever arrives: a head that never ends, one long header, or
+    the trailers after a chunked body's last chunk. And a head that ends is measured exactly
+    (its target and headers), so one that came in a single large read is refused too.
     """
 
     max_head_bytes = 64 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_bytes = 0
-        self._in_head = True
+        self._unparsed = 0  # bytes read since the parser last made progress
         self._refused = False
 
     def data_received(self, data: bytes) -> None:
-        """Count a read that arrives while a head is open, and refuse the request past the bound."""
+        """Feed a read to the parser, and refuse the request once its head is past the bound."""
         if self._refused:
             return
-        if self._in_head:
-            if self._head_bytes > self.max_head_bytes:
-                self._refuse_head()
-                return
-            self._head_bytes += len(data)
+        self._unparsed += len(data)
         super().data_received(data)
+        if self._refused or self._unparsed > self.max_head_bytes:
+            self._refuse_head()
 
     def on_headers_complete(self) -> None:
-        """The head ended: what follows is the body, not counted."""
-        self._in_head = False
-        self._head_bytes = 0
+        """Measure the head that ended, and serve it if it is within the bound."""
+        size = len(self.url) + sum(len(name) + len(value) for name, value in self.headers)
+        if size > self.max_head_bytes:
+            self._refused = True  # answered once the parser returns (see data_received)
+            return
+        self._unparsed = 0
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        """Body bytes are progress: what came before them is not a head still growing."""
+        if self._refused:
+            return
+        self._unparsed = 0
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
-        """The request ended: what follows on this connection is the next request's head."""
-        self._in_head = True
-        super().on_message_complete()
+        """Nothing of a refused request reaches the app."""
+        if not self._refused:
+            super().on_message_complete()
 
     def _refuse_head(self) -> None:
         self._refused = True
+        if self.transport.is_closing():
+            return
         message = f"request line and headers exceed {self.max_head_bytes:,} bytes"
         logger.warning("refused a request from %s: %s", self.client, message)
-        body = message.encode("ascii")
-        self.transport.write(b"".join([
-            STATUS_LINE[431], b"content-type: text/plain; charset=utf-8\r\n",
-            b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]))
+        if self.cycle is None or self.cycle.response_complete:
+            body = message.encode("ascii")
+            self.transport.write(b"".join([
+                STATUS_LINE[431], b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body]))
+        # else an answer is under way on this connection (the trailers of its own request, a
+        # request sent behind it): a 431 written now would land inside it, so the connection
+        # only closes.
         self.transport.close()
 
 

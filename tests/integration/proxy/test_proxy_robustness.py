@@ -259,6 +259,17 @@ async def test_a_request_head_past_its_bound_gets_431_and_the_connection_closes(
         many = await _raw_exchange(settings.port, [b"GET /health HTTP/1.1\r\nhost: x\r\n"]
                                    + [b"x-h%d: v\r\n" % i for i in range(4000)], pause_s=0.0005)
         assert many.startswith(b"HTTP/1.1 431 "), many[:200]
+        # A whole head past the bound in one read, and one that stops coming after a read past it.
+        for head in (b"GET /health HTTP/1.1\r\nhost: x\r\nx-filler: " + b"a" * 20_000 + b"\r\n\r\n",
+                     b"GET /health HTTP/1.1\r\nhost: x\r\nx-filler: " + b"a" * 20_000):
+            refused = await _raw_exchange(settings.port, [head])
+            assert refused.startswith(b"HTTP/1.1 431 "), refused[:200]
+        # Trailers after a chunked body's last chunk are headers too: the connection closes.
+        trailers = await _raw_exchange(
+            settings.port, [call.replace(b"content-type", b"transfer-encoding: chunked\r\ncontent-type")
+                            + b"%x\r\n%s\r\n0\r\nx-trailer: " % (len(body), body)]
+            + [b"a" * 8192] * 64, pause_s=0.01)
+        assert b"HTTP/1.1 200 " not in trailers, trailers[:200]
         # Within the bound (a 12 KiB header) a call is served, and its body, however long, is not counted.
         padded = call + b"x-filler: " + b"a" * 12 * 1024 + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
         served = await _raw_exchange(settings.port, [padded, body])
