@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 
 from fastapi import Request
 
@@ -35,20 +36,20 @@ class ForbiddenError(ProxyError):
     error_type = "permission_error"
 
 
-def _offered(request: Request) -> list[str]:
-    """Every token the request offers, ``Authorization: Bearer`` first, then ``x-api-key``.
+def _offered(request: Request) -> Iterator[str]:
+    """The tokens the request offers, ``Authorization: Bearer`` first, then ``x-api-key``.
 
-    Both are looked at: a gateway, an OAuth helper or a harness's own settings may put something
-    that is not a rollout token in one of them while the rollout's token is in the other.
+    Both may be looked at: a gateway, an OAuth helper or a harness's own settings may put
+    something that is not a rollout token in one of them while the rollout's token is in the
+    other. Lazily, so a call whose first token holds does not read the second header.
     """
-    tokens = []
     header = request.headers.get("authorization")
-    if header and header.lower().startswith("bearer ") and header[7:].strip():
-        tokens.append(header[7:].strip())
+    bearer = header[7:].strip() if header and header.lower().startswith("bearer ") else ""
+    if bearer:
+        yield bearer
     key = request.headers.get("x-api-key")
-    if key and key not in tokens:
-        tokens.append(key)
-    return tokens
+    if key and key != bearer:
+        yield key
 
 
 class Authenticator:
@@ -119,7 +120,6 @@ class Authenticator:
             # Both are recorded with the call; one of them would be a lie.
             raise UnauthorizedError(f"the {ROLLOUT_HEADER} header names another rollout than the path")
         named = path_rollout or header_rollout
-        tokens = _offered(request)
         if self.key is None:
             if not self.allow_anonymous or need is Role.VERIFIER:
                 raise UnauthorizedError("a rollout token is required")
@@ -127,18 +127,16 @@ class Authenticator:
                 return Credential.model_validate({"r": named or "anonymous", "role": Role.AGENT, "exp": 2**62})
             except ValueError as exc:  # pydantic's ValidationError: an id too long, empty
                 raise UnauthorizedError(f"not a rollout id: {str(named)[:80]!r}") from exc
-        if not tokens:
-            raise UnauthorizedError(
-                "missing credential: send the rollout token as a bearer token or x-api-key"
-            )
         refusals = []
-        for token in tokens:
+        for token in _offered(request):
             verified = self._verify(token)
             if isinstance(verified, Credential):
                 credential = verified
                 break
             refusals.append((token, verified))
         else:
+            if not refusals:
+                raise UnauthorizedError("missing credential: send the rollout token as a bearer token or x-api-key")
             # The reason of the first that looks like a rollout token ("expired" says more than
             # "not an OpenForge rollout token" of the gateway's key beside it).
             _, refusal = next(((t, r) for t, r in refusals if t.startswith(TOKEN_PREFIX)), refusals[0])
