@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from schemas.credentials import Role, mint_token
+from schemas.credentials import Role, mint_token, signing_key_from
 
 
 @click.command("proxy")
@@ -67,12 +67,10 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
 def token_command(rollout_id: str, role: str, ttl_s: float, task_id: str | None, key: str | None,
                   key_file: Path | None) -> None:
     """Mint a rollout token (what the launcher gives each rollout) for manual use."""
-    secret = key.encode() if key else None
-    if secret is None and key_file is not None:  # as the proxy: an empty key does not hide the file
-        try:
-            secret = key_file.read_bytes().strip()
-        except OSError as exc:
-            raise click.ClickException(f"the key file cannot be read: {exc.strerror or exc} ({key_file})") from exc
+    try:
+        secret = signing_key_from(key, key_file)
+    except OSError as exc:
+        raise click.ClickException(f"the key file cannot be read: {exc.strerror or exc} ({key_file})") from exc
     if not secret:
         raise click.ClickException("no signing key: pass --key or --key-file, or set OPENFORGE_PROXY_CREDENTIAL_KEY "
                                    "or OPENFORGE_PROXY_CREDENTIAL_KEY_FILE, as for the proxy")

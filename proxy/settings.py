@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, StrictFloat, StrictInt, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from proxy.media import ImagePolicy
+from schemas.credentials import signing_key_from
 from stream import KafkaSettings
 
 _SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
@@ -226,18 +227,12 @@ class ProxySettings(BaseSettings):
 
     def signing_key(self) -> bytes | None:
         """The credential key's bytes, from the setting or the file."""
-        if self.credential_key is not None:
-            key = self.credential_key.get_secret_value()
-            if key or self.credential_key_file is None:
-                return key.encode()
-            # Set but empty (an unfilled template's ``KEY=``) does not hide the file beside it.
-        if self.credential_key_file is not None:
-            try:
-                return self.credential_key_file.read_bytes().strip()
-            except OSError as exc:
-                raise ValueError(f"the credential key file (OPENFORGE_PROXY_CREDENTIAL_KEY_FILE) cannot be read: "
-                                 f"{exc.strerror or exc} ({self.credential_key_file})") from exc
-        return None
+        value = None if self.credential_key is None else self.credential_key.get_secret_value()
+        try:
+            return signing_key_from(value, self.credential_key_file)
+        except OSError as exc:
+            raise ValueError(f"the credential key file (OPENFORGE_PROXY_CREDENTIAL_KEY_FILE) cannot be read: "
+                             f"{exc.strerror or exc} ({self.credential_key_file})") from exc
 
     def other_signing_key(self) -> bytes | None:
         """The other accepted key's bytes, from the setting or the file; None when there is none."""

@@ -6,7 +6,7 @@ post that rollout's reward, and make no model calls: every call is recorded as
 a turn of the agent). The proxy verifies them with the shared key
 alone, so any number of proxy replicas agree without a database. The format is a
 contract between launcher and proxy, which is why it lives beside the event
-schemas; it does no I/O.
+schemas; it does no I/O but read the key's file (:func:`signing_key_from`).
 
 Token: ``of1.<base64url(claims JSON)>.<base64url(HMAC-SHA256(key, "of1." + claims))>``.
 """
@@ -20,13 +20,14 @@ import math
 import time
 from collections.abc import Sequence
 from enum import StrEnum
+from pathlib import Path
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
     "MAX_TOKEN_TTL_S", "MIN_KEY_BYTES", "TOKEN_PREFIX", "Credential", "CredentialError", "Role", "mint_token",
-    "verify_token",
+    "signing_key_from", "verify_token",
 ]
 
 TOKEN_PREFIX = "of1."  # noqa: S105 (a format tag, not a secret)
@@ -88,6 +89,28 @@ def _unb64(text: str) -> bytes:
 def _check_key(key: bytes) -> None:
     if len(key) < MIN_KEY_BYTES:
         raise ValueError(f"the credential signing key must be at least {MIN_KEY_BYTES} bytes")
+
+
+def signing_key_from(value: str | None, path: Path | None) -> bytes | None:
+    """The signing key from its setting, else from its file.
+
+    The one rule the launcher, the proxy and ``openforge token`` read it by, so that all three
+    sign and verify with the same bytes.
+
+    A setting that is set but empty (an unfilled template's ``KEY=``) does not hide the file
+    beside it; the file's surrounding whitespace (its last newline) is not part of the key.
+
+    Returns:
+        The key; ``b""`` for an empty setting and no file; None when neither is given.
+
+    Raises:
+        OSError: the file cannot be read (each caller names its own variable).
+    """
+    if value:
+        return value.encode()
+    if path is not None:
+        return path.read_bytes().strip()
+    return None if value is None else b""
 
 
 def mint_token(key: bytes, rollout_id: str, role: Role, ttl_s: float, *, task_id: str | None = None,

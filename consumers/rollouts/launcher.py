@@ -41,7 +41,7 @@ from consumers.rollouts.backend import (
     RolloutSpec,
 )
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, TaskV1, decode
-from schemas.credentials import MAX_TOKEN_TTL_S, Role, mint_token
+from schemas.credentials import MAX_TOKEN_TTL_S, Role, mint_token, signing_key_from
 from schemas.rollout.pod import LABEL_ROLLOUT, LABEL_RUN, LABEL_TASK, scheduled_event_id
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase
 from stream.broker import cache_root
@@ -124,14 +124,14 @@ class LauncherSettings(BaseSettings):
         Raises:
             ValueError: no key is configured; the message names the variables.
         """
-        if self.credential_key is not None and self.credential_key.get_secret_value():
-            return self.credential_key.get_secret_value().encode()
-        if self.credential_key_file is not None:  # as the proxy: an empty key variable does not hide the file
-            try:
-                return self.credential_key_file.read_bytes().strip()
-            except OSError as exc:
-                raise ValueError(f"the credential key file cannot be read: {exc.strerror or exc} "
-                                 f"({self.credential_key_file})") from exc
+        value = None if self.credential_key is None else self.credential_key.get_secret_value()
+        try:
+            key = signing_key_from(value, self.credential_key_file)
+        except OSError as exc:
+            raise ValueError(f"the credential key file cannot be read: {exc.strerror or exc} "
+                             f"({self.credential_key_file})") from exc
+        if key:
+            return key
         raise ValueError("the launcher needs the proxy's signing key: set OPENFORGE_PROXY_CREDENTIAL_KEY "
                          "(or OPENFORGE_LAUNCHER_CREDENTIAL_KEY, or a _FILE variant)")
 
