@@ -172,8 +172,17 @@ class Shipper:
 
     async def close(self) -> None:
         """Drop the Kafka connection; unacknowledged records are all still in the journal."""
-        producer, self._producer = self._producer, None
         self.kafka_ok = False
+        await self._drop_producer()
+
+    async def _drop_producer(self) -> None:
+        """Stop the producer, unflushed; the next :meth:`connect` starts a new one.
+
+        Also after Kafka refused a batch, which is no lost connection: the refused batch took
+        sequence numbers the broker never stored, so the same idempotent producer's next record
+        for that partition would be refused as out of order (and counted as a failure).
+        """
+        producer, self._producer = self._producer, None
         if producer is not None:
             with contextlib.suppress(Exception):
                 await producer.abort(self.ack_timeout_s)
@@ -263,6 +272,7 @@ class Shipper:
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
                 refused = isinstance(exc, REFUSED)
                 if refused and len(records) == 1 and outgoing and await self._dead_letter(records[0], outgoing[0], exc):
+                    await self._drop_producer()
                     continue
                 if not await self._rewind():
                     return
@@ -272,6 +282,7 @@ class Shipper:
                                    len(records), exc)
                     self._one_by_one_to = records[-1].seq
                     self.publish_errors += 1
+                    await self._drop_producer()
                     continue
                 self.publish_errors += 1
                 # Waiting for a missing topic ends in our timeout, or in aiokafka's own
