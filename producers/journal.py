@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.spool import lock_folder, record_head, sync_folder, unpack_record
+from producers.spool import lock_folder, record_head, sync_path, unpack_record
 
 try:
     # The compiled frame writer (native/, built by `make install`); the Python path below
@@ -292,6 +292,12 @@ class Journal:
         self._next_seq = last_seq + 1
         self._pending = self._next_seq - 1 - self._shipped
         self._drop_shipped_segments()
+        # An earlier run killed between its flushes left its last records in the page cache
+        # alone; this run's flushes cover only its own segments. On disk before anything newer:
+        # a power cut must not leave an older segment torn (or gone) behind a newer one, which no
+        # start reads past, holding back every record flushed after it.
+        for segment in self._segments:
+            sync_path(segment.path)
         self._new_segment()
         salvaged = [*self._unfinished_salvages(unfinished), *salvaged]
         for _, body in salvaged:  # written again, in their order, as the newest records
@@ -387,7 +393,7 @@ class Journal:
             # crash (or a full disk) from the cut on would lose them, the cut segment reading as
             # whole at the next start. The marker makes that start take them from the copy.
             path.with_name(path.name + SALVAGING).touch()
-        sync_folder(self.directory)
+        sync_path(self.directory)
         logger.error("journal %s is damaged at byte %d of %d: the segment is kept whole as %s; %d later record(s) "
                      "still readable are journalled again (%d already in Kafka); the rest of the segment after "
                      "the damage is cut off", path, size, len(data), aside, len(kept), len(later) - len(kept))
@@ -447,6 +453,13 @@ class Journal:
             self._close_active()
         self._fd = fd
         self._segments.append(_Segment(self._next_seq, path, 0))
+        # The folder's entry for the new file (and, at a start, the cuts and removals before it):
+        # after a power cut a flushed record is lost with its file unless that entry was flushed
+        # too. Once a segment, so once per 64 MiB of records.
+        try:
+            sync_path(self.directory)
+        except OSError:
+            logger.warning("journal could not flush its folder %s", self.directory, exc_info=True)
 
     # -- append ------------------------------------------------------------------------------
 

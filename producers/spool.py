@@ -106,9 +106,9 @@ def unpack_record(path: Path, blob: bytes) -> SpooledRecord:
     return SpooledRecord(path, topic, key if has_key else None, value, tuple(headers))
 
 
-def sync_folder(directory: Path) -> None:
-    """Flush a folder's entries (a rename into it) to disk."""
-    fd = os.open(directory, os.O_RDONLY)
+def sync_path(path: Path) -> None:
+    """Flush a file, or a folder's entries (a rename into it), to disk, through a descriptor of its own."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -241,7 +241,7 @@ class DiskSpool:
             self._forget(tmp, len(blob))
             raise
         try:
-            sync_folder(self.directory)  # the rename itself survives a power cut
+            sync_path(self.directory)  # the rename itself survives a power cut
         except OSError as exc:  # the record is whole and in place; only a power cut now could lose its name
             logger.warning("flushing the spool folder %s failed: %s", self.directory, exc)
         return final

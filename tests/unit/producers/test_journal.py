@@ -5,8 +5,12 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import signal
 import struct
+import subprocess
+import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -504,4 +508,37 @@ def test_a_disk_too_full_for_the_mark_still_frees_shipped_segments_when_shipping
     with file_size_limit(0):  # no file may grow: the mark cannot be written
         journal.mark_shipped(records)  # before, the OSError ended the inline shipper
     assert len(journal) == 5 and min(int(p.stem) for p in tmp_path.glob("*.log")) > 0
+    journal.close()
+
+
+def test_a_start_flushes_what_a_killed_writer_left_before_it_writes_anything_newer_observed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer killed between its flushes leaves its last records in the page cache alone. The
+    next start flushes them, and then the folder that names its new segment, before it writes
+    anything: after a power cut an older segment torn behind a newer one stops every start.
+    (The flushes are observed, each still made, as no test can cut the power.)"""
+    script = (f"import os, signal, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
+              "from pathlib import Path; from producers.journal import Journal; "
+              f"j = Journal(Path({str(tmp_path)!r}), 1 << 20); j.open(); "
+              "[j.append('t.calls', b'r', b'value-%d' % i, ()) for i in range(3)]; "
+              "os.kill(os.getpid(), signal.SIGKILL)")
+    writer = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert writer.returncode == -signal.SIGKILL, writer.stderr
+    [old] = [str(p.resolve()) for p in tmp_path.glob("*.log")]
+    flushed: list[str] = []
+
+    def observed(real: Callable[[int], None]) -> Callable[[int], None]:
+        def flush(fd: int) -> None:
+            flushed.append(str(Path(f"/proc/self/fd/{fd}").readlink()))
+            real(fd)
+        return flush
+
+    monkeypatch.setattr(os, "fdatasync", observed(os.fdatasync))
+    monkeypatch.setattr(os, "fsync", observed(os.fsync))
+    journal = Journal(tmp_path, 1 << 20)
+    journal.open()
+    assert old in flushed and str(tmp_path.resolve()) in flushed, flushed
+    assert flushed.index(old) < flushed.index(str(tmp_path.resolve())), flushed
+    _fill(journal, 1, start=3)
+    assert _values(journal.read(10, 1 << 20)) == [0, 1, 2, 3]
     journal.close()
