@@ -220,11 +220,13 @@ class JournalTail:
             self._offset += position
             if not complete:
                 # A frame runs past the end of the file. In the newest segment it is still being
-                # written; in an older one the writer finished it before rolling (read again), or
-                # never did and failed to cut it on recovery: damage.
+                # written; in an older one the writer finished it before rolling, or took back a
+                # failed append and wrote a shorter frame in its place (the file changed size
+                # since it was read: read again), or never did and failed to cut it on recovery:
+                # damage.
                 if self._next_segment() is None:
                     break
-                if os.fstat(self._fd).st_size > size:
+                if os.fstat(self._fd).st_size != size:
                     continue
                 raise JournalCorruptError(f"{self._path} ends in a torn record at byte {self._offset:,}")
         return out

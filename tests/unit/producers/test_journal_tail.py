@@ -127,6 +127,42 @@ def test_a_frame_written_where_a_failed_append_was_taken_back_is_not_damage(
     writer.close()
 
 
+def test_a_frame_written_where_a_failed_append_was_taken_back_then_rolled_over_is_not_damage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, but the frame written in the failed append's place (a few bytes shorter than
+    it) filled its segment and the writer rolled: the tail saw the frame whole, then a file
+    ending short of the size it had read, before a newer segment. The file changed size under
+    it, which is no torn record: it reads on (injected: ``fstat`` reports a size 8 bytes larger once)."""
+    writer = _writer(tmp_path, segment_bytes=4000)
+    _fill(writer, 0, 1)
+    tail = JournalTail(tmp_path)
+    tail.open()
+    assert _numbers(tail.read(100, 1 << 20)) == [0]
+    segment = sorted(tmp_path.glob("*.log"))[-1]
+    writer.append("t.calls", b"k", b"v-1".ljust(5000, b"."), ())  # fills the segment: the writer rolls
+    _fill(writer, 2, 1)
+    assert len(list(tmp_path.glob("*.log"))) == 2
+    real_fstat = os.fstat
+    grown = segment.stat().st_size
+    stale = []
+
+    def fstat_once_stale(fd: int) -> os.stat_result:
+        result = real_fstat(fd)
+        if not stale and result.st_size == grown:
+            stale.append(fd)
+            fields = list(result)
+            fields[6] = grown + 8  # st_size: the failed append's bytes, not yet cut when it was read
+            return os.stat_result(fields)
+        return result
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fstat", fstat_once_stale)
+        assert _numbers(tail.read(100, 1 << 20)) == [1, 2]
+    assert stale
+    tail.close()
+    writer.close()
+
+
 def test_the_tail_follows_segments_marks_and_deletes_and_the_writer_learns_its_bound(tmp_path: Path) -> None:
     writer = _writer(tmp_path, segment_bytes=100, max_bytes=250)
     tail = JournalTail(tmp_path, mark_interval_s=0)
