@@ -88,6 +88,25 @@ async def test_anthropic_count_tokens_matches_the_engine(proxy, vllm_url) -> Non
     assert prefilled.input_tokens == continued["count"]
 
 
+async def test_anthropic_paths_with_the_beta_flag_are_served(proxy, vllm_url) -> None:
+    """Claude Code sends its calls to ``/v1/messages?beta=true`` and counts tokens at
+    ``/v1/messages/count_tokens?beta=true``, with a beta header."""
+    headers = {"x-api-key": proxy.token("r-beta"), "anthropic-version": "2023-06-01",
+               "anthropic-beta": "interleaved-thinking-2025-05-14"}
+    messages = [{"role": "user", "content": "Hello there"}]
+    async with httpx.AsyncClient(timeout=60) as http:
+        answer = await http.post(f"{proxy.base('r-beta')}/v1/messages?beta=true", headers=headers,
+                                 json={"model": "claude-opus-4-7", "max_tokens": 4, "messages": messages})
+        counted = await http.post(f"{proxy.base('r-beta')}/v1/messages/count_tokens?beta=true", headers=headers,
+                                  json={"model": "claude-opus-4-7", "messages": messages})
+    assert answer.status_code == 200 and answer.json()["type"] == "message", answer.text
+    [event] = await calls_of(proxy, 1)
+    assert event.protocol is ApiProtocol.ANTHROPIC_MESSAGES and event.status is CallStatus.OK
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] == len(event.prompt_token_ids) == len(
+        await tokenize(vllm_url, event.model, messages))
+
+
 async def test_unsupported_anthropic_feature_gets_400_naming_the_field(proxy) -> None:
     async with anthropic_client(proxy, "r-doc") as client:
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type"):

@@ -168,6 +168,35 @@ async def test_calls_carry_the_weight_version_the_engine_serves(proxy, vllm_url)
     assert [v.version for v in event.choices[0].weight_versions] == ["41"]
 
 
+async def test_a_rollout_s_calls_stick_to_one_replica_and_rollouts_spread_over_all(
+        proxy_settings_factory, topics, vllm_url) -> None:
+    """Two replicas: the one real engine by address and by name. Every call of a rollout goes
+    to the same one (its prefix cache holds the conversation so far), and rollouts spread over both."""
+    port = vllm_url.rsplit(":", 1)[1]
+    replicas = [f"http://127.0.0.1:{port}", f"http://localhost:{port}"]
+    settings = proxy_settings_factory(upstreams=replicas)
+    proxy = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+    rollouts = [f"r-stick-{i}" for i in range(16)]  # all on one replica by chance: 2 in 65,536
+    server, task = await serve(settings)
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            for turn in range(2):
+                for rollout in rollouts:
+                    answer = await http.post(f"{proxy.base(rollout)}/v1/chat/completions",
+                                             headers={"authorization": f"Bearer {proxy.token(rollout)}"},
+                                             json={"model": "m", "max_tokens": 2,
+                                                   "messages": [{"role": "user", "content": f"turn {turn}"}]})
+                    assert answer.status_code == 200, answer.text
+    finally:
+        await shutdown(server, task)
+    events = await calls_of(proxy, 2 * len(rollouts))
+    served: dict[str, set[str | None]] = {}
+    for event in events:
+        served.setdefault(event.rollout_id, set()).add(event.upstream_replica)
+    assert sorted(served) == sorted(rollouts) and all(len(by) == 1 for by in served.values()), served
+    assert set().union(*served.values()) == set(replicas), served
+
+
 async def test_forced_sampling_reaches_the_engine_whatever_the_harness_asked(proxy_settings_factory, topics) -> None:
     # The harness asks for greedy answers; the proxy is set to sample as the policy does
     # (temperature 1, nothing cut). A greedy tiny model answers the same prompt the same way every

@@ -637,16 +637,24 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
         assert metric_value("openforge.proxy.spool_depth") == 5
         failed = metric_value("openforge.proxy.publish_errors")
         assert failed is not None and failed >= 1, failed
+        broker.start()  # the running proxy delivers them once Kafka is back
+        await _ready_until(settings.port, lambda r: r["spooled"] == 0 and r["kafka"] is True)
+        # Once each, by id: a send that timed out while the broker came back may have arrived too.
+        delivered = {e.event_id: e for e in await read_events(kafka, registry, expect=6)}
+        assert len(delivered) == 6
+        broker.stop()
+        left = [await post(url, json={**CHAT, "seed": 5 + i}, token=token) for i in range(2)]
+        assert [r.status_code for r in left] == [200] * 2
+        await _ready_until(settings.port, lambda r: r["spooled"] == 2)
     finally:
         await shutdown(server, task)  # the proxy stops with events still on disk
-    assert _waiting_on_disk(tmp_path / "spool", durability) == 5
+    assert _waiting_on_disk(tmp_path / "spool", durability) == 2
     broker.start()
     server, task = await serve(settings)  # a restarted proxy delivers what was left
     try:
         await _ready_until(settings.port, lambda r: r["spooled"] == 0)
-        events = await read_events(kafka, registry, expect=6)
-        assert len(events) == 6 and len({e.event_id for e in events}) == 6
-        assert sorted(e.request.sampling.get("seed", -1) for e in events) == [-1, 0, 1, 2, 3, 4]
+        events = {e.event_id: e for e in await read_events(kafka, registry, expect=8)}.values()
+        assert sorted(e.request.sampling.get("seed", -1) for e in events) == [-1, 0, 1, 2, 3, 4, 5, 6]
     finally:
         await shutdown(server, task)
     # With Kafka gone and a tiny bound, the proxy refuses new calls instead of losing them.

@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind
 from proxy_helpers import RunningProxy, read_events, serve, shutdown
 from spans import memory_exporter
 
+from schemas.registry import decode
 from stream import CALLS
 
 pytestmark = pytest.mark.kafka
@@ -35,6 +36,7 @@ async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, p
     spans.clear()
     memory_reader()  # instruments record only once a provider is installed
     latency_before = histogram_counts("openforge.proxy.added_latency")
+    tokens_before = counter_values("openforge.proxy.tokens")
     async with httpx.AsyncClient(timeout=60) as http:
         for stream in (False, True):
             await _chat(http, proxy, "r-trace", stream=stream)
@@ -74,6 +76,14 @@ async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, p
     for streamed in (False, True):
         key = (("protocol", "openai_chat"), ("streamed", streamed))
         assert latency.get(key, 0) - latency_before.get(key, 0) == 1, latency
+    # Tokens are counted as the events hold them: the prompts the engine saw, what it sampled.
+    events = [decode(r.headers, r.value) for r in records]
+    tokens = counter_values("openforge.proxy.tokens")
+    counted = {kind: tokens.get((("kind", kind),), 0) - tokens_before.get((("kind", kind),), 0)
+               for kind in ("prompt", "completion")}
+    assert counted == {"prompt": sum(len(e.prompt_token_ids) for e in events),
+                       "completion": sum(len(e.choices[0].completion_token_ids) for e in events)}, counted
+    assert counted["completion"] > 0
 
 
 async def test_a_call_continues_the_trace_the_harness_sent(spans: InMemorySpanExporter, proxy) -> None:
