@@ -35,7 +35,7 @@ class UpstreamPool:
         self.down_for_s = down_for_s
         self._down_until: dict[str, float] = {}
         self._versions: dict[str, str] = {}
-        self._poller: asyncio.Task[None] | None = None
+        self._pollers: list[asyncio.Task[None]] = []
         self._probe: asyncio.Future[bool] | None = None
         self._probed_at = -math.inf
         self.client = EngineClient(timeout_s=timeout_s, keepalive_s=keepalive_s)
@@ -125,13 +125,15 @@ class UpstreamPool:
             else:
                 self._versions[url] = version
 
-        async def poll() -> None:
+        async def poll(url: str) -> None:
             while True:
-                # All at once: in turn, one replica that does not answer delayed every other's reading.
-                await asyncio.gather(*(read(url) for url in self.urls))
+                await read(url)
                 await asyncio.sleep(interval_s)
 
-        self._poller = asyncio.create_task(poll(), name="weight-version-poll")
+        # A loop per replica: read in turn, or together in rounds, one replica slow to answer
+        # (up to the read's 2 s) held back every other's reading, and their labels went stale
+        # for that long after a weight update.
+        self._pollers = [asyncio.create_task(poll(url), name=f"weight-version-poll {url}") for url in self.urls]
 
     async def aclose(self) -> None:
         """Stop polling and probing, and close the shared client."""
@@ -139,8 +141,9 @@ class UpstreamPool:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # a probe's failure was its callers'
                 await self._probe
-        if self._poller is not None:
-            self._poller.cancel()
+        for poller in self._pollers:
+            poller.cancel()
+        for poller in self._pollers:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+                await poller
         await self.client.aclose()

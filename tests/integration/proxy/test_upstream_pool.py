@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable
 
+import httpx
 import pytest
 
 from proxy.engine_client import EngineUnreachableError
@@ -86,6 +87,30 @@ async def test_a_replica_whose_weight_version_cannot_be_read_has_none_rather_tha
         await _close_all(opened)
         server.close()
         await server.wait_closed()
+
+
+async def test_a_wedged_replica_does_not_hold_back_another_replica_s_weight_version(
+        wedged_url: str, vllm_url: str) -> None:
+    # vLLM's chat answers carry no weight version: the polled one labels every call. Read in
+    # rounds, each round waited out the wedged replica's 2 s read, and the real engine's label
+    # lagged an update by as long. Three updates in a row are each seen within a few polls.
+    pool = UpstreamPool([wedged_url, vllm_url], timeout_s=30)
+    pool.start_version_poll(0.05)
+    async with httpx.AsyncClient(timeout=10) as http:
+        before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
+        try:
+            await _until(lambda: pool.weight_version(vllm_url) == str(before))
+            started = time.monotonic()
+            for version in ("w-1", "w-2", "w-3"):
+                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": version})
+                 ).raise_for_status()
+                await _until(lambda: pool.weight_version(vllm_url) == version)  # noqa: B023 - awaited here
+                assert pool.weight_version(vllm_url) == version
+            assert time.monotonic() - started < 2.0  # rounds held by the wedged read: 4 s at least
+            assert pool.weight_version(wedged_url) is None
+        finally:
+            await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
+            await pool.aclose()
 
 
 async def test_an_engine_gone_silent_since_its_last_answer_fails_fast_instead_of_holding_the_call() -> None:
