@@ -107,6 +107,32 @@ async def test_anthropic_paths_with_the_beta_flag_are_served(proxy, vllm_url) ->
         await tokenize(vllm_url, event.model, messages))
 
 
+async def test_translated_calls_capture_the_ids_and_logprobs_the_engine_samples(proxy, vllm_url) -> None:
+    """Greedy, so the engine given the event's prompt ids again samples the same tokens: the
+    Anthropic and Responses calls' events (whole and streamed) hold vLLM's own ids and logprobs."""
+    async with anthropic_client(proxy, "r-exact-a") as client:
+        await client.messages.create(model="claude-opus-4-7", max_tokens=12, extra_body={"temperature": 0},
+                                     messages=[{"role": "user", "content": "Name a colour."}])
+    async with responses_client(proxy, "r-exact-r") as client:
+        async with client.responses.stream(model="gpt-5-codex", input="Name a fruit.", max_output_tokens=12,
+                                           temperature=0) as stream:
+            kinds = [event.type async for event in stream]
+    assert kinds[-1] in {"response.completed", "response.incomplete"}, kinds
+    events = await calls_of(proxy, 2)
+    assert [e.protocol for e in events] == [ApiProtocol.ANTHROPIC_MESSAGES, ApiProtocol.OPENAI_RESPONSES]
+    async with httpx.AsyncClient(timeout=60) as http:
+        for event in events:
+            choice = event.choices[0]
+            direct = await http.post(f"{vllm_url}/v1/completions", json={
+                "model": event.model, "prompt": list(event.prompt_token_ids), "max_tokens": 12, "temperature": 0,
+                "logprobs": 0, "return_token_ids": True})
+            direct.raise_for_status()
+            sampled = direct.json()["choices"][0]
+            assert len(choice.completion_token_ids) > 0
+            assert list(choice.completion_token_ids) == sampled["token_ids"]
+            assert list(choice.logprobs) == pytest.approx(sampled["logprobs"]["token_logprobs"], abs=1e-3)
+
+
 async def test_unsupported_anthropic_feature_gets_400_naming_the_field(proxy) -> None:
     async with anthropic_client(proxy, "r-doc") as client:
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type"):

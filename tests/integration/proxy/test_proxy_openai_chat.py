@@ -79,18 +79,28 @@ async def test_streaming_passes_tokens_through_and_captures_them(proxy, vllm_url
     messages = [{"role": "user", "content": "Count to five."}]
     async with client_for(proxy, "r-stream") as client:
         stream = await client.chat.completions.create(model="m", messages=messages, max_tokens=16, stream=True,
-                                                      extra_body={"return_token_ids": True})
+                                                      logprobs=True, extra_body={"return_token_ids": True})
         chunks = [chunk async for chunk in stream]
+        # What the proxy asks the engine for and the harness did not is not in the harness's chunks.
+        bare = [chunk async for chunk in await client.chat.completions.create(
+            model="m", messages=messages, max_tokens=4, stream=True)]
     streamed_ids = [i for c in chunks for ch in c.choices for i in (ch.model_extra or {}).get("token_ids") or []]
+    streamed_logprobs = [t.logprob for c in chunks for ch in c.choices if ch.logprobs
+                         for t in ch.logprobs.content or []]
     text = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
     assert all(c.usage is None for c in chunks)  # the usage chunk the proxy asked for stays hidden
-    [event] = await calls_of(proxy, 1)
+    event, bare_event = await calls_of(proxy, 2)
     assert event.streamed and event.status is CallStatus.OK
     assert list(event.choices[0].completion_token_ids) == streamed_ids
+    assert list(event.choices[0].logprobs) == streamed_logprobs
     assert event.response["choices"][0]["message"]["content"] == text
     assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, messages)
-    assert len(event.choices[0].logprobs) == len(streamed_ids)
     assert event.usage is not None and event.usage.completion_tokens == len(streamed_ids)
+    timings = event.timings
+    assert timings.time_to_first_token_s is not None and 0 < timings.time_to_first_token_s <= timings.total_s
+    assert bare and all(ch.logprobs is None and not {"token_ids", "weight_versions"} & set(ch.model_extra or {})
+                        for c in bare for ch in c.choices), bare
+    assert len(bare_event.choices[0].logprobs) == len(bare_event.choices[0].completion_token_ids) > 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
