@@ -390,18 +390,23 @@ async def test_helper_routes_answer_502_when_the_engine_cannot_name_its_model(pr
         assert "could not be asked for its model" in answer.text
 
 
-async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(proxy: RunningProxy) -> None:
+async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(proxy: RunningProxy,
+                                                                            vllm_url: str) -> None:
     # Three seconds of answer on the CPU engine, so that the proxy, held off the CPU for a while
     # on a loaded machine, still hears the harness leave before the engine has finished.
     body = {**CHAT, "max_tokens": 900, "ignore_eos": True, "stream": True,
             "messages": [{"role": "user", "content": "Tell a story."}]}
     url = f"{proxy.base('r-cut')}/v1/chat/completions"
+    generated_before = await _engine_idle(vllm_url)
     async with httpx.AsyncClient(timeout=60) as client, \
             client.stream("POST", url, json=body, headers=auth(proxy.token("r-cut"))) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if line.startswith("data:"):
                 break  # the harness goes away after the first token
+    # The engine stops making the answer nobody reads (with EOS ignored, it would make all 900).
+    made = await _made_since(vllm_url, generated_before)
+    assert 0 < made < 900, made
     # The harness re-sends the conversation (as Claude Code does after a broken stream: whole
     # answer this time); it is linked to the cut attempt. Once that succeeded, the next request of
     # the same conversation is a new call. (A retry is told by its conversation, not by its
@@ -495,16 +500,33 @@ async def _engine_metric(vllm_url: str, name: str, **labels: str) -> float:
     return total
 
 
-async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_is_linked(
-        proxy: RunningProxy, vllm_url: str) -> None:
-    # A harness that times out on a whole answer hangs up and sends the call again. The engine
-    # must stop making the answer nobody takes, and the call must not count as the turn.
-    for _ in range(600):  # what earlier tests left running (answers of harnesses that left) ends first
+async def _engine_idle(vllm_url: str) -> float:
+    """Wait until what earlier tests left running (answers of harnesses that left) ends; the
+    engine's count of tokens made so far."""
+    for _ in range(600):
         if await _engine_metric(vllm_url, "vllm:num_requests_running") == 0 == await _engine_metric(
                 vllm_url, "vllm:num_requests_waiting"):
             break
         await asyncio.sleep(0.05)
-    generated_before = await _engine_metric(vllm_url, "vllm:generation_tokens_total")
+    return await _engine_metric(vllm_url, "vllm:generation_tokens_total")
+
+
+async def _made_since(vllm_url: str, generated_before: float) -> float:
+    """Tokens the engine made since ``generated_before``, read once the count has not moved for a
+    second (an engine still at work moves it every step)."""
+    counts: list[float] = []
+    while len(counts) < 6 or len(set(counts[-6:])) > 1:
+        assert len(counts) < 100, counts
+        counts.append(await _engine_metric(vllm_url, "vllm:generation_tokens_total") - generated_before)
+        await asyncio.sleep(0.2)
+    return counts[-1]
+
+
+async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_is_linked(
+        proxy: RunningProxy, vllm_url: str) -> None:
+    # A harness that times out on a whole answer hangs up and sends the call again. The engine
+    # must stop making the answer nobody takes, and the call must not count as the turn.
+    generated_before = await _engine_idle(vllm_url)
     # Thirty-two answers of 900 tokens each (the engine's context holds 1,024): about ten seconds
     # of work on the CPU engine, measured on an idle machine. One answer took three, and on a
     # loaded two-core machine the test's process (which runs the proxy) was seen held off the CPU
@@ -531,14 +553,9 @@ async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_
     [event] = await calls_of(proxy, 1)
     assert (event.rollout_id, event.streamed, event.status) == ("r-left", False, CallStatus.CLIENT_DISCONNECTED)
     assert event.upstream_replica and not event.choices  # cut before the engine answered
-    # With EOS ignored, answers made to the end have all their tokens: read the engine's count of
-    # tokens made until it has not moved for a second (an engine still at work moves it every step).
-    counts: list[float] = []
-    while len(counts) < 6 or len(set(counts[-6:])) > 1:
-        assert len(counts) < 100, counts
-        counts.append(await _engine_metric(vllm_url, "vllm:generation_tokens_total") - generated_before)
-        await asyncio.sleep(0.2)
-    assert counts[-1] < whole, (counts, event.timings)  # the engine stopped short (or never began)
+    # With EOS ignored, answers made to the end have all their tokens.
+    made = await _made_since(vllm_url, generated_before)
+    assert made < whole, (made, event.timings)  # the engine stopped short (or never began)
     again = await post(f"{proxy.base('r-left')}/v1/chat/completions", json={**body, "n": 1, "max_tokens": 8},
                        token=proxy.token("r-left"))
     assert again.status_code == 200
