@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 from collections.abc import AsyncIterator
 
@@ -131,6 +132,35 @@ async def test_translated_calls_capture_the_ids_and_logprobs_the_engine_samples(
             assert len(choice.completion_token_ids) > 0
             assert list(choice.completion_token_ids) == sampled["token_ids"]
             assert list(choice.logprobs) == pytest.approx(sampled["logprobs"]["token_logprobs"], abs=1e-3)
+
+
+async def test_translated_tool_histories_reach_the_engine_as_its_template_renders_them(proxy, vllm_url) -> None:
+    """A second turn after a tool ran, in each translated API (with Responses' developer role):
+    the engine gets it as chat messages its own template renders, the tool's result under the
+    call's id, and the event's prompt ids are that rendering."""
+    async with anthropic_client(proxy, "r-hist-a") as client:
+        await client.messages.create(model="claude-opus-4-7", max_tokens=4, tools=ANTHROPIC_TOOLS, messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Looking it up."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 21C"}]}])
+    async with responses_client(proxy, "r-hist-r") as client:
+        await client.responses.create(model="gpt-5-codex", max_output_tokens=4, tools=RESPONSES_TOOLS, input=[
+            {"role": "developer", "content": "Answer in one word."},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21C"}])
+    events = await calls_of(proxy, 2)
+    for event, call_id in zip(events, ("toolu_1", "call_1"), strict=True):
+        assert event.status is CallStatus.OK, event.error_message
+        messages = event.request.messages
+        [called] = [m for m in messages if m.get("tool_calls")]
+        assert [(c["id"], c["function"]["name"]) for c in called["tool_calls"]] == [(call_id, "get_weather")]
+        assert json.loads(called["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris"}
+        assert messages[-1] == {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21C"}
+        assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, messages, event.request.tools)
+    assert events[1].request.messages[0]["role"] in {"system", "developer"}
 
 
 async def test_unsupported_anthropic_feature_gets_400_naming_the_field(proxy) -> None:
