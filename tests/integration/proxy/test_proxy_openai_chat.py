@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -58,6 +59,17 @@ async def test_non_streaming_call_is_captured_token_exact(proxy, vllm_url) -> No
     assert event.session_headers["user-agent"].startswith("AsyncOpenAI")
     assert "authorization" not in event.session_headers
     assert event.timings.time_to_first_token_s is not None
+
+
+async def test_the_model_list_names_the_engine_s_model_to_both_sdks(proxy, vllm_url) -> None:
+    async with httpx.AsyncClient() as http:
+        served = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]["id"]
+    async with client_for(proxy, "r-models") as client:
+        listed = [model.id async for model in client.models.list()]
+    async with anthropic.AsyncAnthropic(base_url=proxy.base("r-models"), api_key=proxy.token("r-models"),
+                                        max_retries=0) as client:
+        listed_to_anthropic = [model.id async for model in client.models.list()]
+    assert listed == [served] == listed_to_anthropic
 
 
 async def test_capture_fields_are_stripped_when_the_harness_did_not_ask(proxy) -> None:

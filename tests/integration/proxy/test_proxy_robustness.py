@@ -27,6 +27,7 @@ from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, 
 from producers.journal import Journal
 from producers.shipper import spool_path
 from producers.spool import DiskSpool
+from proxy.auth import ROLLOUT_HEADER
 from schemas import ModelCallV1, RewardV1
 from schemas.call.v1 import CallStatus
 from schemas.credentials import Role, mint_token
@@ -68,10 +69,17 @@ async def test_credentials_are_checked(proxy: RunningProxy) -> None:
     # The key also works as x-api-key (Anthropic clients), and the rollout may come from the token alone.
     ok = await post(f"{proxy.url}/v1/chat/completions", json=CHAT, headers={"x-api-key": proxy.token("r-a")})
     assert ok.status_code == 200
-    [event] = await calls_of(proxy, 1)
-    assert event.rollout_id == "r-a"
+    # Or from a header, which must agree with the token.
+    named = await post(f"{proxy.url}/v1/chat/completions", json=CHAT, token=proxy.token("r-a"),
+                       headers={ROLLOUT_HEADER: "r-a"})
+    assert named.status_code == 200
+    misnamed = await post(f"{proxy.url}/v1/chat/completions", json=CHAT, token=proxy.token("r-a"),
+                          headers={ROLLOUT_HEADER: "r-b"})
+    assert misnamed.status_code == 401
+    events = await calls_of(proxy, 2)
+    assert [e.rollout_id for e in events] == ["r-a", "r-a"]
     # Refusals leave no call event; the metric is where an operator sees them.
-    assert counter_values("openforge.proxy.refused").get((("status", 401),), 0) - refused_before == 5
+    assert counter_values("openforge.proxy.refused").get((("status", 401),), 0) - refused_before == 6
 
 
 async def test_model_calls_only_from_the_agent(proxy: RunningProxy) -> None:
