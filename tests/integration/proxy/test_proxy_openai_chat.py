@@ -184,8 +184,8 @@ async def test_calls_carry_the_weight_version_the_engine_serves(proxy, vllm_url)
                                      json={"model": "m", "messages": [{"role": "user", "content": "v?"}],
                                            "max_tokens": 3})
             assert answer.status_code == 200
-        finally:
-            await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
+        finally:  # the session's one engine: the next test reads its version
+            (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})).raise_for_status()
     [event] = await calls_of(proxy, 1)
     assert [v.version for v in event.choices[0].weight_versions] == ["41"]
 

@@ -93,7 +93,7 @@ async def test_a_wedged_replica_does_not_hold_back_another_replica_s_weight_vers
         wedged_url: str, vllm_url: str) -> None:
     # vLLM's chat answers carry no weight version: the polled one labels every call. Read in
     # rounds, each round waited out the wedged replica's 2 s read, and the real engine's label
-    # lagged an update by as long. Three updates in a row are each seen within a few polls.
+    # lagged an update by as long. Six updates in a row are each seen within a few polls.
     pool = UpstreamPool([wedged_url, vllm_url], timeout_s=30)
     pool.start_version_poll(0.05)
     async with httpx.AsyncClient(timeout=10) as http:
@@ -101,16 +101,19 @@ async def test_a_wedged_replica_does_not_hold_back_another_replica_s_weight_vers
         try:
             await _until(lambda: pool.weight_version(vllm_url) == str(before))
             started = time.monotonic()
-            for version in ("w-1", "w-2", "w-3"):
+            for version in ("w-1", "w-2", "w-3", "w-4", "w-5", "w-6"):
                 (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": version})
                  ).raise_for_status()
                 await _until(lambda: pool.weight_version(vllm_url) == version)  # noqa: B023 - awaited here
                 assert pool.weight_version(vllm_url) == version
-            assert time.monotonic() - started < 2.0  # rounds held by the wedged read: 4 s at least
+            assert time.monotonic() - started < 5.0  # rounds held by the wedged read: 10 s at least
             assert pool.weight_version(wedged_url) is None
         finally:
-            await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
-            await pool.aclose()
+            try:  # the session's one engine: the next test reads its version
+                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
+                 ).raise_for_status()
+            finally:
+                await pool.aclose()
 
 
 async def test_an_engine_gone_silent_since_its_last_answer_fails_fast_instead_of_holding_the_call() -> None:
