@@ -297,7 +297,10 @@ class Journal:
         # a power cut must not leave an older segment torn (or gone) behind a newer one, which no
         # start reads past, holding back every record flushed after it.
         for segment in self._segments:
-            sync_path(segment.path)
+            try:
+                sync_path(segment.path)
+            except OSError as exc:  # as any failed flush: said, and the start goes on (the disk is the operator's)
+                logger.error("flushing journal segment %s left by an earlier run failed: %s", segment.path, exc)
         self._new_segment()
         salvaged = [*self._unfinished_salvages(unfinished), *salvaged]
         for _, body in salvaged:  # written again, in their order, as the newest records

@@ -176,7 +176,7 @@ class Shipper:
         await self._drop_producer()
 
     async def _drop_producer(self) -> None:
-        """Stop the producer, unflushed; the next :meth:`connect` starts a new one.
+        """Stop the producer without waiting out its deliveries; the next :meth:`connect` starts a new one.
 
         Also after Kafka refused a batch, which is no lost connection: the refused batch took
         sequence numbers the broker never stored, so the same idempotent producer's next record

@@ -127,7 +127,11 @@ class UpstreamPool:
 
         async def poll(url: str) -> None:
             while True:
-                await read(url)
+                try:
+                    await read(url)
+                except Exception:  # a loop that ended would keep its last reading for good
+                    logger.warning("reading %s's weight version failed", url, exc_info=True)
+                    self._versions.pop(url, None)
                 await asyncio.sleep(interval_s)
 
         # A loop per replica: read in turn, or together in rounds, one replica slow to answer
@@ -143,7 +147,5 @@ class UpstreamPool:
                 await self._probe
         for poller in self._pollers:
             poller.cancel()
-        for poller in self._pollers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+        await asyncio.gather(*self._pollers, return_exceptions=True)
         await self.client.aclose()
