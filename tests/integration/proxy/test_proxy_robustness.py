@@ -11,9 +11,10 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,21 @@ def auth(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
+# The proxy under test runs in the test's own event loop, so whatever the test does without
+# awaiting holds the proxy up too. A new httpx client loads the system's certificate authorities
+# (some 150 of them: 20 ms of CPU on an idle machine, seen taking seconds on a loaded one) unless it
+# is given a context; these tests speak plain HTTP, so every client shares this one, made once.
+PLAIN = ssl.create_default_context()
+
+
 async def get(url: str, *, token: str | None = None) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=30, verify=PLAIN) as client:
         return await client.get(url, headers=auth(token) if token else None)
 
 
 async def post(url: str, *, token: str | None = None, json: object = None, content: bytes | None = None,
                headers: dict[str, str] | None = None) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=60) as client:
+    async with httpx.AsyncClient(timeout=60, verify=PLAIN) as client:
         return await client.post(url, json=json, content=content,
                                  headers={**(auth(token) if token else {}), **(headers or {})})
 
@@ -400,23 +408,35 @@ async def test_helper_routes_answer_502_when_the_engine_cannot_name_its_model(pr
 
 async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(proxy: RunningProxy,
                                                                             vllm_url: str) -> None:
-    # Sixteen answers of 900 tokens, several seconds of work on the CPU engine, so that the proxy,
-    # held off the CPU for a while on a loaded machine, still hears the harness leave before the
-    # engine has finished (one answer of three seconds was seen to finish first: see below).
-    body = {**CHAT, "max_tokens": 900, "n": 16, "ignore_eos": True, "stream": True,
+    # The harness leaves after the first token; the engine must stop making the answers nobody
+    # reads (with EOS ignored it would make them whole). The engine is paused (mode keep: its
+    # requests frozen where they are) the moment the harness has its first token, so the race
+    # between the proxy hearing the harness leave and the engine finishing is decided by the proxy
+    # alone, however long the machine holds either process off the CPU: held for seconds on a
+    # loaded two-core machine, the proxy used to hear the harness only after the engine had made
+    # every token. Only the pause itself must land before the engine is done: 256 answers of 990
+    # tokens, twice what the engine's cache holds at once, are some forty seconds of its work.
+    answers, tokens = 256, 990
+    body = {**CHAT, "max_tokens": tokens, "n": answers, "ignore_eos": True, "stream": True,
             "messages": [{"role": "user", "content": "Tell a story."}]}
+    whole = answers * tokens
     url = f"{proxy.base('r-cut')}/v1/chat/completions"
     generated_before = await _engine_idle(vllm_url)
-    async with httpx.AsyncClient(timeout=60) as client, \
-            client.stream("POST", url, json=body, headers=auth(proxy.token("r-cut"))) as response:
-        assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if line.startswith("data:") and any(choice["delta"].get("content")
-                                                for choice in orjson.loads(line[5:])["choices"]):
-                break  # the harness goes away after the first token (the first chunks only open the answers)
-    # The engine stops making the answers nobody reads (with EOS ignored, it would make them whole).
+    async with _engine_held(vllm_url) as hold:
+        async with httpx.AsyncClient(timeout=60, verify=PLAIN) as client, \
+                client.stream("POST", url, json=body, headers=auth(proxy.token("r-cut"))) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and any(choice["delta"].get("content")
+                                                    for choice in orjson.loads(line[5:])["choices"]):
+                    break  # the first token (the first chunks only open the answers)
+            await hold.pause()
+        # The harness has left; the proxy records the call once it has cut its engine request.
+        [cut] = await calls_of(proxy, 1)
+    assert cut.status is CallStatus.CLIENT_DISCONNECTED, cut.status
+    assert 0 < sum(len(c.completion_token_ids) for c in cut.choices) < whole  # what was made before the cut
     made = await _made_since(vllm_url, generated_before)
-    assert 0 < made < 16 * 900, made
+    assert 0 < made < whole, made
     # The harness re-sends the conversation (as Claude Code does after a broken stream: whole
     # answer this time); it is linked to the cut attempt. Once that succeeded, the next request of
     # the same conversation is a new call. (A retry is told by its conversation, not by its
@@ -424,14 +444,9 @@ async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(prox
     again = await post(url, json={**body, "n": 1, "stream": False, "max_tokens": 8}, token=proxy.token("r-cut"))
     fresh = await post(url, json={**body, "n": 1, "max_tokens": 8}, token=proxy.token("r-cut"))
     assert again.status_code == 200 and fresh.status_code == 200
-    events = await calls_of(proxy, 3)
-    assert CallStatus.CLIENT_DISCONNECTED in [e.status for e in events], [(e.status, e.streamed, len(e.choices[0].completion_token_ids), e.choices[0].finish_reason) for e in events]
-    cut = next(e for e in events if e.status is CallStatus.CLIENT_DISCONNECTED)
-    assert 0 < sum(len(c.completion_token_ids) for c in cut.choices) < 16 * 900  # what was made before the cut
-    linked = next(e for e in events if not e.streamed)
-    assert (linked.retry_of, linked.attempt, linked.status) == (cut.call_id, 1, CallStatus.OK)
-    new_call = next(e for e in events if e.streamed and e.status is CallStatus.OK)
-    assert (new_call.retry_of, new_call.attempt) == (None, 0)
+    [_, linked, new_call] = await calls_of(proxy, 3)
+    assert (linked.streamed, linked.retry_of, linked.attempt, linked.status) == (False, cut.call_id, 1, CallStatus.OK)
+    assert (new_call.streamed, new_call.retry_of, new_call.attempt, new_call.status) == (True, None, 0, CallStatus.OK)
 
 
 async def test_a_stream_whose_harness_left_before_its_first_byte_is_still_recorded(proxy: RunningProxy) -> None:
@@ -521,12 +536,48 @@ async def _engine_idle(vllm_url: str) -> float:
     raise AssertionError("the engine was still at work after 30 s; its token count would include that work")
 
 
+class _EngineHold:
+    """Pauses the engine (``mode=keep``) once asked; see :func:`_engine_held`."""
+
+    def __init__(self, client: httpx.AsyncClient, vllm_url: str) -> None:
+        self._client, self._url = client, vllm_url
+        self.paused = False
+
+    async def pause(self) -> None:
+        answer = await self._client.post(f"{self._url}/pause", params={"mode": "keep"})
+        self.paused = True  # a pause that timed out may still have taken effect: resume regardless
+        assert answer.status_code == 200, answer.text
+
+
+@contextlib.asynccontextmanager
+async def _engine_held(vllm_url: str) -> AsyncIterator[_EngineHold]:
+    """A block in which the engine can be paused, its requests frozen, and is resumed at the end
+    whatever happens (a paused engine would fail every later test of the session)."""
+    async with httpx.AsyncClient(timeout=30, verify=PLAIN) as client:
+        hold = _EngineHold(client, vllm_url)
+        try:
+            yield hold
+        finally:
+            if hold.paused:
+                resumed = await client.post(f"{vllm_url}/resume")
+                assert resumed.status_code == 200, resumed.text
+
+
+async def _engine_began(vllm_url: str, generated_before: float) -> None:
+    """Wait until the engine has made a token since ``generated_before`` (a request reached it)."""
+    for _ in range(1500):
+        if await _engine_metric(vllm_url, "vllm:generation_tokens_total") > generated_before:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the engine made no token in 30 s")
+
+
 async def _made_since(vllm_url: str, generated_before: float) -> float:
     """Tokens the engine made since ``generated_before``, read once the count has not moved for a
     second (an engine still at work moves it every step)."""
     counts: list[float] = []
     while len(counts) < 6 or len(set(counts[-6:])) > 1:
-        assert len(counts) < 100, counts
+        assert len(counts) < 100, f"the engine was still making tokens after 20 s: {counts}"
         counts.append(await _engine_metric(vllm_url, "vllm:generation_tokens_total") - generated_before)
         await asyncio.sleep(0.2)
     return counts[-1]
@@ -535,37 +586,35 @@ async def _made_since(vllm_url: str, generated_before: float) -> float:
 async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_is_linked(
         proxy: RunningProxy, vllm_url: str) -> None:
     # A harness that times out on a whole answer hangs up and sends the call again. The engine
-    # must stop making the answer nobody takes, and the call must not count as the turn.
-    generated_before = await _engine_idle(vllm_url)
-    # Thirty-two answers of 900 tokens each (the engine's context holds 1,024): about ten seconds
-    # of work on the CPU engine, measured on an idle machine. One answer took three, and on a
-    # loaded two-core machine the test's process (which runs the proxy) was seen held off the CPU
-    # for as long, so the engine finished before the proxy could hear the hang-up. No stall seen
-    # came near ten seconds.
-    body = {**CHAT, "max_tokens": 900, "n": 32, "ignore_eos": True,
+    # must stop making the answer nobody takes, and the call must not count as the turn. As in the
+    # stream's test, the engine is paused once it has begun, before the harness leaves, so only
+    # the pause must land before the engine's forty seconds of work are done.
+    answers, tokens = 256, 990
+    body = {**CHAT, "max_tokens": tokens, "n": answers, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Go on."}]}
-    whole = 32 * 900
+    whole = answers * tokens
     raw = orjson.dumps(body)
     port = int(proxy.url.rsplit(":", 1)[1])
-    _, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"POST /rollouts/r-left/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
-                     b"authorization: Bearer " + proxy.token("r-left").encode() + b"\r\n"
-                     b"content-type: application/json\r\ncontent-length: " + str(len(raw)).encode() + b"\r\n\r\n"
-                     + raw)
-        await writer.drain()
-        # The engine's gauges are not updated every step, so the harness does not wait to see the
-        # request running: a quarter of a second is well within the answer's ten seconds or more.
-        await asyncio.sleep(0.25)
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    [event] = await calls_of(proxy, 1)
+    generated_before = await _engine_idle(vllm_url)
+    async with _engine_held(vllm_url) as hold:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"POST /rollouts/r-left/v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n"
+                         b"authorization: Bearer " + proxy.token("r-left").encode() + b"\r\n"
+                         b"content-type: application/json\r\ncontent-length: " + str(len(raw)).encode()
+                         + b"\r\n\r\n" + raw)
+            await writer.drain()
+            await _engine_began(vllm_url, generated_before)
+            await hold.pause()
+        finally:
+            writer.close()
+            await writer.wait_closed()
+        [event] = await calls_of(proxy, 1)
     assert (event.rollout_id, event.streamed, event.status) == ("r-left", False, CallStatus.CLIENT_DISCONNECTED)
     assert event.upstream_replica and not event.choices  # cut before the engine answered
     # With EOS ignored, answers made to the end have all their tokens.
     made = await _made_since(vllm_url, generated_before)
-    assert made < whole, (made, event.timings)  # the engine stopped short (or never began)
+    assert 0 < made < whole, (made, event.timings)  # the engine began, and stopped short
     again = await post(f"{proxy.base('r-left')}/v1/chat/completions", json={**body, "n": 1, "max_tokens": 8},
                        token=proxy.token("r-left"))
     assert again.status_code == 200
