@@ -72,13 +72,12 @@ def kafka_group() -> None:
 
 
 def _broker(port: int | None, data_dir: str | None) -> LocalBroker:
-    updates: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     if port is not None:
-        updates["port"] = port
-        updates["controller_port"] = port + 1
+        given["port"] = port  # the controller takes PORT+1 unless OPENFORGE_BROKER_CONTROLLER_PORT says
     if data_dir is not None:
-        updates["data_dir"] = data_dir
-    return LocalBroker(BrokerSettings().model_copy(update=updates))
+        given["data_dir"] = data_dir
+    return LocalBroker(BrokerSettings(**given))
 
 
 port_option = click.option("--port", type=int, default=None,

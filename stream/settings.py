@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import ssl
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -273,7 +273,8 @@ class BrokerSettings(BaseSettings):
     """Client (PLAINTEXT) listener on 127.0.0.1."""
 
     controller_port: int = Field(default=9093, ge=1, le=65535)
-    """KRaft controller listener on 127.0.0.1."""
+    """KRaft controller listener on 127.0.0.1; ``port`` + 1 unless set, so moving the client port
+    (a second broker on one machine) moves both, as ``openforge kafka up --port`` does."""
 
     data_dir: str | None = None
     """Where logs, metadata and the broker's own log file live; defaults to a folder
@@ -288,3 +289,16 @@ class BrokerSettings(BaseSettings):
     cache_dir: str | None = None
     """Where the broker jars are cached; defaults to ``$OPENFORGE_CACHE`` or the
     user's cache folder (``$XDG_CACHE_HOME/openforge``, else ``~/.cache/openforge``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _controller_follows_port(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("controller_port") is None and data.get("port") is not None:
+            return {**data, "controller_port": int(data["port"]) + 1}
+        return data
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> Self:
+        if self.port == self.controller_port:
+            raise ValueError(f"the client and controller ports are both {self.port}; give them different ports")
+        return self

@@ -42,6 +42,17 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert BrokerSettings().port == 19092
 
 
+def test_the_broker_port_moves_the_controller_port_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A second broker on one machine (OPENFORGE_BROKER_PORT) used to keep 9093 for its controller.
+    assert (BrokerSettings().port, BrokerSettings().controller_port) == (9092, 9093)
+    monkeypatch.setenv("OPENFORGE_BROKER_PORT", "29092")
+    assert BrokerSettings().controller_port == 29093
+    monkeypatch.setenv("OPENFORGE_BROKER_CONTROLLER_PORT", "29500")
+    assert BrokerSettings().controller_port == 29500
+    with pytest.raises(ValueError, match="different ports"):
+        BrokerSettings(port=29500)
+
+
 def test_bad_settings_are_refused_with_the_field_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENFORGE_KAFKA_COMPRESSION", "brotli")
     with pytest.raises(ValueError, match="compression"):
