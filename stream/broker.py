@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -111,6 +112,9 @@ def cache_root(configured: str | None = None) -> Path:
 def _pom(version: str) -> str:
     deps = [
         ("org.apache.kafka", "kafka_2.13", version),
+        # Kafka's own command-line tools (console consumer and producer, consumer groups, ...):
+        # run with `java -cp "<libs>/*" org.apache.kafka.tools.consumer.ConsoleConsumer ...`.
+        ("org.apache.kafka", "kafka-tools", version),
         ("org.apache.logging.log4j", "log4j-core", _LOG4J_VERSION),
         ("org.apache.logging.log4j", "log4j-slf4j2-impl", _LOG4J_VERSION),
         # Kafka still declares slf4j 1.7; the log4j bridge needs the 2.x API.
@@ -127,6 +131,19 @@ def _pom(version: str) -> str:
         f"<version>{version}</version><packaging>pom</packaging>"
         f"<dependencies>{body}</dependencies></project>"
     )
+
+
+def _fetched_set(version: str) -> str:
+    """What a complete fetch holds, written into its marker: a cache fetched before an artifact
+    was added (the tools) is fetched again rather than used without it."""
+    return hashlib.sha256(_pom(version).encode()).hexdigest()
+
+
+def _marker(libs: Path) -> str | None:
+    try:
+        return (libs / _COMPLETE_MARKER).read_text().strip()
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager
@@ -152,10 +169,11 @@ def ensure_kafka_jars(version: str, cache_dir: str | None = None) -> Path:
     """
     root = cache_root(cache_dir) / "kafka" / version
     libs = root / "libs"
-    if (libs / _COMPLETE_MARKER).exists():
+    wanted = _fetched_set(version)
+    if _marker(libs) == wanted:
         return libs
     with _file_lock(root.parent / f".{version}.lock"):
-        if (libs / _COMPLETE_MARKER).exists():
+        if _marker(libs) == wanted:
             return libs
         mvn = shutil.which("mvn")
         if mvn is None:
@@ -190,7 +208,7 @@ def ensure_kafka_jars(version: str, cache_dir: str | None = None) -> Path:
                     f"fetching Kafka {version} jars failed (mvn exit {proc.returncode}):\n"
                     f"{(proc.stdout + proc.stderr)[-4000:]}"
                 )
-            (tmp_path / "libs" / _COMPLETE_MARKER).write_text(version)
+            (tmp_path / "libs" / _COMPLETE_MARKER).write_text(wanted)
             if libs.exists():
                 shutil.rmtree(libs)
             (tmp_path / "libs").rename(libs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,13 @@ import pytest
 from factories import reward
 from netutil import free_port_pair
 
+from schemas import RewardV1
 from stream.admin import KafkaAdmin
-from stream.broker import BrokerError, LocalBroker
+from stream.broker import BrokerError, LocalBroker, ensure_kafka_jars
 from stream.consumer import ConsumerSettings, EventConsumer, Received
 from stream.producer import EventProducer
 from stream.settings import BrokerSettings, KafkaSettings
-from stream.topics import REWARDS
+from stream.topics import REWARDS, TopicRegistry
 
 pytestmark = pytest.mark.kafka
 
@@ -92,3 +94,26 @@ def test_broker_formats_storage_with_a_cluster_id_that_starts_with_a_dash(tmp_pa
     broker = LocalBroker(BrokerSettings(port=19999, controller_port=19998, data_dir=str(tmp_path)))
     broker._format(libs, broker._write_config())
     assert "cluster.id=-" in (tmp_path / "kraft-logs" / "meta.properties").read_text()
+
+
+async def test_kafkas_own_console_consumer_reads_an_event_from_the_fetched_jars(
+        kafka_settings: KafkaSettings, topics: object) -> None:
+    # docs/kafka.md: records are plain JSON, so Kafka's console consumer reads every topic. Its
+    # tools come with the jars `openforge kafka fetch` puts in the cache.
+    libs = ensure_kafka_jars(BrokerSettings().version)
+    event = reward("r-console", 0.5)
+    async with EventProducer(kafka_settings) as producer:
+        await producer.publish(REWARDS, event)
+    topic = TopicRegistry.from_settings(kafka_settings)[REWARDS].name
+    java = shutil.which("java")
+    assert java, "Kafka's tools need java on PATH"
+    read = await asyncio.to_thread(
+        subprocess.run, [java, "-cp", f"{libs}/*", "org.apache.kafka.tools.consumer.ConsoleConsumer",
+                         "--bootstrap-server", kafka_settings.bootstrap_servers, "--topic", topic,
+                         "--from-beginning", "--max-messages", "1", "--timeout-ms", "60000",
+                         "--formatter-property", "print.key=true"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert read.returncode == 0, read.stderr[-2000:]
+    key, _, value = read.stdout.strip().partition("\t")
+    assert key == "r-console"
+    assert RewardV1.model_validate_json(value) == event
