@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 from assembler_factories import call
@@ -20,6 +22,7 @@ from schemas.rollout.v1 import RolloutPhase, RolloutReason
 from schemas.trajectory.v1 import FinalizeReason, MergeStats, TrajectoryV1
 
 F = FailureReason
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "rollouts.md"
 
 # Written out member by member: a reason added later fails here until someone decides its kind.
 KIND = {
@@ -40,6 +43,12 @@ def test_every_reason_has_the_kind_it_was_given() -> None:
 
 def test_lifecycle_reasons_are_failure_reasons_with_the_same_values() -> None:
     assert {r.value for r in RolloutReason} <= {r.value for r in FailureReason}
+
+
+def test_the_docs_table_lists_every_reason_with_its_kind() -> None:
+    rows = re.findall(r"^\| `([a-z_]+)` \| (policy|infrastructure) \|", DOCS.read_text(), flags=re.M)
+    assert dict(rows) == {r.value: kind for r, kind in KIND.items()}
+    assert len(rows) == len(FailureReason)
 
 
 # --- which calls failed upstream ----------------------------------------------------------------------
