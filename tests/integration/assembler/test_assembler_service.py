@@ -14,6 +14,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from assembled import assemble, counted_in_groups
 from assembler_factories import conversation, lifecycle, reward
+from meters import counter_values, memory_reader
 
 from consumers.assembler.service import AssemblerService
 from consumers.assembler.settings import AssemblerSettings
@@ -154,9 +155,11 @@ async def test_a_clean_restart_resumes_open_rollouts_without_republishing(
     assert len(r2.samples[0].call_ids) == 3  # calls from before and after the restart joined
 
 
-async def test_open_state_evicted_or_timed_out_is_an_infrastructure_failure(
+async def test_open_state_evicted_or_timed_out_is_counted_per_reason_as_infrastructure(
     kafka_settings: KafkaSettings, topics: TopicRegistry
 ) -> None:
+    memory_reader()
+    before = counter_values("openforge.assembler.failures")
     async with EventProducer(kafka_settings) as producer:
         await publish(producer, [*conversation("r-a", 2, seed=1), *conversation("r-b", 2, seed=2)])  # neither ends
     # Room for one open rollout: when the second arrives the older is evicted; the other times out.
@@ -166,6 +169,10 @@ async def test_open_state_evicted_or_timed_out_is_an_infrastructure_failure(
     assert {t.finalize_reason for t in trajectories.values()} == {FinalizeReason.EVICTED,
                                                                   FinalizeReason.LIFECYCLE_TIMEOUT}
     assert counted_in_groups(trajectories.values()) == {"r-a": set(), "r-b": set()}
+    after = counter_values("openforge.assembler.failures")
+    for reason in (FailureReason.ASSEMBLER_EVICTED, FailureReason.LIFECYCLE_TIMEOUT):
+        labels = (("infrastructure", "true"), ("reason", reason.value))
+        assert after.get(labels, 0) - before.get(labels, 0) == 1, after
 
 
 def start_assembler(kafka_settings: KafkaSettings, log: Path) -> subprocess.Popen[bytes]:
