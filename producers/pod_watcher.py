@@ -36,6 +36,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.failures import classify
 from schemas.rollout.pod import (
     ANNOTATION_FINISHED_AT,
     ANNOTATION_GROUP_INDEX,
@@ -64,7 +65,13 @@ _IMAGE_PULL_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidIma
 _IMAGE_PULL_FINAL = frozenset({"InvalidImageName", "ErrImageNeverPull"})
 """Waiting reasons the kubelet never recovers from; the others are retried until the timeout."""
 _TERMINAL_VALUES = frozenset(p.value for p in RolloutPhase if p.is_terminal)
-_EVICTION_REASONS = frozenset({"Evicted", "Preempting", "NodeShutdown", "Terminated", "NodeLost"})
+_EVICTION_REASONS = frozenset({"Evicted", "Preempting"})
+"""Pod status reasons of a kubelet that evicted (node pressure) or preempted the pod."""
+_NODE_LOSS_REASONS = frozenset({"NodeLost", "NodeShutdown", "Terminated"})
+"""Pod status reasons of a node that went away: lost, or shut down (graceful node shutdown)."""
+_NODE_LOSS_DISRUPTIONS = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
+"""``DisruptionTarget`` reasons of pods deleted because their node is unreachable or gone; the
+other disruptions (eviction API, scheduler preemption, kubelet) are evictions."""
 
 
 class PodWatcherSettings(BaseSettings):
@@ -131,12 +138,17 @@ class PodOutcome:
 
     phase: RolloutPhase
     reason: RolloutReason | None = None
-    infrastructure_failure: bool = False
     harness_exit_code: int | None = None
     verifier_exit_code: int | None = None
     message: str | None = None
     delete_pod: bool = False
     """The pod is still alive but written off (unschedulable, image pull): delete it."""
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        """Whether the failure taxonomy blames the infrastructure, not the policy (terminal phases only)."""
+        failure = classify(self.phase, self.reason) if self.phase.is_terminal else None
+        return failure is not None and failure.is_infrastructure
 
 
 def _time(text: str | None) -> datetime | None:
@@ -198,7 +210,7 @@ def derive_phases(pod: Pod, now: datetime, settings: PodWatcherSettings) -> list
             reason in _IMAGE_PULL_FINAL or age_s >= settings.image_pull_timeout_s
         ):
             out.append(PodOutcome(
-                RolloutPhase.FAILED, RolloutReason.IMAGE_PULL, infrastructure_failure=True,
+                RolloutPhase.FAILED, RolloutReason.IMAGE_PULL,
                 message=f"{container.get('name') if container else '?'}: {reason}: {(waiting or {}).get('message', '')}"
                 .rstrip(": "),
                 delete_pod=True, **codes,
@@ -210,7 +222,7 @@ def derive_phases(pod: Pod, now: datetime, settings: PodWatcherSettings) -> list
                     and condition.get("reason") == "Unschedulable"
                     and age_s >= settings.unschedulable_timeout_s):
                 out.append(PodOutcome(
-                    RolloutPhase.FAILED, RolloutReason.UNSCHEDULABLE, infrastructure_failure=True,
+                    RolloutPhase.FAILED, RolloutReason.UNSCHEDULABLE,
                     message=f"unschedulable for {age_s:.0f} s: {condition.get('message', '')}".rstrip(": "),
                     delete_pod=True,
                 ))
@@ -218,29 +230,36 @@ def derive_phases(pod: Pod, now: datetime, settings: PodWatcherSettings) -> list
     return out
 
 
+def _disruption(status: Pod) -> RolloutReason | None:
+    """Whether the cluster took the pod away (eviction, node loss), from its status and conditions."""
+    reason = status.get("reason")
+    if reason in _NODE_LOSS_REASONS:
+        return RolloutReason.NODE_LOST
+    if reason in _EVICTION_REASONS:
+        return RolloutReason.EVICTED
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            lost = condition.get("reason") in _NODE_LOSS_DISRUPTIONS
+            return RolloutReason.NODE_LOST if lost else RolloutReason.EVICTED
+    return None
+
+
 def _failure(status: Pod, harness: Pod | None, verifier: Pod | None, h_exit: int | None, v_exit: int | None,
              message: str | None) -> PodOutcome:
-    """Why a pod in phase Failed failed; agent failures apart from infrastructure ones."""
+    """Why a pod in phase Failed failed (the taxonomy in ``schemas.failures`` says whose fault it is)."""
     codes: dict[str, Any] = {"harness_exit_code": h_exit, "verifier_exit_code": v_exit, "message": message}
-    reason = status.get("reason")
-    disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-                    for c in status.get("conditions") or [])
-    if reason == "DeadlineExceeded":
+    if status.get("reason") == "DeadlineExceeded":
         return PodOutcome(RolloutPhase.TIMED_OUT, RolloutReason.DEADLINE_EXCEEDED, **codes)
-    if reason in _EVICTION_REASONS or disrupted:
-        return PodOutcome(RolloutPhase.FAILED, RolloutReason.EVICTED, infrastructure_failure=True, **codes)
-    h_reason = (_state(harness, "terminated") or {}).get("reason")
-    v_reason = (_state(verifier, "terminated") or {}).get("reason")
-    # The harness's memory is the agent's doing (what it chose to run); the verifier's is ours.
-    if h_reason == "OOMKilled":
+    disruption = _disruption(status)
+    if disruption is not None:
+        return PodOutcome(RolloutPhase.FAILED, disruption, **codes)
+    if "OOMKilled" in ((_state(c, "terminated") or {}).get("reason") for c in (harness, verifier)):
         return PodOutcome(RolloutPhase.FAILED, RolloutReason.OOM_KILLED, **codes)
-    if v_reason == "OOMKilled":
-        return PodOutcome(RolloutPhase.FAILED, RolloutReason.OOM_KILLED, infrastructure_failure=True, **codes)
     if h_exit not in (None, 0):
         return PodOutcome(RolloutPhase.FAILED, RolloutReason.EXIT_CODE, **codes)
     if v_exit not in (None, 0):
-        return PodOutcome(RolloutPhase.FAILED, RolloutReason.VERIFIER_FAILED, infrastructure_failure=True, **codes)
-    return PodOutcome(RolloutPhase.FAILED, RolloutReason.OTHER, infrastructure_failure=True, **codes)
+        return PodOutcome(RolloutPhase.FAILED, RolloutReason.VERIFIER_FAILED, **codes)
+    return PodOutcome(RolloutPhase.FAILED, RolloutReason.OTHER, **codes)
 
 
 def _published(pod: Pod) -> set[str]:
@@ -449,7 +468,8 @@ class PodWatcher:
         outcomes = derive_phases(pod, datetime.now(UTC), self.settings)
         finished = bool(done & _TERMINAL_VALUES)
         if deleted and not outcomes[-1].phase.is_terminal and not finished:
-            outcomes.append(PodOutcome(RolloutPhase.FAILED, RolloutReason.OTHER, infrastructure_failure=True,
+            # The node controller marks the pods of a lost node before it deletes them.
+            outcomes.append(PodOutcome(RolloutPhase.FAILED, _disruption(pod.get("status") or {}) or RolloutReason.OTHER,
                                        message="pod deleted before it finished"))
         if finished:
             outcomes = [o for o in outcomes if not o.phase.is_terminal]  # one terminal phase, ever

@@ -31,6 +31,7 @@ from schemas.call.v1 import (
 from schemas.checkpoint.v1 import CheckpointAppliedV1, CheckpointV1, TopicOffset
 from schemas.deadletter.v1 import DeadLetterV1
 from schemas.export import event_json_schema, json_schemas, schema_file_name
+from schemas.failures import FailureReason
 from schemas.registry import (
     CONTENT_TYPE_HEADER,
     JSON_CONTENT_TYPE,
@@ -91,6 +92,7 @@ __all__ = [
     "DuplicateSchemaError",
     "EventBase",
     "EventRegistry",
+    "FailureReason",
     "FinalizeReason",
     "FrozenModel",
     "HarnessSpec",

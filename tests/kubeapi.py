@@ -366,6 +366,13 @@ class Kubelet:
                                                   ready=True)],
         })
 
+    async def lose_node(self, name: str) -> None:
+        """The node controller's part when a node becomes unreachable: mark the pod, then delete it."""
+        await self._status(name, {"conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+             "message": "Taint manager: deleting due to NoExecute taint", "lastTransitionTime": _now()}]})
+        await self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+
     async def finish(self, name: str, *, phase: str, harness_exit: int | None = 0, verifier_exit: int | None = 0,
                      harness_reason: str = "Completed", verifier_reason: str = "Completed",
                      pod_reason: str | None = None, message: str | None = None) -> None:

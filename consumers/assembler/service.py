@@ -338,6 +338,10 @@ class AssemblerService(Managed):
         trajectory = item.trajectory
         harness = trajectory.harness or "unknown"
         telemetry.trajectories.add(1, {"finalize_reason": trajectory.finalize_reason.value, "harness": harness})
+        failure = trajectory.failure_reason
+        if failure is not None:
+            telemetry.failures.add(1, {"reason": failure.value,
+                                        "infrastructure": "true" if failure.is_infrastructure else "false"})
         if trajectory.reward is not None:
             telemetry.reward.record(trajectory.reward, {"task": trajectory.task_id})
         stats = trajectory.merge_stats

@@ -11,7 +11,8 @@ Lifecycle of one rollout here:
 * **finalized** by :meth:`RolloutTable.due` when the terminal lifecycle event and the reward are
   in and ``grace_s`` passed since the last event (so a call that the proxy spooled, arriving just
   after the terminal event, still joins); or by a timeout, with a :class:`FinalizeReason` that
-  says which one.
+  says which one. Its outcome is judged by :func:`schemas.failures.classify` (the trajectory's
+  ``failure_reason`` and ``infrastructure_failure``).
 * **closed** for ``closed_retention_s`` afterwards: its events' offsets still hold the low
   watermark, so a restart re-reads the whole rollout rather than only its tail, and a new event
   for it is a *late* event (the service counts and dead-letters it).
@@ -31,6 +32,7 @@ from aiokafka.structs import TopicPartition
 
 from consumers.assembler.samples import BuiltSamples, build_samples, order_calls
 from schemas import EventBase, ModelCallV1, RewardV1, RolloutEventV1
+from schemas.failures import classify
 from schemas.rollout.v1 import RolloutPhase
 from schemas.trajectory.v1 import FinalizeReason, MergeStats, TrajectoryV1
 
@@ -252,6 +254,10 @@ def _finalize(state: _Open, reason: FinalizeReason) -> Finalized:
         or state.rollout_id  # no event named the task: group the rollout alone
     )
     harness = next((e.harness for e in state.lifecycle if e.harness), None)
+    terminal = state.terminal
+    failure = classify(terminal.phase if terminal else None, terminal.reason if terminal else None,
+                       calls=state.calls, reward_missing=state.reward is None,
+                       evicted=reason is FinalizeReason.EVICTED)
     trajectory = TrajectoryV1(
         trajectory_id=trajectory_id_for(state.rollout_id),
         rollout_id=state.rollout_id,
@@ -263,7 +269,8 @@ def _finalize(state: _Open, reason: FinalizeReason) -> Finalized:
         reward=state.reward.value if state.reward else None,
         phase=last.phase if last else None,
         reason=last.reason if last else None,
-        infrastructure_failure=state.terminal.infrastructure_failure if state.terminal else False,
+        infrastructure_failure=failure is not None and failure.is_infrastructure,
+        failure_reason=failure,
         samples=built.samples,
         merge_stats=built.stats,
         finalize_reason=reason,

@@ -15,6 +15,10 @@ _meter = metrics.get_meter("openforge.assembler")
 trajectories = _meter.create_counter(
     "openforge.assembler.trajectories", unit="{trajectory}",
     description="Trajectories published, by finalize_reason and harness.")
+failures = _meter.create_counter(
+    "openforge.assembler.failures", unit="{trajectory}",
+    description="Trajectories published without a scored result, by failure reason and whether the "
+                "infrastructure caused it (those are left out of group statistics).")
 merge_calls = _meter.create_counter(
     "openforge.assembler.merge.calls", unit="{call}",
     description="Calls that went into samples (the denominator of the break rate), by harness.")

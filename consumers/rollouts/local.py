@@ -34,6 +34,7 @@ from typing import Literal
 import orjson
 
 from consumers.rollouts.backend import ENV_REWARD_URL, ENV_VERIFIER_TOKEN, RolloutSpec, harness_argv
+from schemas.failures import classify
 from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase, RolloutReason
 from stream.producer import EventProducer
 from stream.telemetry import count_rollout_outcome
@@ -200,7 +201,7 @@ class LocalBackend:
             event = await self._run(spec, who, folder)
         except Exception as exc:
             logger.exception("rollout %s: supervision failed", spec.rollout_id)
-            event = self._event(who, RolloutPhase.FAILED, reason=RolloutReason.OTHER, infrastructure_failure=True,
+            event = self._event(who, RolloutPhase.FAILED, reason=RolloutReason.OTHER,
                                 message=f"the local backend failed to run the rollout: {exc!r}")
         await self._finish(folder, event)
 
@@ -208,7 +209,7 @@ class LocalBackend:
         launch = spec.task.harness.launch
         if launch.kind == "container":
             return self._event(
-                who, RolloutPhase.FAILED, reason=RolloutReason.OTHER, infrastructure_failure=True,
+                who, RolloutPhase.FAILED, reason=RolloutReason.OTHER,
                 message=(f"harness {spec.task.harness.name!r} is a container launch (image {launch.image!r}); "
                          "it needs the kubernetes backend (OPENFORGE_LAUNCHER_BACKEND=kubernetes)"))
         if spec.task.environment_image is not None:
@@ -228,7 +229,7 @@ class LocalBackend:
                 harness = await self._spawn(harness_argv(spec.task), workspace, harness_env,
                                             folder / "harness.log", folder)
             except OSError as exc:
-                return self._event(who, RolloutPhase.FAILED, reason=RolloutReason.OTHER, infrastructure_failure=True,
+                return self._event(who, RolloutPhase.FAILED, reason=RolloutReason.OTHER,
                                    message=f"harness command {launch.command[0]!r} could not start: {exc}")
             await self._publish(self._event(who, RolloutPhase.RUNNING))
             outcome = await self._wait(harness, deadline - time.monotonic())
@@ -318,11 +319,15 @@ class LocalBackend:
 
     # -- events and state ----------------------------------------------------------------------
 
-    def _event(self, who: _Identity, phase: RolloutPhase, **fields: object) -> RolloutEventV1:
+    def _event(self, who: _Identity, phase: RolloutPhase, reason: RolloutReason | None = None,
+               **fields: object) -> RolloutEventV1:
+        # Whether the policy is to blame is the taxonomy's call, the same as the pod watcher's.
+        failure = classify(phase, reason) if phase.is_terminal else None
         return RolloutEventV1.model_validate({
             "rollout_id": who.rollout_id, "task_id": who.task_id, "run_id": who.run_id,
             "group_index": who.group_index, "group_size": who.group_size, "harness": who.harness,
-            "phase": phase, "backend": Backend.LOCAL, **fields})
+            "phase": phase, "reason": reason, "backend": Backend.LOCAL,
+            "infrastructure_failure": failure is not None and failure.is_infrastructure, **fields})
 
     async def _finish(self, folder: Path, event: RolloutEventV1) -> None:
         # The terminal record is written before publishing, so a crash in between is repaired at
@@ -367,8 +372,8 @@ class LocalBackend:
                     os.killpg(pgid, signal.SIGKILL)
         else:
             message = "the launcher stopped before this rollout's process started"
-        await self._finish(folder, self._event(who, RolloutPhase.FAILED, reason=RolloutReason.OTHER,
-                                               infrastructure_failure=True, message=message))
+        await self._finish(folder, self._event(who, RolloutPhase.FAILED, reason=RolloutReason.SHUTDOWN,
+                                               message=message))
 
 
 def _start_ticks(pid: int) -> int | None:

@@ -41,7 +41,11 @@ _TERMINAL_PHASES = frozenset(
 
 
 class RolloutReason(StrEnum):
-    """Why a rollout reached its phase, as far as the backend can tell."""
+    """Why a rollout reached its phase, as far as the backend can tell.
+
+    Which of these are the policy's failures and which the infrastructure's is decided in one
+    place, :mod:`schemas.failures`.
+    """
 
     EXIT_CODE = "exit_code"
     """The harness or verifier exited with a non-zero code (see the exit code fields)."""
@@ -55,6 +59,8 @@ class RolloutReason(StrEnum):
     """The verifier crashed or timed out, so no reward can be trusted."""
     EVICTED = "evicted"
     """The node evicted or preempted the pod."""
+    NODE_LOST = "node_lost"
+    """The pod's node went away (lost, shut down, or its pods deleted by the node controller)."""
     IMAGE_PULL = "image_pull"
     """An image could not be pulled."""
     UNSCHEDULABLE = "unschedulable"
@@ -117,9 +123,9 @@ class RolloutEventV1(EventBase):
     """Exit code of the verifier, once it ran."""
 
     infrastructure_failure: bool = False
-    """The rollout failed for reasons unrelated to the policy (eviction, image pull, OOM of a
-    sidecar, ...). The learner leaves such rollouts out of group statistics rather than
-    counting them as a zero reward."""
+    """The rollout failed for reasons unrelated to the policy (eviction, image pull, a crashed
+    verifier, ...), as :func:`schemas.failures.classify` judges ``reason``. The learner leaves such
+    rollouts out of group statistics rather than counting them as a zero reward."""
 
     message: str | None = None
     """Human-readable detail (container status message, last log line, exception)."""

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from schemas._arrays import Logprobs, LossMask, TokenIds
 from schemas._base import EventBase, FrozenModel
 from schemas._common import Identifier, WeightVersionRange, check_version_ranges, uncovered_spans
+from schemas.failures import FailureReason
 from schemas.rollout.v1 import RolloutPhase, RolloutReason
 
 __all__ = ["FinalizeReason", "MergeStats", "TrajectorySample", "TrajectoryV1"]
@@ -156,6 +157,11 @@ class TrajectoryV1(EventBase):
     """The rollout failed for reasons unrelated to the policy; the learner leaves it out of group
     statistics."""
 
+    failure_reason: FailureReason | None = None
+    """Why the rollout gave no scored result, by the failure taxonomy (:mod:`schemas.failures`);
+    absent when the verifier's score stands. When set, ``infrastructure_failure`` is its
+    ``is_infrastructure``."""
+
     samples: list[TrajectorySample] = Field(default_factory=list)
     """Training sequences, in call order. Empty for rollouts that made no usable call; such a
     trajectory still counts in its group's statistics unless it is an infrastructure failure."""
@@ -170,6 +176,11 @@ class TrajectoryV1(EventBase):
     def _consistent(self) -> Self:
         if self.finalize_reason is FinalizeReason.COMPLETED and self.reward is None:
             raise ValueError("a trajectory finalized as 'completed' must have a reward")
+        failure = self.failure_reason
+        if failure is not None and self.infrastructure_failure != failure.is_infrastructure:
+            kind = "an infrastructure" if failure.is_infrastructure else "a policy"
+            raise ValueError(f"infrastructure_failure={self.infrastructure_failure} contradicts failure_reason "
+                             f"{failure.value!r}, which is {kind} failure")
         if self.group_size is not None and self.group_index >= self.group_size:
             raise ValueError(f"group_index {self.group_index} is outside a group of size {self.group_size}")
         return self

@@ -125,6 +125,11 @@ def pipeline() -> dict[str, Any]:
         panel("Rollout outcomes by reason", "Finished rollouts by outcome (completed, failed, timed out) and reason.",
               [(f"sum by (outcome, reason) (rate(openforge_rollout_outcomes_total{{{NS}}}[{RATE}]))",
                 "{{outcome}} {{reason}}")]),
+        panel("Rollout failures by reason", "Trajectories without a scored result, by failure reason (see the "
+              "failure taxonomy in docs/rollouts.md). Infrastructure failures (infrastructure=true) are left out "
+              "of group statistics; the rest count against the policy.",
+              [(f"sum by (reason, infrastructure) (rate(openforge_assembler_failures_total{{{NS}}}[{RATE}]))",
+                "{{reason}} (infrastructure={{infrastructure}})")]),
         panel("Checkpoint publish latency", "Time to load one checkpoint into one vLLM replica (pause, reload, "
               "relabel, resume).", quantiles("openforge_publisher_publish_latency_seconds"), "s"),
         panel("Checkpoint loads", "Checkpoint loads attempted on vLLM replicas, by outcome.",

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from assembled import assemble, counted_in_groups
 from assembler_factories import conversation, lifecycle, reward
+from meters import counter_values, memory_reader
 
 from consumers.assembler.service import AssemblerService
 from consumers.assembler.settings import AssemblerSettings
 from consumers.assembler.state import trajectory_id_for
 from schemas import DeadLetterV1, TrajectoryV1, decode, encode
+from schemas.failures import FailureReason
 from schemas.rollout.v1 import RolloutPhase, RolloutReason
 from schemas.trajectory.v1 import FinalizeReason
 from stream.producer import EventProducer
@@ -108,7 +111,11 @@ async def test_assembler_joins_out_of_order_duplicate_and_failed_rollouts(
             assert ok.merge_stats.calls == 3 and ok.merge_stats.merged == 2
             assert by_rollout["r-failed"].finalize_reason is FinalizeReason.NO_REWARD_EXPECTED
             assert by_rollout["r-failed"].infrastructure_failure
+            assert by_rollout["r-failed"].failure_reason is FailureReason.OOM_KILLED
             assert by_rollout["r-quiet"].finalize_reason is FinalizeReason.REWARD_TIMEOUT
+            assert (by_rollout["r-quiet"].failure_reason, by_rollout["r-quiet"].infrastructure_failure) == (
+                FailureReason.REWARD_TIMEOUT, True)
+            assert (ok.failure_reason, ok.infrastructure_failure) == (None, False)
             assert service.stats.duplicates == 1
 
             # A call for a finalized rollout is late: dead-lettered with the reason, no new trajectory.
@@ -146,6 +153,26 @@ async def test_a_clean_restart_resumes_open_rollouts_without_republishing(
     assert sorted(t.rollout_id for t in trajectories) == ["r-1", "r-2"]
     [r2] = [t for t in trajectories if t.rollout_id == "r-2"]
     assert len(r2.samples[0].call_ids) == 3  # calls from before and after the restart joined
+
+
+async def test_open_state_evicted_or_timed_out_is_counted_per_reason_as_infrastructure(
+    kafka_settings: KafkaSettings, topics: TopicRegistry
+) -> None:
+    memory_reader()
+    before = counter_values("openforge.assembler.failures")
+    async with EventProducer(kafka_settings) as producer:
+        await publish(producer, [*conversation("r-a", 2, seed=1), *conversation("r-b", 2, seed=2)])  # neither ends
+    # Room for one open rollout: when the second arrives the older is evicted; the other times out.
+    trajectories = await assemble(kafka_settings, topics, ["r-a", "r-b"], max_open_rollouts=1)
+    verdicts = sorted((t.failure_reason, t.infrastructure_failure) for t in trajectories.values())
+    assert verdicts == [(FailureReason.ASSEMBLER_EVICTED, True), (FailureReason.LIFECYCLE_TIMEOUT, True)]
+    assert {t.finalize_reason for t in trajectories.values()} == {FinalizeReason.EVICTED,
+                                                                  FinalizeReason.LIFECYCLE_TIMEOUT}
+    assert counted_in_groups(trajectories.values()) == {"r-a": set(), "r-b": set()}
+    after = counter_values("openforge.assembler.failures")
+    for reason in (FailureReason.ASSEMBLER_EVICTED, FailureReason.LIFECYCLE_TIMEOUT):
+        labels = (("infrastructure", "true"), ("reason", reason.value))
+        assert after.get(labels, 0) - before.get(labels, 0) == 1, after
 
 
 def start_assembler(kafka_settings: KafkaSettings, log: Path) -> subprocess.Popen[bytes]:

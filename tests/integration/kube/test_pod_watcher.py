@@ -6,14 +6,19 @@ import asyncio
 from collections import Counter
 
 import pytest
+from assembled import assemble, counted_in_groups
+from assembler_factories import call
 from kubeapi import make_spec, make_task
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from consumers.rollouts.kubernetes import KubernetesBackend
 from producers.pod_watcher import PodWatcher
+from schemas.call.v1 import CallStatus
+from schemas.failures import FailureReason
 from schemas.rollout.pod import ANNOTATION_PUBLISHED, LABEL_MANAGED_BY
 from schemas.rollout.v1 import Backend, RolloutPhase, RolloutReason
+from stream import CALLS
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -73,14 +78,16 @@ async def test_scheduled_running_succeeded_once_each_with_group_fields(
 
 
 async def test_failures_carry_reasons_and_mark_infrastructure_apart(
-        kube_settings, kube_admin, kube_namespace, kubelet, event_log, start_watcher, watcher_settings) -> None:
+        kube_settings, kube_admin, kube_namespace, kubelet, event_log, start_watcher, watcher_settings,
+        kafka_settings, topics, producer) -> None:
     await start_watcher(watcher_settings.model_copy(update={"image_pull_timeout_s": 0.0,
                                                              "unschedulable_timeout_s": 1.0}))
-    task = make_task(group_size=7)
-    specs = [make_spec(task, i) for i in range(7)]
-    exit_code, oom, verifier, deadline, evicted, image, unschedulable = specs
+    task = make_task(group_size=11)
+    specs = [make_spec(task, i) for i in range(11)]
+    (exit_code, oom, verifier, deadline, evicted, image, unschedulable, node_lost, no_reward, never_ends,
+     upstream) = specs
     await _launch(kube_settings, specs)
-    for spec in specs[:5]:
+    for spec in [*specs[:5], *specs[7:]]:
         await kubelet.bind(spec.name)
         await kubelet.harness_running(spec.name)
     await kubelet.finish(exit_code.name, phase="Failed", harness_exit=3, harness_reason="Error", verifier_exit=None)
@@ -94,9 +101,18 @@ async def test_failures_carry_reasons_and_mark_infrastructure_apart(
     await kubelet.bind(image.name)
     await kubelet.image_pull_failing(image.name)
     await kubelet.unschedulable(unschedulable.name)
+    await kubelet.lose_node(node_lost.name)
+    await kubelet.finish(no_reward.name, phase="Succeeded")  # and no verifier ever reports a reward
+    # The harness's last call got a 503 from the engine, and it exited 1 (the test plays the proxy here).
+    for index, (status, code) in enumerate([(CallStatus.OK, 200), (CallStatus.UPSTREAM_ERROR, 503)]):
+        made = call([1, 2], [3] if status is CallStatus.OK else [], call_id=f"u{index}",
+                    rollout_id=upstream.rollout_id, status=status, at=index)
+        await producer.publish(CALLS, made.model_copy(update={"upstream_status_code": code}))
+    await kubelet.finish(upstream.name, phase="Failed", harness_exit=1, harness_reason="Error", verifier_exit=None)
 
+    ending = [s for s in specs if s is not never_ends]  # its pod runs on; nothing says it ended
     await event_log.wait_for(lambda: all(any(RolloutPhase(p).is_terminal for p in event_log.phases(s.rollout_id))
-                                         for s in specs), timeout_s=30, what="terminal events")
+                                         for s in ending), timeout_s=30, what="terminal events")
     await event_log.settle()
     assert_no_repeats(event_log)
     last = {s.rollout_id: event_log.of(s.rollout_id)[-1] for s in specs}
@@ -107,7 +123,7 @@ async def test_failures_carry_reasons_and_mark_infrastructure_apart(
 
     assert outcome(exit_code) == (RolloutPhase.FAILED, RolloutReason.EXIT_CODE, False)
     assert last[exit_code.rollout_id].harness_exit_code == 3
-    assert outcome(oom) == (RolloutPhase.FAILED, RolloutReason.OOM_KILLED, False)
+    assert outcome(oom) == (RolloutPhase.FAILED, RolloutReason.OOM_KILLED, True)
     assert outcome(verifier) == (RolloutPhase.FAILED, RolloutReason.VERIFIER_FAILED, True)
     assert last[verifier.rollout_id].verifier_exit_code == 2
     assert outcome(deadline) == (RolloutPhase.TIMED_OUT, RolloutReason.DEADLINE_EXCEEDED, False)
@@ -118,6 +134,24 @@ async def test_failures_carry_reasons_and_mark_infrastructure_apart(
     assert outcome(unschedulable) == (RolloutPhase.FAILED, RolloutReason.UNSCHEDULABLE, True)
     assert event_log.phases(unschedulable.rollout_id) == ["scheduled", "failed"]
     assert event_log.phases(exit_code.rollout_id) == ["scheduled", "running", "failed"]
+    assert outcome(node_lost) == (RolloutPhase.FAILED, RolloutReason.NODE_LOST, True)
+    assert outcome(upstream) == (RolloutPhase.FAILED, RolloutReason.EXIT_CODE, False)  # all the pod shows
+    assert event_log.phases(never_ends.rollout_id) == ["scheduled", "running"]
+
+    # What the assembler makes of them: only the policy's own failures enter the group's statistics.
+    trajectories = await assemble(kafka_settings, topics, [s.rollout_id for s in specs])
+    verdicts = {s.rollout_id: (trajectories[s.rollout_id].failure_reason,
+                               trajectories[s.rollout_id].infrastructure_failure) for s in specs}
+    F = FailureReason
+    assert verdicts == {
+        exit_code.rollout_id: (F.EXIT_CODE, False), deadline.rollout_id: (F.DEADLINE_EXCEEDED, False),
+        oom.rollout_id: (F.OOM_KILLED, True), verifier.rollout_id: (F.VERIFIER_FAILED, True),
+        evicted.rollout_id: (F.EVICTED, True), image.rollout_id: (F.IMAGE_PULL, True),
+        unschedulable.rollout_id: (F.UNSCHEDULABLE, True), node_lost.rollout_id: (F.NODE_LOST, True),
+        no_reward.rollout_id: (F.REWARD_TIMEOUT, True), never_ends.rollout_id: (F.LIFECYCLE_TIMEOUT, True),
+        upstream.rollout_id: (F.UPSTREAM_FAILED, True),
+    }
+    assert counted_in_groups(trajectories.values()) == {task.task_id: {exit_code.rollout_id, deadline.rollout_id}}
 
     core = k8s.CoreV1Api(kube_admin)
     # Written-off pods are deleted so they cannot start later; the unscheduled one goes at once, the

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import orjson
 import pytest
+from assembled import assemble, counted_in_groups
 from rollout_events import collect, lifecycle
 from rollout_tasks import KEY, PROBE, log_lines, task_dict
 
 from consumers.rollouts.launcher import Launcher, LauncherSettings, rollout_id_for
 from schemas import DeadLetterV1, RolloutEventV1, TaskV1
-from schemas.rollout.v1 import RolloutPhase
+from schemas.failures import FailureReason
+from schemas.rollout.v1 import RolloutPhase, RolloutReason
 from stream import DEAD_LETTERS, TASKS, EventProducer, KafkaSettings, TopicRegistry
 
 pytestmark = pytest.mark.kafka
@@ -106,6 +108,17 @@ async def test_launcher_killed_mid_batch_launches_nothing_twice(
     started_before = {r for r, what, _ in log_lines(log) if what == "start"}
     assert 3 <= len(started_before) < 6
 
+    # While no launcher runs, nothing ends the rollouts the dead one was running: the assembler closes
+    # them as lifecycle timeouts, infrastructure failures (those that had ended, without a reward, as
+    # reward timeouts), and none enters its group's statistics.
+    closed = await assemble(kafka_settings, topics, started_before)
+    verdicts = {(t.failure_reason, t.infrastructure_failure) for t in closed.values()
+                if t.phase is None or not t.phase.is_terminal}
+    assert verdicts == {(FailureReason.LIFECYCLE_TIMEOUT, True)}
+    assert all(t.failure_reason is FailureReason.REWARD_TIMEOUT and t.infrastructure_failure
+               for t in closed.values() if t.phase is RolloutPhase.SUCCEEDED)
+    assert all(not counted for counted in counted_in_groups(closed.values()).values())
+
     with (tmp_path / "second.log").open("wb") as second_log:
         second = await asyncio.create_subprocess_exec(*command, env=env, stderr=second_log)
     try:
@@ -125,6 +138,7 @@ async def test_launcher_killed_mid_batch_launches_nothing_twice(
         assert len({e.event_id for e in events if e.phase is RolloutPhase.SCHEDULED}) == 1
         if rollout_id in started_before and terminal[0].phase is RolloutPhase.FAILED:
             assert terminal[0].infrastructure_failure  # ended when its launcher died, and said so
+            assert terminal[0].reason is RolloutReason.SHUTDOWN
 
 
 async def test_submit_publishes_all_or_nothing(kafka_settings: KafkaSettings, topics: TopicRegistry,

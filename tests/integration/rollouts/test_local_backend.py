@@ -12,15 +12,20 @@ from pathlib import Path
 
 import orjson
 import pytest
-from rollout_events import lifecycle
-from rollout_tasks import KEY, PROBE, log_lines, make_task
+from assembled import assemble, counted_in_groups
+from netutil import free_port
+from proxy_helpers import proxy_in_front_of
+from rollout_events import collect, lifecycle
+from rollout_tasks import CHECK_ANSWER, ECHO_AGENT, KEY, PROBE, log_lines, make_task
 
 from consumers.rollouts.backend import ENV_AGENT_KEYS, ENV_REWARD_URL, ENV_VERIFIER_TOKEN, RolloutSpec
 from consumers.rollouts.launcher import build_spec
 from consumers.rollouts.local import LocalBackend
-from schemas import TaskV1
+from schemas import ModelCallV1, TaskV1
+from schemas.call.v1 import CallStatus
+from schemas.failures import FailureReason
 from schemas.rollout.v1 import Backend, RolloutPhase, RolloutReason
-from stream import EventProducer, KafkaSettings, TopicRegistry
+from stream import CALLS, EventProducer, KafkaSettings, TopicRegistry
 
 pytestmark = pytest.mark.kafka
 
@@ -37,8 +42,8 @@ def new_backend(producer: EventProducer, tmp_path: Path, **kwargs: object) -> Lo
                         base_environ=environ, **kwargs)  # type: ignore[arg-type]
 
 
-def spec_of(task: TaskV1, index: int = 0) -> RolloutSpec:
-    return build_spec(task, index, proxy_url="http://127.0.0.1:9", key=KEY, token_ttl_s=600, backend=Backend.LOCAL)
+def spec_of(task: TaskV1, index: int = 0, proxy_url: str = "http://127.0.0.1:9") -> RolloutSpec:
+    return build_spec(task, index, proxy_url=proxy_url, key=KEY, token_ttl_s=600, backend=Backend.LOCAL)
 
 
 async def test_harness_then_verifier_with_separate_environments(
@@ -112,8 +117,10 @@ async def test_bad_rollouts_end_with_clear_reasons(
 
     assert last["container"].phase is RolloutPhase.FAILED
     assert "needs the kubernetes backend" in (last["container"].message or "")
+    assert last["container"].infrastructure_failure
 
     assert (last["hangs"].phase, last["hangs"].reason) == (RolloutPhase.TIMED_OUT, RolloutReason.DEADLINE_EXCEEDED)
+    assert not last["hangs"].infrastructure_failure  # the agent spent the time
     assert not (tmp_path / "verifier-ran").exists()  # no verifier after a timed-out harness
     assert [p.phase for p in by_rollout[specs["hangs"].rollout_id]] == [RolloutPhase.RUNNING, RolloutPhase.TIMED_OUT]
 
@@ -127,9 +134,12 @@ async def test_bad_rollouts_end_with_clear_reasons(
 
     failed = last["harness-fails"]
     assert (failed.phase, failed.reason, failed.harness_exit_code) == (RolloutPhase.FAILED, RolloutReason.EXIT_CODE, 7)
+    assert not failed.infrastructure_failure
 
     slow = last["verifier-slow"]
     assert (slow.phase, slow.reason) == (RolloutPhase.FAILED, RolloutReason.VERIFIER_FAILED)
+    # A verifier that crashed, was killed or overran is ours to fix, as the pod watcher says of it too.
+    assert crashed.infrastructure_failure and killed.infrastructure_failure and slow.infrastructure_failure
     assert "its own timeout of 1s" in (slow.message or "")
     assert all(len([e for e in events if e.is_terminal]) == 1 for events in by_rollout.values())
 
@@ -150,6 +160,7 @@ async def test_stop_cancels_running_rollouts(
     await backend.stop()  # idempotent
     events = (await lifecycle(kafka_settings, topics, 1))[spec.rollout_id]
     assert (events[-1].phase, events[-1].reason) == (RolloutPhase.CANCELLED, RolloutReason.SHUTDOWN)
+    assert events[-1].infrastructure_failure
 
 
 async def test_restart_knows_what_exists_and_ends_orphans(
@@ -185,4 +196,81 @@ async def test_restart_knows_what_exists_and_ends_orphans(
     assert [e.phase for e in by_rollout[done.rollout_id]] == [RolloutPhase.RUNNING, RolloutPhase.SUCCEEDED]
     ended = by_rollout[orphan.rollout_id]
     assert len(ended) == 1 and ended[0].phase is RolloutPhase.FAILED and ended[0].infrastructure_failure
+    assert ended[0].reason is RolloutReason.SHUTDOWN
     assert "launcher stopped while this rollout ran" in (ended[0].message or "")
+
+
+async def test_infrastructure_outcomes_are_marked_and_left_out_of_group_statistics(
+        producer: EventProducer, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    members = {  # one group of one task, each member ending its own way
+        "verifier-crashes": {"verifier": [sys.executable, "-c", "raise SystemExit('verifier crashed')"]},
+        "no-reward": {},  # harness and verifier exit 0, but no verifier reported a reward
+        "shutdown": {"harness": [*PROBE, str(log), "sleep", "60"]},
+        "exit-code": {"harness": [*PROBE, str(log), "exit", "7"]},
+    }
+    specs = {name: spec_of(make_task("mixed", group_size=len(members), **kwargs), index)
+             for index, (name, kwargs) in enumerate(members.items())}
+    backend = new_backend(producer, tmp_path)
+    await backend.start()
+    try:
+        for spec in specs.values():
+            assert await backend.launch(spec)
+        running = specs["shutdown"].rollout_id
+        for _ in range(300):
+            if await backend.active() == {running} and any(r == running for r, _, _ in log_lines(log)):
+                break
+            await asyncio.sleep(0.1)
+        assert await backend.active() == {running}
+    finally:
+        await backend.stop()  # the launcher shuts down while "shutdown" runs
+    last = {name: (await lifecycle(kafka_settings, topics, len(members)))[spec.rollout_id][-1]
+            for name, spec in specs.items()}
+    trajectories = await assemble(kafka_settings, topics, [spec.rollout_id for spec in specs.values()])
+
+    expected = {
+        "verifier-crashes": (RolloutReason.VERIFIER_FAILED, FailureReason.VERIFIER_FAILED),
+        "no-reward": (None, FailureReason.REWARD_TIMEOUT),
+        "shutdown": (RolloutReason.SHUTDOWN, FailureReason.SHUTDOWN),
+        "exit-code": (RolloutReason.EXIT_CODE, FailureReason.EXIT_CODE),
+    }
+    for name, (reason, failure) in expected.items():
+        event, trajectory = last[name], trajectories[specs[name].rollout_id]
+        assert event.reason is reason, name
+        if event.phase is not RolloutPhase.SUCCEEDED:  # the lifecycle event already says whose fault it is
+            assert event.infrastructure_failure is failure.is_infrastructure, name
+        assert (trajectory.failure_reason, trajectory.infrastructure_failure) == (failure, failure.is_infrastructure), name
+    # The group completes with all four, but only the policy's own failure enters its statistics.
+    assert counted_in_groups(trajectories.values()) == {"mixed": {specs["exit-code"].rollout_id}}
+
+
+async def test_a_harness_that_exits_after_the_proxy_answered_5xx_is_an_infrastructure_failure(
+        producer: EventProducer, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    no_engine = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the proxy answers every call 502
+    async with proxy_in_front_of(no_engine, kafka_settings, topics, tmp_path) as proxy:
+        agent = spec_of(make_task("engine-down", group_size=2, harness=[*ECHO_AGENT, "Say hello."],
+                                  verifier=CHECK_ANSWER), 0, proxy_url=proxy.url)
+        on_its_own = spec_of(make_task("engine-down", group_size=2, harness=[*PROBE, str(tmp_path / "log"), "exit", "3"]),
+                             1, proxy_url=proxy.url)
+        backend = new_backend(producer, tmp_path)
+        await backend.start()
+        try:
+            assert await backend.launch(agent) and await backend.launch(on_its_own)
+            await asyncio.wait_for(backend.wait_idle(), 90)
+        finally:
+            await backend.stop()
+    ended = (await lifecycle(kafka_settings, topics, 2))[agent.rollout_id][-1]
+    # The backend sees only a harness that exited 1 (the SDK's error); the calls show why.
+    assert (ended.phase, ended.reason, ended.harness_exit_code, ended.infrastructure_failure) == (
+        RolloutPhase.FAILED, RolloutReason.EXIT_CODE, 1, False)
+    calls = await collect(kafka_settings, topics, CALLS, lambda e: len(e) >= 1, timeout_s=20)
+    assert calls and all(isinstance(c, ModelCallV1) and c.rollout_id == agent.rollout_id for c in calls)
+    assert {c.status for c in calls} == {CallStatus.UPSTREAM_UNREACHABLE}
+
+    trajectories = await assemble(kafka_settings, topics, [agent.rollout_id, on_its_own.rollout_id])
+    failed = trajectories[agent.rollout_id]
+    assert (failed.failure_reason, failed.infrastructure_failure) == (FailureReason.UPSTREAM_FAILED, True)
+    assert failed.merge_stats.calls == len(calls) and failed.samples == []
+    alone = trajectories[on_its_own.rollout_id]
+    assert (alone.failure_reason, alone.infrastructure_failure) == (FailureReason.EXIT_CODE, False)
+    assert counted_in_groups(trajectories.values()) == {"engine-down": {on_its_own.rollout_id}}

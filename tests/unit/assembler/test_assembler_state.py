@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 from aiokafka.structs import TopicPartition
+from assembled import counted_in_groups
 from assembler_factories import call, conversation, lifecycle, reward
 
 from consumers.assembler.state import FinalizePolicy, Outcome, RolloutTable, trajectory_id_for
+from schemas.call.v1 import CallStatus
+from schemas.failures import FailureReason
 from schemas.rollout.v1 import RolloutPhase, RolloutReason
 from schemas.trajectory.v1 import FinalizeReason
 
@@ -92,13 +95,15 @@ def test_failed_rollouts_finalize_without_waiting_for_a_reward() -> None:
     [done] = table.due(1.0)
     assert done.trajectory.finalize_reason is FinalizeReason.NO_REWARD_EXPECTED
     assert done.trajectory.infrastructure_failure and done.trajectory.samples == []
+    assert done.trajectory.failure_reason is FailureReason.EVICTED
 
 
-@pytest.mark.parametrize(("events", "wait", "reason"), [
-    ("succeeded", 10.0, FinalizeReason.REWARD_TIMEOUT),
-    ("calls-only", 100.0, FinalizeReason.LIFECYCLE_TIMEOUT),
+@pytest.mark.parametrize(("events", "wait", "reason", "failure"), [
+    ("succeeded", 10.0, FinalizeReason.REWARD_TIMEOUT, FailureReason.REWARD_TIMEOUT),
+    ("calls-only", 100.0, FinalizeReason.LIFECYCLE_TIMEOUT, FailureReason.LIFECYCLE_TIMEOUT),
 ])
-def test_timeouts_finalize_with_the_reason_that_applies(events: str, wait: float, reason: FinalizeReason) -> None:
+def test_timeouts_finalize_with_the_reason_that_applies(events: str, wait: float, reason: FinalizeReason,
+                                                        failure: FailureReason) -> None:
     table = RolloutTable(POLICY)
     table.add(call([1], [2], call_id="a"), CALLS, 0, 0.0)
     if events == "succeeded":
@@ -107,6 +112,8 @@ def test_timeouts_finalize_with_the_reason_that_applies(events: str, wait: float
     [done] = table.due(wait)
     assert done.trajectory.finalize_reason is reason
     assert done.trajectory.reward is None
+    # Neither is the policy's doing: both stay out of the group's statistics.
+    assert (done.trajectory.failure_reason, done.trajectory.infrastructure_failure) == (failure, True)
     if events == "calls-only":
         assert done.trajectory.task_id == "r-1"  # no event named a task; the rollout stands alone
 
@@ -117,7 +124,36 @@ def test_the_oldest_open_rollouts_are_evicted_past_the_memory_bound() -> None:
         table.add(call([1], [2], call_id=f"c{index}", rollout_id=f"r-{index}"), CALLS, index, float(index))
     [done] = table.due(3.0)
     assert (done.trajectory.rollout_id, done.trajectory.finalize_reason) == ("r-0", FinalizeReason.EVICTED)
+    assert (done.trajectory.failure_reason, done.trajectory.infrastructure_failure) == (
+        FailureReason.ASSEMBLER_EVICTED, True)
     assert table.open_count == 2
+
+
+def test_the_verdict_weighs_calls_reward_and_lifecycle_together() -> None:
+    table = RolloutTable(POLICY)
+    feed_complete_rollout(table, "scored", 0.0)
+    # The harness got a 503 on its last call and exited 1: the engine's failure, not the policy's.
+    table.add(call([1], [2], call_id="u0", rollout_id="upstream", at=0), CALLS, 0, 0.0)
+    table.add(call([1, 2, 3], [], call_id="u1", rollout_id="upstream", status=CallStatus.UPSTREAM_ERROR, at=1)
+              .model_copy(update={"upstream_status_code": 503}), CALLS, 1, 0.0)
+    table.add(lifecycle("upstream", RolloutPhase.FAILED, reason=RolloutReason.EXIT_CODE, group_index=1),
+              ROLLOUTS, 0, 0.0)
+    # A harness that failed on its own (its context was too long, 400): the policy's.
+    table.add(call([1], [], call_id="p0", rollout_id="policy", status=CallStatus.UPSTREAM_ERROR)
+              .model_copy(update={"upstream_status_code": 400}), CALLS, 2, 0.0)
+    table.add(lifecycle("policy", RolloutPhase.FAILED, reason=RolloutReason.EXIT_CODE, group_index=2),
+              ROLLOUTS, 1, 0.0)
+    # An old watcher said a harness OOM was the policy's; the taxonomy decides, not the flag.
+    table.add(lifecycle("oom", RolloutPhase.FAILED, reason=RolloutReason.OOM_KILLED, group_index=3), ROLLOUTS, 2, 0.0)
+    done = {d.trajectory.rollout_id: d.trajectory for d in table.due(2.0)}
+    verdicts = {r: (t.failure_reason, t.infrastructure_failure) for r, t in done.items()}
+    assert verdicts == {
+        "scored": (None, False),
+        "upstream": (FailureReason.UPSTREAM_FAILED, True),
+        "policy": (FailureReason.EXIT_CODE, False),
+        "oom": (FailureReason.OOM_KILLED, True),
+    }
+    assert counted_in_groups(done.values()) == {"task-1": {"scored", "policy"}}
 
 
 def test_watermark_is_held_by_open_and_recently_closed_rollouts() -> None:

@@ -51,7 +51,7 @@ def test_failure_reasons() -> None:
     assert last(pod("Failed", harness={"terminated": {"exitCode": 4}})) == (
         RolloutPhase.FAILED, RolloutReason.EXIT_CODE, False)
     assert last(pod("Failed", harness={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})) == (
-        RolloutPhase.FAILED, RolloutReason.OOM_KILLED, False)
+        RolloutPhase.FAILED, RolloutReason.OOM_KILLED, True)  # the pod's memory limit, as for the verifier
     assert last(pod("Failed", harness={"terminated": {"exitCode": 0}},
                     verifier={"terminated": {"exitCode": 137, "reason": "OOMKilled"}})) == (
         RolloutPhase.FAILED, RolloutReason.OOM_KILLED, True)
@@ -62,6 +62,17 @@ def test_failure_reasons() -> None:
     assert last(pod("Failed", reason="Evicted")) == (RolloutPhase.FAILED, RolloutReason.EVICTED, True)
     assert last(pod("Failed", conditions=[{"type": "DisruptionTarget", "status": "True"}])) == (
         RolloutPhase.FAILED, RolloutReason.EVICTED, True)
+    assert last(pod("Failed", reason="Preempting")) == (RolloutPhase.FAILED, RolloutReason.EVICTED, True)
+    for reason in ("NodeLost", "NodeShutdown", "Terminated"):
+        assert last(pod("Failed", reason=reason)) == (RolloutPhase.FAILED, RolloutReason.NODE_LOST, True)
+    for reason, expected in [("DeletionByTaintManager", RolloutReason.NODE_LOST),
+                             ("DeletionByPodGC", RolloutReason.NODE_LOST),
+                             ("EvictionByEvictionAPI", RolloutReason.EVICTED),
+                             ("PreemptionByScheduler", RolloutReason.EVICTED),
+                             ("TerminationByKubelet", RolloutReason.EVICTED)]:
+        disrupted = [{"type": "DisruptionTarget", "status": "True", "reason": reason}]
+        assert last(pod("Failed", conditions=disrupted, harness={"terminated": {"exitCode": 137}})) == (
+            RolloutPhase.FAILED, expected, True)
     assert last(pod("Failed")) == (RolloutPhase.FAILED, RolloutReason.OTHER, True)
 
 
