@@ -1,138 +1,161 @@
 """OpenForge event schemas: pydantic models, versions, registry and JSON (de)serialization.
 
 Every event is an immutable pydantic model with a schema name and major version. Kafka producers
-call :func:`encode`, consumers call :func:`decode`; both go through the explicit registry, in
-which every v1 event below is registered when this package is imported.
+call :func:`encode`, consumers call :func:`decode`; both go through the explicit registry
+(:mod:`schemas.registry`), in which every built-in event is registered.
+
+Importing the package imports none of its modules: each public name is loaded when first asked
+for, so a process that needs one constant or one model (the verifier's ``openforge reward``, a
+harness) does not build every model.
 """
 
-from schemas._arrays import Logprobs, LossMask, PackedArray, RawBytes, TokenIds
-from schemas._base import EventBase, FrozenModel, UtcDatetime
-from schemas._common import Identifier, JsonObject, WeightVersionRange
-from schemas._errors import (
-    DeadLetterErrorType,
-    DecodeError,
-    DuplicateSchemaError,
-    InvalidEventError,
-    MissingSchemaHeaderError,
-    RegistryError,
-    UndecodableEventError,
-    UnknownSchemaError,
-    UnregisteredEventError,
-)
-from schemas.call.v1 import (
-    ApiProtocol,
-    CallChoice,
-    CallStatus,
-    CallTimings,
-    CallUsage,
-    ModelCallV1,
-    NormalizedRequest,
-)
-from schemas.checkpoint.v1 import CheckpointAppliedV1, CheckpointV1, TopicOffset
-from schemas.deadletter.v1 import DeadLetterV1
-from schemas.export import event_json_schema, json_schemas, schema_file_name
-from schemas.failures import FailureReason
-from schemas.registry import (
-    CONTENT_TYPE_HEADER,
-    JSON_CONTENT_TYPE,
-    SCHEMA_HEADER,
-    VERSION_HEADER,
-    EventRegistry,
-    Headers,
-    all_events,
-    decode,
-    default_registry,
-    encode,
-    register,
-    resolve,
-)
-from schemas.reward.v1 import RewardV1
-from schemas.rollout.v1 import Backend, RolloutEventV1, RolloutPhase, RolloutReason
-from schemas.task.v1 import (
-    ContainerLaunch,
-    HarnessSpec,
-    LocalLaunch,
-    Resources,
-    TaskV1,
-    VerifierSpec,
-)
-from schemas.trajectory.v1 import FinalizeReason, MergeStats, TrajectorySample, TrajectoryV1
+from __future__ import annotations
 
-# The one place built-in events are registered: adding a version means adding it here.
-for _event in (
-    TaskV1,
-    ModelCallV1,
-    RolloutEventV1,
-    RewardV1,
-    TrajectoryV1,
-    CheckpointV1,
-    CheckpointAppliedV1,
-    DeadLetterV1,
-):
-    register(_event)
-del _event
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "CONTENT_TYPE_HEADER",
-    "JSON_CONTENT_TYPE",
-    "SCHEMA_HEADER",
-    "VERSION_HEADER",
-    "ApiProtocol",
-    "Backend",
-    "CallChoice",
-    "CallStatus",
-    "CallTimings",
-    "CallUsage",
-    "CheckpointAppliedV1",
-    "CheckpointV1",
-    "ContainerLaunch",
-    "DeadLetterErrorType",
-    "DeadLetterV1",
-    "DecodeError",
-    "DuplicateSchemaError",
-    "EventBase",
-    "EventRegistry",
-    "FailureReason",
-    "FinalizeReason",
-    "FrozenModel",
-    "HarnessSpec",
-    "Headers",
-    "Identifier",
-    "InvalidEventError",
-    "JsonObject",
-    "LocalLaunch",
-    "Logprobs",
-    "LossMask",
-    "MergeStats",
-    "MissingSchemaHeaderError",
-    "ModelCallV1",
-    "NormalizedRequest",
-    "PackedArray",
-    "RawBytes",
-    "RegistryError",
-    "Resources",
-    "RewardV1",
-    "RolloutEventV1",
-    "RolloutPhase",
-    "RolloutReason",
-    "TaskV1",
-    "TokenIds",
-    "TopicOffset",
-    "TrajectorySample",
-    "TrajectoryV1",
-    "UndecodableEventError",
-    "UnknownSchemaError",
-    "UnregisteredEventError",
-    "UtcDatetime",
-    "VerifierSpec",
-    "WeightVersionRange",
-    "all_events",
-    "decode",
-    "default_registry",
-    "encode",
-    "event_json_schema",
-    "json_schemas",
-    "register",
-    "resolve",
-    "schema_file_name",
-]
+_WHERE: dict[str, str] = {
+    "Logprobs": "schemas._arrays",
+    "LossMask": "schemas._arrays",
+    "PackedArray": "schemas._arrays",
+    "RawBytes": "schemas._arrays",
+    "TokenIds": "schemas._arrays",
+    "EventBase": "schemas._base",
+    "FrozenModel": "schemas._base",
+    "UtcDatetime": "schemas._base",
+    "Identifier": "schemas._common",
+    "JsonObject": "schemas._common",
+    "WeightVersionRange": "schemas._common",
+    "DeadLetterErrorType": "schemas._errors",
+    "DecodeError": "schemas._errors",
+    "DuplicateSchemaError": "schemas._errors",
+    "InvalidEventError": "schemas._errors",
+    "MissingSchemaHeaderError": "schemas._errors",
+    "RegistryError": "schemas._errors",
+    "UndecodableEventError": "schemas._errors",
+    "UnknownSchemaError": "schemas._errors",
+    "UnregisteredEventError": "schemas._errors",
+    "ApiProtocol": "schemas.call.v1",
+    "CallChoice": "schemas.call.v1",
+    "CallStatus": "schemas.call.v1",
+    "CallTimings": "schemas.call.v1",
+    "CallUsage": "schemas.call.v1",
+    "ModelCallV1": "schemas.call.v1",
+    "NormalizedRequest": "schemas.call.v1",
+    "CheckpointAppliedV1": "schemas.checkpoint.v1",
+    "CheckpointV1": "schemas.checkpoint.v1",
+    "TopicOffset": "schemas.checkpoint.v1",
+    "DeadLetterV1": "schemas.deadletter.v1",
+    "event_json_schema": "schemas.export",
+    "json_schemas": "schemas.export",
+    "schema_file_name": "schemas.export",
+    "FailureReason": "schemas.failures",
+    "CONTENT_TYPE_HEADER": "schemas.registry",
+    "EventRegistry": "schemas.registry",
+    "Headers": "schemas.registry",
+    "JSON_CONTENT_TYPE": "schemas.registry",
+    "SCHEMA_HEADER": "schemas.registry",
+    "VERSION_HEADER": "schemas.registry",
+    "all_events": "schemas.registry",
+    "decode": "schemas.registry",
+    "default_registry": "schemas.registry",
+    "encode": "schemas.registry",
+    "register": "schemas.registry",
+    "resolve": "schemas.registry",
+    "RewardV1": "schemas.reward.v1",
+    "Backend": "schemas.rollout.v1",
+    "RolloutEventV1": "schemas.rollout.v1",
+    "RolloutPhase": "schemas.rollout.v1",
+    "RolloutReason": "schemas.rollout.v1",
+    "ContainerLaunch": "schemas.task.v1",
+    "HarnessSpec": "schemas.task.v1",
+    "LocalLaunch": "schemas.task.v1",
+    "Resources": "schemas.task.v1",
+    "TaskV1": "schemas.task.v1",
+    "VerifierSpec": "schemas.task.v1",
+    "FinalizeReason": "schemas.trajectory.v1",
+    "MergeStats": "schemas.trajectory.v1",
+    "TrajectorySample": "schemas.trajectory.v1",
+    "TrajectoryV1": "schemas.trajectory.v1",
+}
+"""The module that defines each public name."""
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'schemas' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # asked once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+if TYPE_CHECKING:  # the same names, for type checkers
+    from schemas._arrays import Logprobs as Logprobs
+    from schemas._arrays import LossMask as LossMask
+    from schemas._arrays import PackedArray as PackedArray
+    from schemas._arrays import RawBytes as RawBytes
+    from schemas._arrays import TokenIds as TokenIds
+    from schemas._base import EventBase as EventBase
+    from schemas._base import FrozenModel as FrozenModel
+    from schemas._base import UtcDatetime as UtcDatetime
+    from schemas._common import Identifier as Identifier
+    from schemas._common import JsonObject as JsonObject
+    from schemas._common import WeightVersionRange as WeightVersionRange
+    from schemas._errors import DeadLetterErrorType as DeadLetterErrorType
+    from schemas._errors import DecodeError as DecodeError
+    from schemas._errors import DuplicateSchemaError as DuplicateSchemaError
+    from schemas._errors import InvalidEventError as InvalidEventError
+    from schemas._errors import MissingSchemaHeaderError as MissingSchemaHeaderError
+    from schemas._errors import RegistryError as RegistryError
+    from schemas._errors import UndecodableEventError as UndecodableEventError
+    from schemas._errors import UnknownSchemaError as UnknownSchemaError
+    from schemas._errors import UnregisteredEventError as UnregisteredEventError
+    from schemas.call.v1 import ApiProtocol as ApiProtocol
+    from schemas.call.v1 import CallChoice as CallChoice
+    from schemas.call.v1 import CallStatus as CallStatus
+    from schemas.call.v1 import CallTimings as CallTimings
+    from schemas.call.v1 import CallUsage as CallUsage
+    from schemas.call.v1 import ModelCallV1 as ModelCallV1
+    from schemas.call.v1 import NormalizedRequest as NormalizedRequest
+    from schemas.checkpoint.v1 import CheckpointAppliedV1 as CheckpointAppliedV1
+    from schemas.checkpoint.v1 import CheckpointV1 as CheckpointV1
+    from schemas.checkpoint.v1 import TopicOffset as TopicOffset
+    from schemas.deadletter.v1 import DeadLetterV1 as DeadLetterV1
+    from schemas.export import event_json_schema as event_json_schema
+    from schemas.export import json_schemas as json_schemas
+    from schemas.export import schema_file_name as schema_file_name
+    from schemas.failures import FailureReason as FailureReason
+    from schemas.registry import CONTENT_TYPE_HEADER as CONTENT_TYPE_HEADER
+    from schemas.registry import JSON_CONTENT_TYPE as JSON_CONTENT_TYPE
+    from schemas.registry import SCHEMA_HEADER as SCHEMA_HEADER
+    from schemas.registry import VERSION_HEADER as VERSION_HEADER
+    from schemas.registry import EventRegistry as EventRegistry
+    from schemas.registry import Headers as Headers
+    from schemas.registry import all_events as all_events
+    from schemas.registry import decode as decode
+    from schemas.registry import default_registry as default_registry
+    from schemas.registry import encode as encode
+    from schemas.registry import register as register
+    from schemas.registry import resolve as resolve
+    from schemas.reward.v1 import RewardV1 as RewardV1
+    from schemas.rollout.v1 import Backend as Backend
+    from schemas.rollout.v1 import RolloutEventV1 as RolloutEventV1
+    from schemas.rollout.v1 import RolloutPhase as RolloutPhase
+    from schemas.rollout.v1 import RolloutReason as RolloutReason
+    from schemas.task.v1 import ContainerLaunch as ContainerLaunch
+    from schemas.task.v1 import HarnessSpec as HarnessSpec
+    from schemas.task.v1 import LocalLaunch as LocalLaunch
+    from schemas.task.v1 import Resources as Resources
+    from schemas.task.v1 import TaskV1 as TaskV1
+    from schemas.task.v1 import VerifierSpec as VerifierSpec
+    from schemas.trajectory.v1 import FinalizeReason as FinalizeReason
+    from schemas.trajectory.v1 import MergeStats as MergeStats
+    from schemas.trajectory.v1 import TrajectorySample as TrajectorySample
+    from schemas.trajectory.v1 import TrajectoryV1 as TrajectoryV1

@@ -31,6 +31,13 @@ from schemas._errors import (
     UnknownSchemaError,
     UnregisteredEventError,
 )
+from schemas.call.v1 import ModelCallV1
+from schemas.checkpoint.v1 import CheckpointAppliedV1, CheckpointV1
+from schemas.deadletter.v1 import DeadLetterV1
+from schemas.reward.v1 import RewardV1
+from schemas.rollout.v1 import RolloutEventV1
+from schemas.task.v1 import TaskV1
+from schemas.trajectory.v1 import TrajectoryV1
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
@@ -303,7 +310,13 @@ def _message(error: Mapping[str, Any]) -> str:
 
 
 default_registry = EventRegistry()
-"""The process-wide registry behind the module-level functions."""
+"""The process-wide registry behind the module-level functions, holding every built-in event."""
+
+# The one place built-in events are registered: adding a version means adding it here.
+for _event in (TaskV1, ModelCallV1, RolloutEventV1, RewardV1, TrajectoryV1, CheckpointV1, CheckpointAppliedV1,
+               DeadLetterV1):
+    default_registry.register(_event)
+del _event
 
 
 def register(cls: type[_E]) -> type[_E]:
