@@ -2,14 +2,17 @@
 
 Order matters for an exact resume: the folder (weights, optimizer state and the learner's position
 ledger) is complete on disk before its event is published, and the event is what a restart trusts.
-A folder whose event never went out (the process died in between) is an orphan; the next save of
-that version replaces it.
+"On disk" means durable: every file, the folder, its rename into place and the parent folder are
+fsynced before the event goes out, so a power loss after the event cannot leave the event pointing
+at a folder that is missing or half written. A folder whose event never went out (the process died
+in between) is an orphan; the next save of that version replaces it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -79,26 +82,54 @@ def checkpoint_folder(root: Path, version: int) -> Path:
 def write_checkpoint_folder(root: Path, version: int, save: Any, state: LearnerState) -> Path:
     """Write into a temporary folder, then rename into place, so readers never see half a checkpoint.
 
+    Everything is fsynced before this returns (the caller publishes the event after): each file
+    and folder written, then the rename, through the parent folder.
+
     Args:
         root: Parent folder of all checkpoints.
         version: The weight version being saved.
         save: ``save(folder)`` writes the weights (the worker's ``save``).
         state: The learner state stored beside them.
     """
+    created = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
+    if created:
+        _fsync(root.parent)
     final = checkpoint_folder(root, version)
     tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     try:
         save(tmp)
         (tmp / STATE_FILE).write_text(json.dumps(state.to_json()))
+        _fsync_tree(tmp)
         if final.exists():
             logger.warning("replacing %s: an earlier run wrote it but never published its event", final)
             shutil.rmtree(final)
         tmp.rename(final)
+        _fsync(root)  # the rename (and any removal of an orphan) lives in the parent folder
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Fsync every file under ``folder``, then each folder, deepest first (a folder lists its entries)."""
+    folders = [folder]
+    for path in sorted(folder.rglob("*")):
+        if path.is_dir():
+            folders.append(path)
+        else:
+            _fsync(path)
+    for path in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        _fsync(path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_state(folder: Path) -> LearnerState:

@@ -127,10 +127,25 @@ class LearnerSettings(BaseSettings):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
         "token-mean"
     )
-    """How veRL aggregates the per-token loss; normalised over the whole step, not the micro-batch."""
+    """How veRL aggregates the per-token loss; normalised over each update's whole mini-batch (the
+    whole step by default), never per micro-batch. ``seq-mean-token-sum-norm`` divides by the
+    step's longest completion (veRL's ``loss_scale_factor``; its default, the response width, for
+    the step taken at once)."""
 
     clip_ratio: float = Field(default=0.2, gt=0)
-    """PPO clip range of the policy loss."""
+    """PPO clip range of the policy loss. It acts from a step's second optimizer update on (see
+    ``ppo_mini_batches`` and ``ppo_epochs``); a step with one update has nothing to clip."""
+
+    ppo_mini_batches: int = Field(default=1, ge=1)
+    """Mini-batches per learner step (veRL's ``ppo_mini_batch_size`` as a count): the step's rows are
+    split into this many parts of near-equal row count, each an optimizer update of its own,
+    normalised over its own tokens and rows. A step with fewer rows has one mini-batch per row."""
+
+    ppo_epochs: int = Field(default=1, ge=1)
+    """Passes over the step's mini-batches (veRL's ``ppo_epochs``). A step makes
+    ``ppo_epochs x ppo_mini_batches`` optimizer updates and still publishes one weight version;
+    the proximal logprobs of every update are the policy's before the first one. The defaults (one
+    and one) take one on-policy update per step."""
 
     entropy_coeff: float = Field(default=0.0, ge=0)
     """Weight of the entropy bonus subtracted from the loss (veRL's ``entropy_coeff``), aggregated

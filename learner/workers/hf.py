@@ -1,9 +1,15 @@
 """The ``hf`` worker: a transformers causal LM trained with veRL's losses on one device.
 
-Per step: for each token-budget micro-batch, a forward pass recomputes the current logprobs of the
-completion tokens; veRL's rollout correction turns them and the behaviour logprobs into truncated
-importance weights; veRL's policy loss, normalised over the whole step's tokens, is backpropagated;
-after the last micro-batch the gradients are clipped and AdamW steps.
+A learner step (one weight version) is ``ppo_epochs`` passes over ``ppo_mini_batches`` parts of its
+rows, each part one optimizer update. Before the first update, the proximal logprobs of every
+completion token are computed once without gradients; veRL's rollout correction turns them and the
+behaviour logprobs into truncated importance weights, and every update uses them as the PPO
+``old_log_prob``, so clipping acts from the second update on (veRL's decoupled PPO). With one
+update per step (the default) the policy being trained is the proximal one and its own detached
+logprobs serve. Per update, for each token-budget micro-batch, a forward pass recomputes the
+current logprobs; veRL's policy loss, normalised over the whole mini-batch's tokens, is
+backpropagated; after the last micro-batch the gradients are clipped and AdamW steps, unless the
+loss or the gradient norm is not finite, in which case the update is skipped.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 _CARRIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
             "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json")
 _WEIGHT_SAMPLE = 512  # importance weights reported per step, as evenly spaced quantiles of all of them
+# Kept in a step's metrics even when not finite: they are how a skipped update shows.
+_KEPT_WHEN_NONFINITE = ("loss", "grad_norm")
 
 
 class HFPolicyWorker:
@@ -136,84 +144,159 @@ class HFPolicyWorker:
         return logprobs, entropy, t
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step over ``batch`` (see the module docstring)."""
+        """One learner step over ``batch``: ``ppo_epochs x ppo_mini_batches`` updates (module docstring).
+
+        Returns:
+            The step's metrics, empty when no row has a trained token. ``loss`` and ``grad_norm``
+            are means over the updates and are kept when not finite; ``updates`` counts the
+            optimizer updates taken, ``nonfinite_updates`` those skipped, and ``nonfinite`` is 1.0
+            when every update was skipped, so the weights and the optimizer are exactly as before.
+        """
         s = self.settings
         every = [r for r in batch.rows if r.trained_tokens > 0]
         if not every:
             return {}
-        # Data parallel: every rank holds the whole batch and trains its share of the rows; the loss
-        # is normalised by the whole step's tokens and scaled by dp_size, because the gradient
-        # reduction averages over ranks (veRL's agg_loss contract).
-        actor = dataclasses.replace(self._actor, global_batch_info={
-            "dp_size": self.world_size, "batch_num_tokens": sum(r.trained_tokens for r in every),
-            "global_batch_size": len(every),
-        })
-        rows = every[self.rank::self.world_size]
-        self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        weights_seen: list[torch.Tensor] = []
-        total_loss = 0.0
-        entropy_sum, mask_sum = 0.0, 0.0
+        minis = self._plan(every)
+        totals = _StepTotals()
+        # With one update the policy being trained is the proximal one (veRL's actor takes the same
+        # shortcut): its own detached logprobs serve, and no extra forward pass is spent.
+        proximal = None if len(minis) * s.ppo_epochs == 1 else self._proximal(minis, totals)
         coeff = self.entropy_control.coeff
-        parts = micro_batches(rows, s.token_budget) if rows else []
-        count = self._micro_batch_count(len(parts))
-        for index in range(count):
-            # A rank with fewer micro-batches than the others runs a zero-weighted one, so that every
-            # rank enters the same number of (collective) backward passes.
-            padding = index >= len(parts)
-            part = [every[0]] if padding else parts[index]
-            logprobs, entropy, t = self.token_logprobs(part, entropy_grad=coeff > 0)
-            current = logprobs.detach()
-            weights, mask, corr = rollout_correction(
-                current, t["behavior"], t["mask"], mode=s.rollout_is, threshold=s.rollout_is_threshold,
-                rejection=s.rollout_rs, rejection_threshold=s.rollout_rs_threshold,
-            )
-            # One update per batch: the proximal policy is the current one, so the PPO ratio starts
-            # at 1 and the off-policy gap is carried entirely by the rollout-correction weights.
-            loss, loss_metrics = self._loss_fn(
-                old_log_prob=current, log_prob=logprobs, advantages=t["advantages"], response_mask=mask,
-                loss_agg_mode=s.loss_agg_mode, config=actor, rollout_is_weights=weights,
-            )
-            if coeff > 0:
-                # As veRL's actor does: the bonus is aggregated like the policy loss, over the same
-                # (correction-masked) tokens and the same whole-step normalisation, over the rows it
-                # acts on.
-                bonus = agg_loss(loss_mat=entropy, loss_mask=mask * t["bonus_rows"], loss_agg_mode=s.loss_agg_mode,
-                                 **actor.global_batch_info)
-                loss = loss - coeff * bonus
-            if padding:
-                (loss * 0.0).backward()  # type: ignore[no-untyped-call]
-                continue
-            loss.backward()  # type: ignore[no-untyped-call]
-            total_loss += float(loss.detach())
-            entropy_sum += float((entropy.detach() * t["mask"]).sum())
-            mask_sum += float(t["mask"].sum())
-            if weights is not None:
-                weights_seen.append(weights[t["mask"] > 0].detach().flatten())
-            for key, value in {**corr, **_floats(loss_metrics)}.items():
-                sums[key] = sums.get(key, 0.0) + value
-        grad_norm = self._clip_grad_norm()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        # The step's loss is the sum over ranks of their dp_size-scaled parts, divided by dp_size.
-        total_loss, entropy_sum, mask_sum = self._sum_across_ranks([total_loss, entropy_sum, mask_sum])
-        metrics = {k: v / max(len(parts), 1) for k, v in sums.items()}
-        metrics.update({"loss": total_loss / self.world_size, "entropy": entropy_sum / max(mask_sum, 1.0),
-                        "grad_norm": grad_norm, "micro_batches": float(count)})
+        losses: list[float] = []
+        norms: list[float] = []
+        for _ in range(s.ppo_epochs):
+            for index, mini in enumerate(minis):
+                loss, norm = self._update(mini, None if proximal is None else proximal[index], coeff, totals)
+                losses.append(loss)
+                norms.append(norm)
+        entropy_sum, mask_sum = self._sum_across_ranks([totals.entropy_sum, totals.mask_sum])
+        metrics = {k: v / max(totals.proximal_parts, 1) for k, v in totals.correction.items()}
+        metrics.update({k: v / max(totals.update_parts, 1) for k, v in totals.losses.items()})
+        skipped = len(losses) - totals.updates
+        metrics.update({"loss": sum(losses) / len(losses), "entropy": entropy_sum / max(mask_sum, 1.0),
+                        "grad_norm": sum(norms) / len(norms), "micro_batches": float(totals.micro_batches),
+                        "updates": float(totals.updates), "nonfinite_updates": float(skipped),
+                        "nonfinite": 1.0 if totals.updates == 0 else 0.0})
         if self.entropy_control.active:
             # Every rank sees the same summed entropy, so every rank steers to the same coefficient.
             metrics["entropy_coeff"] = coeff
-            self.entropy_control.update(metrics["entropy"])
+            if totals.updates and math.isfinite(metrics["entropy"]):
+                self.entropy_control.update(metrics["entropy"])
         self._last_weights = []
-        if weights_seen:
-            w = torch.cat(weights_seen)
+        if totals.weights:
+            w = torch.cat(totals.weights)
             self._last_weights = _quantile_sample(w, _WEIGHT_SAMPLE)
             metrics.update({
                 "is_weight_mean": float(w.mean()), "is_weight_max": float(w.max()), "is_weight_min": float(w.min()),
                 # Kish's effective sample size, as a fraction of the tokens.
                 "is_ess": float(w.sum() ** 2 / (w.numel() * (w**2).sum())) if float((w**2).sum()) > 0 else 0.0,
             })
-        return {k: v for k, v in metrics.items() if math.isfinite(v) or k == "loss"}
+        return {k: v for k, v in metrics.items() if math.isfinite(v) or k in _KEPT_WHEN_NONFINITE}
+
+    def _plan(self, every: list[Row]) -> list[_MiniBatch]:
+        """The step's mini-batches, each with this rank's micro-batches and its veRL normalisation.
+
+        Every rank holds the whole batch, so every rank makes the same mini-batches; each rank then
+        trains its share of each mini-batch's rows. As veRL's actor does per mini-batch, the loss
+        is normalised by the mini-batch's tokens and rows over all ranks and scaled by dp_size,
+        because the gradient reduction averages over ranks (veRL's ``agg_loss`` contract).
+        ``seq-mean-token-sum-norm`` divides by the step's longest completion: veRL's default is
+        the width of the response tensor, which for the whole step at once is exactly that, and it
+        is the same in every micro-batch and mini-batch of the step.
+        """
+        horizon = max(len(r.loss_mask) for r in every)
+        plans: list[_MiniBatch] = []
+        for mini in _split(every, self.settings.ppo_mini_batches):
+            actor = dataclasses.replace(self._actor, global_batch_info={
+                "dp_size": self.world_size, "batch_num_tokens": sum(r.trained_tokens for r in mini),
+                "global_batch_size": len(mini), "loss_scale_factor": horizon,
+            })
+            rows = mini[self.rank::self.world_size]
+            parts = micro_batches(rows, self.settings.token_budget) if rows else []
+            plans.append(_MiniBatch(actor, parts, self._micro_batch_count(len(parts)), mini[0]))
+        return plans
+
+    def _part(self, mini: _MiniBatch, index: int) -> tuple[list[Row], bool]:
+        # A rank with fewer micro-batches than the others runs a zero-weighted one, so that every
+        # rank enters the same number of (collective) forward and backward passes.
+        if index >= len(mini.parts):
+            return [mini.filler], True
+        return mini.parts[index], False
+
+    def _correct(self, proximal: torch.Tensor, t: dict[str, torch.Tensor],
+                 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+        """Rollout correction of the behaviour logprobs towards the proximal ones (veRL's decoupled PPO)."""
+        s = self.settings
+        return rollout_correction(proximal, t["behavior"], t["mask"], mode=s.rollout_is,
+                                  threshold=s.rollout_is_threshold, rejection=s.rollout_rs,
+                                  rejection_threshold=s.rollout_rs_threshold)
+
+    def _proximal(self, minis: list[_MiniBatch], totals: _StepTotals) -> list[list[_Proximal]]:
+        """Logprobs, importance weights and masks of every micro-batch before any update, without gradients."""
+        out: list[list[_Proximal]] = []
+        with torch.no_grad():
+            for mini in minis:
+                entries: list[_Proximal] = []
+                for index in range(mini.count):
+                    part, padding = self._part(mini, index)
+                    logprobs, entropy, t = self.token_logprobs(part)
+                    if padding:
+                        continue  # the forward is collective under FSDP; its result is not needed
+                    weights, mask, corr = self._correct(logprobs, t)
+                    totals.add_proximal(entropy, t["mask"], weights, corr)
+                    entries.append(_Proximal(logprobs, weights, mask))
+                out.append(entries)
+        return out
+
+    def _update(self, mini: _MiniBatch, proximal: list[_Proximal] | None, coeff: float,
+                totals: _StepTotals) -> tuple[float, float]:
+        """One optimizer update over ``mini``; return its loss and gradient norm.
+
+        A loss or gradient norm that is not finite skips the update, as veRL's FSDP engine does: the
+        gradients are dropped and the optimizer is not stepped. Both numbers are the same on every
+        rank (the loss summed over ranks, the norm reduced by the clipping), so all ranks skip alike.
+        """
+        s = self.settings
+        self.optimizer.zero_grad(set_to_none=True)
+        local_loss = 0.0
+        for index in range(mini.count):
+            part, padding = self._part(mini, index)
+            logprobs, entropy, t = self.token_logprobs(part, entropy_grad=coeff > 0)
+            if proximal is None or padding:
+                old = logprobs.detach()
+                weights, mask, corr = self._correct(old, t)
+                if proximal is None and not padding:
+                    totals.add_proximal(entropy, t["mask"], weights, corr)
+            else:
+                old, weights, mask = proximal[index].logprobs, proximal[index].weights, proximal[index].mask
+            loss, loss_metrics = self._loss_fn(
+                old_log_prob=old, log_prob=logprobs, advantages=t["advantages"], response_mask=mask,
+                loss_agg_mode=s.loss_agg_mode, config=mini.actor, rollout_is_weights=weights,
+            )
+            if coeff > 0:
+                # As veRL's actor does: the bonus is aggregated like the policy loss, over the same
+                # (correction-masked) tokens and the same normalisation, over the rows it acts on.
+                bonus = agg_loss(loss_mat=entropy, loss_mask=mask * t["bonus_rows"], loss_agg_mode=s.loss_agg_mode,
+                                 **mini.actor.global_batch_info)
+                loss = loss - coeff * bonus
+            totals.micro_batches += 1
+            if padding:
+                (loss * 0.0).backward()  # type: ignore[no-untyped-call]
+                continue
+            loss.backward()  # type: ignore[no-untyped-call]
+            local_loss += float(loss.detach())
+            totals.add_losses(_floats(loss_metrics))
+        norm = self._clip_grad_norm()
+        # The update's loss is the sum over ranks of their dp_size-scaled parts, divided by dp_size.
+        (summed,) = self._sum_across_ranks([local_loss])
+        if math.isfinite(norm) and math.isfinite(summed):
+            self.optimizer.step()
+            totals.updates += 1
+        else:
+            logger.warning("update skipped: loss %s, gradient norm %s (weights and optimizer left as they were)",
+                           summed / self.world_size, norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return summed / self.world_size, norm
 
     def importance_weights(self) -> Sequence[float]:
         """The last step's per-token importance weights, at most ``_WEIGHT_SAMPLE`` evenly spaced quantiles.
@@ -256,3 +339,71 @@ def _floats(metrics: dict[str, Any]) -> dict[str, float]:
         except (TypeError, ValueError):
             continue
     return out
+
+
+@dataclasses.dataclass
+class _MiniBatch:
+    """The rows of one optimizer update, as this rank trains them."""
+
+    actor: ActorConfig
+    """veRL's actor config with this mini-batch's normalisation (``global_batch_info``)."""
+    parts: list[list[Row]]
+    """This rank's micro-batches."""
+    count: int
+    """Micro-batches every rank runs: the most any rank has."""
+    filler: Row
+    """What a rank short of micro-batches runs, zero-weighted."""
+
+
+@dataclasses.dataclass
+class _Proximal:
+    """A micro-batch's logprobs before the step's first update, and its rollout correction against them."""
+
+    logprobs: torch.Tensor
+    weights: torch.Tensor | None
+    mask: torch.Tensor
+
+
+@dataclasses.dataclass
+class _StepTotals:
+    """What a step's metrics are made of, summed over its micro-batches and updates on this rank."""
+
+    entropy_sum: float = 0.0
+    mask_sum: float = 0.0
+    correction: dict[str, float] = dataclasses.field(default_factory=dict)
+    proximal_parts: int = 0
+    weights: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    losses: dict[str, float] = dataclasses.field(default_factory=dict)
+    update_parts: int = 0
+    micro_batches: int = 0
+    updates: int = 0
+
+    def add_proximal(self, entropy: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor | None,
+                     correction: dict[str, float]) -> None:
+        """The proximal policy's entropy and the rollout correction of one micro-batch."""
+        self.entropy_sum += float((entropy.detach() * mask).sum())
+        self.mask_sum += float(mask.sum())
+        if weights is not None:
+            self.weights.append(weights[mask > 0].detach().flatten())
+        for key, value in correction.items():
+            self.correction[key] = self.correction.get(key, 0.0) + value
+        self.proximal_parts += 1
+
+    def add_losses(self, metrics: dict[str, float]) -> None:
+        """Add the policy-loss metrics (veRL's) of one trained micro-batch."""
+        for key, value in metrics.items():
+            self.losses[key] = self.losses.get(key, 0.0) + value
+        self.update_parts += 1
+
+
+def _split(rows: list[Row], count: int) -> list[list[Row]]:
+    """``rows`` in order, as ``count`` (at most one per row) consecutive parts of near-equal row count."""
+    count = min(count, len(rows))
+    size, extra = divmod(len(rows), count)
+    parts: list[list[Row]] = []
+    start = 0
+    for index in range(count):
+        stop = start + size + (1 if index < extra else 0)
+        parts.append(rows[start:stop])
+        start = stop
+    return parts
