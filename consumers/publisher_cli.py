@@ -16,8 +16,8 @@ def publisher_command(replicas: tuple[str, ...], model: str | None) -> None:
     from pydantic import ValidationError
 
     from consumers.publisher import CheckpointPublisher, PublisherSettings
-    from openforge.otel import configure_telemetry
     from stream.lifecycle import supervise
+    from stream.otel import configure_telemetry
 
     updates: dict[str, object] = {}
     if replicas:

@@ -17,7 +17,7 @@ async def serve(settings: LearnerSettings | None = None, kafka: KafkaSettings | 
 
 def run(settings: LearnerSettings | None = None) -> None:
     """Blocking entry point of the CLI: telemetry (when an OTLP endpoint is set), then the learner."""
-    from openforge.otel import configure_telemetry
+    from stream.otel import configure_telemetry
 
     shutdown_telemetry = configure_telemetry("openforge-learner")
     try:

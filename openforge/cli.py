@@ -1,33 +1,65 @@
-"""The `openforge` command: one entry point in front of every process and tool."""
+"""The `openforge` command: one entry point in front of every process and tool.
+
+Each subcommand's module is imported only when that subcommand runs, so a short-lived one
+(``openforge reward``, run by the verifier in every rollout; ``openforge token``) does not pay
+for the Kafka client, the proxy, the learner or the demo.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 from pathlib import Path
 
 import click
-import orjson
 
-from consumers.assembler.cli import assembler_command
-from consumers.publisher_cli import publisher_command
-from consumers.rollouts.cli import launcher_command
 from openforge import __version__
-from openforge.demo import DemoOptions, run_demo
-from openforge.watcher import watcher_command
-from producers.cli import reward_command, submit_command
-from proxy.cli import proxy_command, token_command
-from stream.cli import kafka_group, topics_group
-from stream.topics import MissingTopicsError
+
+_COMMANDS = {
+    "kafka": ("stream.cli", "kafka_group"),
+    "topics": ("stream.cli", "topics_group"),
+    "schemas": ("openforge.cli", "schemas_group"),
+    "proxy": ("proxy.cli", "proxy_command"),
+    "token": ("proxy.cli", "token_command"),
+    "assembler": ("consumers.assembler.cli", "assembler_command"),
+    "submit": ("producers.cli", "submit_command"),
+    "launcher": ("consumers.rollouts.cli", "launcher_command"),
+    "reward": ("producers.cli", "reward_command"),
+    "publisher": ("consumers.publisher_cli", "publisher_command"),
+    "watcher": ("openforge.watcher", "watcher_command"),
+    "learner": ("openforge.cli", "learner_command"),
+    "demo": ("openforge.demo_cli", "demo"),
+}
+"""Every subcommand: the module that defines it, and its name there."""
 
 
 class _Main(click.Group):
-    """The command group; errors that are the operator's to fix end in one line, not a traceback."""
+    """The command group: subcommands are loaded when used.
+
+    Errors that are the operator's to fix (topics not created) end in one line, not a traceback.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = _COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        command = getattr(importlib.import_module(where[0]), where[1])
+        assert isinstance(command, click.Command)
+        return command
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except MissingTopicsError as exc:
-            raise click.ClickException(str(exc)) from None
+        except Exception as exc:
+            # Only a command that loaded the Kafka client can have raised its error.
+            topics = sys.modules.get("stream.topics")
+            if topics is not None and isinstance(exc, topics.MissingTopicsError):
+                raise click.ClickException(str(exc)) from None
+            raise
 
 
 @click.group(cls=_Main)
@@ -50,6 +82,8 @@ def schemas_group() -> None:
               default=Path("schemas-json"), show_default=True, help="Folder to write into.")
 def schemas_export(out_dir: Path) -> None:
     """Write one JSON Schema file per registered event type."""
+    import orjson
+
     from schemas import json_schemas
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -58,67 +92,7 @@ def schemas_export(out_dir: Path) -> None:
         click.echo(f"wrote {out_dir / filename}")
 
 
-DEMO_DEFAULTS = DemoOptions()
-
-
-@main.command("demo")
-@click.option("--minutes", type=float, default=10.0, show_default=True,
-              help="Budget of the learning phase (start-up not counted).")
-@click.option("--group-size", type=int, default=8, show_default=True, help="Rollouts per task (GRPO group).")
-@click.option("--max-in-flight", type=int, default=8, show_default=True, help="Rollouts running at once.")
-@click.option("--stop-at", type=float, default=0.75, show_default=True,
-              help="Stop early once the mean reward of the last 64 rollouts reaches this.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the tiny model's weights.")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".openforge-demo"),
-              show_default=True, help="Where logs, checkpoints, the plot and the summary go.")
-@click.option("--keep-broker", is_flag=True, help="Leave the broker running afterwards.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=DEMO_DEFAULTS.lr, show_default=True,
-              help="The learner's AdamW learning rate.")
-@click.option("--entropy-coeff", type=click.FloatRange(min=0), default=DEMO_DEFAULTS.entropy_coeff,
-              show_default=True, help="Weight of the learner's entropy bonus (the starting one with a target).")
-@click.option("--entropy-target", type=click.FloatRange(min=0), default=DEMO_DEFAULTS.entropy_target,
-              help="Steer the bonus toward this entropy (nats/token): raised below, lowered above. "
-                   "Unset: the bonus stays at --entropy-coeff.")
-@click.option("--fixed-entropy-coeff", is_flag=True, help="Keep the bonus at --entropy-coeff (ignore a target).")
-@click.option("--bonus-everywhere", is_flag=True,
-              help="Put the entropy bonus on every trained token, not only on groups stuck below the best reward.")
-@click.option("--std-advantages", is_flag=True,
-              help="Divide advantages by the group's reward std (GRPO) instead of not (Dr. GRPO).")
-@click.option("--adam-eps", type=click.FloatRange(min=0, min_open=True), default=DEMO_DEFAULTS.adam_eps,
-              show_default=True, help="The learner's AdamW epsilon.")
-@click.option("--entropy-coeff-max", type=click.FloatRange(min=0), default=DEMO_DEFAULTS.entropy_coeff_max,
-              show_default=True, help="Upper bound of an adaptive entropy bonus.")
-@click.option("--keep-alike-groups", is_flag=True,
-              help="Train on groups whose rollouts all scored the same too (implies --bonus-everywhere).")
-def demo(minutes: float, group_size: int, max_in_flight: int, stop_at: float, seed: int, workdir: Path,
-         keep_broker: bool, lr: float, entropy_coeff: float, entropy_target: float | None, fixed_entropy_coeff: bool,
-         bonus_everywhere: bool, std_advantages: bool, adam_eps: float, entropy_coeff_max: float,
-         keep_alike_groups: bool) -> None:
-    """Run the whole learning loop on one machine and plot the reward as the tiny model learns."""
-    run_demo(DemoOptions(minutes=minutes, group_size=group_size, max_in_flight=max_in_flight, stop_at=stop_at,
-                         seed=seed, workdir=workdir, keep_broker=keep_broker, lr=lr, entropy_coeff=entropy_coeff,
-                         entropy_target=None if fixed_entropy_coeff else entropy_target,
-                         norm_adv_by_std=std_advantages, adam_eps=adam_eps, entropy_coeff_max=entropy_coeff_max,
-                         filter_alike_groups=not keep_alike_groups,
-                         # Stuck groups are the alike ones the filter would leave out: without the
-                         # filter there is nothing to single out.
-                         bonus_scope="all" if bonus_everywhere or keep_alike_groups else "stuck"))
-
-
-main.add_command(kafka_group)
-main.add_command(topics_group)
-main.add_command(schemas_group)
-main.add_command(proxy_command)
-main.add_command(token_command)
-main.add_command(assembler_command)
-main.add_command(submit_command)
-main.add_command(launcher_command)
-main.add_command(reward_command)
-main.add_command(publisher_command)
-main.add_command(watcher_command)
-
-
-@main.command("learner")
+@click.command("learner")
 def learner_command() -> None:
     """Run the off-policy learner (configured by OPENFORGE_LEARNER_* and OPENFORGE_KAFKA_*)."""
     from learner.main import run

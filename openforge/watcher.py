@@ -41,8 +41,8 @@ def watcher_command(namespace: str | None) -> None:
     # Imported here: the Kubernetes client takes a second to import, which every other
     # `openforge` command (the pod-side `openforge reward` among them) should not pay.
     from consumers.rollouts.kubernetes import KubernetesSettings
-    from openforge.otel import configure_telemetry
     from producers.pod_watcher import PodWatcherSettings
+    from stream.otel import configure_telemetry
 
     settings = PodWatcherSettings()
     if namespace:

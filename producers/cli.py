@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -20,6 +19,8 @@ def submit_command(task_file: Path, bootstrap: str | None, dry_run: bool) -> Non
 
     Every invalid line is reported with its number; if any line is invalid, nothing is published.
     """
+    import asyncio
+
     from producers.tasks import parse_tasks, publish_tasks
     from stream.settings import KafkaSettings
 

@@ -4,26 +4,33 @@ The verifier runs next to the harness and reports its score to the proxy's rewar
 the verifier credential the launcher put into its environment (and only its environment).
 Proxies restart and networks blink, so connection errors and 5xx answers are retried with
 exponential backoff; a 4xx answer (bad token, bad value) cannot succeed on retry and fails at once.
+
+It runs once per rollout, inside the rollout, so it starts fast: the standard library's HTTP client
+and the environment read directly, not an HTTP or settings library (``openforge reward`` starts in
+about a tenth of a second).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from consumers.rollouts.backend import ENV_PROXY_URL, ENV_REWARD_URL, ENV_ROLLOUT_ID, ENV_VERIFIER_TOKEN
-from schemas.reward.v1 import REWARD_LIMIT
+from schemas.rollout_env import ENV_PROXY_URL, ENV_REWARD_URL, ENV_ROLLOUT_ID, ENV_VERIFIER_TOKEN, REWARD_LIMIT
 
 __all__ = ["RewardClientSettings", "RewardConfigError", "RewardError", "post_reward"]
 
 logger = logging.getLogger(__name__)
+
+_MAX_PAUSE_S = 30.0
 
 
 class RewardError(Exception):
@@ -34,34 +41,57 @@ class RewardConfigError(RewardError):
     """The environment lacks what a verifier needs (not started by the launcher?)."""
 
 
-class RewardClientSettings(BaseSettings):
-    """Where to post and with which credential, read from the rollout's environment."""
+@dataclass(frozen=True)
+class RewardClientSettings:
+    """Where to post and with which credential, and how hard to try (see :meth:`from_env`)."""
 
-    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    reward_url: str | None = None
+    """Full reward URL (``OPENFORGE_REWARD_URL``); built from ``proxy_url`` and ``rollout_id`` when absent."""
+    proxy_url: str | None = None
+    """The proxy's root URL (``OPENFORGE_PROXY_URL``)."""
+    rollout_id: str | None = None
+    """The rollout being scored (``OPENFORGE_ROLLOUT_ID``)."""
+    verifier_token: str | None = None
+    """The verifier credential (``OPENFORGE_VERIFIER_TOKEN``)."""
+    attempts: int = 6
+    """Tries before giving up on connection errors and 5xx answers (``OPENFORGE_REWARD_ATTEMPTS``)."""
+    backoff_s: float = 0.5
+    """Pause before the first retry; doubles after each, capped at 30 s or the server's Retry-After
+    (``OPENFORGE_REWARD_BACKOFF_S``)."""
+    timeout_s: float = 30.0
+    """Limit of one HTTP request (``OPENFORGE_REWARD_TIMEOUT_S``)."""
 
-    reward_url: str | None = Field(default=None, validation_alias=AliasChoices(ENV_REWARD_URL))
-    """Full reward URL; built from ``proxy_url`` and ``rollout_id`` when absent."""
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise RewardConfigError(f"OPENFORGE_REWARD_ATTEMPTS must be at least 1, not {self.attempts}")
+        if not self.backoff_s >= 0:
+            raise RewardConfigError(f"OPENFORGE_REWARD_BACKOFF_S must not be negative, not {self.backoff_s}")
+        if not self.timeout_s > 0:
+            raise RewardConfigError(f"OPENFORGE_REWARD_TIMEOUT_S must be positive, not {self.timeout_s}")
 
-    proxy_url: str | None = Field(default=None, validation_alias=AliasChoices(ENV_PROXY_URL))
-    """The proxy's root URL."""
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RewardClientSettings:
+        """Read the settings from the environment (``os.environ`` by default).
 
-    rollout_id: str | None = Field(default=None, validation_alias=AliasChoices(ENV_ROLLOUT_ID))
-    """The rollout being scored."""
+        Raises:
+            RewardConfigError: a number that does not parse, or is out of range, named.
+        """
+        env = os.environ if env is None else env
 
-    verifier_token: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices(ENV_VERIFIER_TOKEN))
-    """The verifier credential."""
+        def number(name: str, default: float, kind: type[int] | type[float]) -> Any:
+            text = env.get(name)
+            if text is None or not text.strip():
+                return default
+            try:
+                return kind(text)
+            except ValueError:
+                raise RewardConfigError(f"{name} must be a number, not {text!r}") from None
 
-    attempts: int = Field(default=6, ge=1, validation_alias=AliasChoices("OPENFORGE_REWARD_ATTEMPTS"))
-    """Tries before giving up on connection errors and 5xx answers."""
-
-    backoff_s: float = Field(default=0.5, ge=0,
-                             validation_alias=AliasChoices("OPENFORGE_REWARD_BACKOFF_S"))
-    """Pause before the first retry; doubles after each (capped at 30 s, or the server's Retry-After)."""
-
-    timeout_s: float = Field(default=30.0, gt=0,
-                             validation_alias=AliasChoices("OPENFORGE_REWARD_TIMEOUT_S"))
-    """Limit of one HTTP request."""
+        return cls(reward_url=env.get(ENV_REWARD_URL) or None, proxy_url=env.get(ENV_PROXY_URL) or None,
+                   rollout_id=env.get(ENV_ROLLOUT_ID) or None, verifier_token=env.get(ENV_VERIFIER_TOKEN) or None,
+                   attempts=number("OPENFORGE_REWARD_ATTEMPTS", cls.attempts, int),
+                   backoff_s=number("OPENFORGE_REWARD_BACKOFF_S", cls.backoff_s, float),
+                   timeout_s=number("OPENFORGE_REWARD_TIMEOUT_S", cls.timeout_s, float))
 
     def target(self) -> tuple[str, str]:
         """The reward URL and token.
@@ -78,25 +108,23 @@ class RewardClientSettings(BaseSettings):
                 missing.append(ENV_ROLLOUT_ID)
             if self.proxy_url is not None and self.rollout_id is not None:
                 url = f"{self.proxy_url.rstrip('/')}/rollouts/{quote(self.rollout_id, safe='')}/reward"
-        if self.verifier_token is None or not self.verifier_token.get_secret_value():
+        if not self.verifier_token:
             missing.append(ENV_VERIFIER_TOKEN)
-        if missing or url is None:
+        if missing or url is None or not self.verifier_token:
             raise RewardConfigError(
                 f"cannot report a reward: {', '.join(missing)} not set (the launcher sets "
                 f"{ENV_REWARD_URL} and {ENV_VERIFIER_TOKEN} for the verifier only)")
-        assert self.verifier_token is not None
-        return url, self.verifier_token.get_secret_value()
+        return url, self.verifier_token
 
 
-def post_reward(value: float, info: dict[str, Any] | None = None, *, settings: RewardClientSettings | None = None,
-                transport: httpx.BaseTransport | None = None) -> dict[str, Any]:
+def post_reward(value: float, info: dict[str, Any] | None = None, *,
+                settings: RewardClientSettings | None = None) -> dict[str, Any]:
     """Post one reward; return the proxy's answer (``event_id``, ``stored``).
 
     Args:
-        value: The reward; finite and within ±:data:`schemas.reward.v1.REWARD_LIMIT`.
+        value: The reward; finite and within ±:data:`schemas.rollout_env.REWARD_LIMIT`.
         info: Free JSON details for dashboards.
         settings: Target and retry policy; read from the environment when None.
-        transport: HTTP transport override (tests only).
 
     Raises:
         RewardConfigError: the environment lacks the URL or token.
@@ -110,50 +138,51 @@ def post_reward(value: float, info: dict[str, Any] | None = None, *, settings: R
         number = math.inf
     if not math.isfinite(number) or abs(number) > REWARD_LIMIT:
         raise RewardError(f"the reward must be a finite number within ±{REWARD_LIMIT:g}, not {value}")
-    value = number
-    config = settings or RewardClientSettings()
+    config = settings or RewardClientSettings.from_env()
     url, token = config.target()
-    body = {"value": value, "info": info or {}}
+    body = json.dumps({"value": number, "info": info or {}}, separators=(",", ":")).encode()
     delay = config.backoff_s
     last = ""
-    with httpx.Client(transport=transport, timeout=config.timeout_s) as client:
-        for attempt in range(1, config.attempts + 1):
-            retry_after: float | None = None
-            try:
-                answer = client.post(url, json=body, headers={"authorization": f"Bearer {token}"})
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            else:
-                if answer.status_code < 300:
-                    result: dict[str, Any] = answer.json()
-                    return result
-                detail = _error_text(answer)
-                if answer.status_code < 500 and answer.status_code != 429:
-                    raise RewardError(f"the proxy refused the reward ({answer.status_code}): {detail}")
-                last = f"HTTP {answer.status_code}: {detail}"
-                retry_after = _retry_after(answer)
-            if attempt < config.attempts:
-                pause = min(retry_after if retry_after is not None else delay, 30.0)
-                logger.warning("reward attempt %d of %d failed (%s); retrying in %.1fs", attempt, config.attempts,
-                               last, pause)
-                time.sleep(pause)
-                delay *= 2
+    for attempt in range(1, config.attempts + 1):
+        retry_after: float | None = None
+        request = urllib.request.Request(url, data=body, method="POST", headers={  # noqa: S310 - the launcher's URL
+            "authorization": f"Bearer {token}", "content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=config.timeout_s) as answer:  # noqa: S310
+                result: dict[str, Any] = json.loads(answer.read())
+                return result
+        except urllib.error.HTTPError as refused:
+            with refused:
+                detail = _error_text(refused.read())
+            if refused.code < 500 and refused.code != 429:
+                raise RewardError(f"the proxy refused the reward ({refused.code}): {detail}") from None
+            last = f"HTTP {refused.code}: {detail}"
+            retry_after = _retry_after(refused.headers.get("retry-after"))
+        except (OSError, ValueError) as exc:  # unreachable, reset, timed out; an answer that is not JSON
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            last = f"{type(reason).__name__}: {reason}"
+        if attempt < config.attempts:
+            pause = min(retry_after if retry_after is not None else delay, _MAX_PAUSE_S)
+            logger.warning("reward attempt %d of %d failed (%s); retrying in %.1fs", attempt, config.attempts,
+                           last, pause)
+            time.sleep(pause)
+            delay *= 2
     raise RewardError(f"the reward was not delivered after {config.attempts} attempts; last error: {last}")
 
 
-def _error_text(answer: httpx.Response) -> str:
+def _error_text(raw: bytes) -> str:
     try:
-        data = answer.json()
+        data = json.loads(raw)
     except ValueError:
-        return answer.text[:300]
+        return raw[:300].decode("utf-8", "replace")
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict) and "message" in error:
         return str(error["message"])
     return str(data)[:300]
 
 
-def _retry_after(answer: httpx.Response) -> float | None:
+def _retry_after(header: str | None) -> float | None:
     try:
-        return float(answer.headers["retry-after"])
-    except (KeyError, ValueError):
+        return float(header) if header is not None else None
+    except ValueError:
         return None

@@ -17,10 +17,10 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
     """Serve the harness-facing proxy in front of vLLM, capturing every call to Kafka."""
     import uvicorn
 
-    from openforge.otel import configure_telemetry
     from proxy.app import build_app
     from proxy.server import server_config
     from proxy.settings import ProxySettings
+    from stream.otel import configure_telemetry
 
     updates: dict[str, object] = {}
     if host:

@@ -134,8 +134,10 @@ def _pom(version: str) -> str:
 
 
 def _fetched_set(version: str) -> str:
-    """What a complete fetch holds, written into its marker: a cache fetched before an artifact
-    was added (the tools) is fetched again rather than used without it."""
+    """What a complete fetch holds, written into its marker.
+
+    A cache fetched before an artifact was added (the tools) is fetched again, not used without it.
+    """
     return hashlib.sha256(_pom(version).encode()).hexdigest()
 
 

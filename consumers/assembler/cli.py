@@ -17,8 +17,8 @@ def assembler_command(instance_id: str | None) -> None:
 
     from consumers.assembler.service import AssemblerService
     from consumers.assembler.settings import AssemblerSettings
-    from openforge.otel import configure_telemetry
     from stream.lifecycle import supervise
+    from stream.otel import configure_telemetry
 
     settings = AssemblerSettings()
     if instance_id:

@@ -12,6 +12,17 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from schemas.rollout.v1 import Backend
+from schemas.rollout_env import (
+    ENV_AGENT_KEYS,
+    ENV_ANTHROPIC_BASE_URL,
+    ENV_INSTRUCTION,
+    ENV_OPENAI_BASE_URL,
+    ENV_PROXY_URL,
+    ENV_REWARD_URL,
+    ENV_ROLLOUT_ID,
+    ENV_TASK_ID,
+    ENV_VERIFIER_TOKEN,
+)
 from schemas.task.v1 import TaskV1
 
 __all__ = [
@@ -30,30 +41,9 @@ __all__ = [
     "harness_argv",
 ]
 
-# The environment a rollout sees. Harnesses read the vendor names; OpenForge's own tools read
-# the OPENFORGE_ names. One place for each name, so launcher, backends and `openforge reward`
-# cannot drift apart.
-ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"
-"""``<proxy>/rollouts/<rollout_id>/v1``: the OpenAI SDK, Codex and OpenClaw append paths to it."""
-ENV_ANTHROPIC_BASE_URL = "ANTHROPIC_BASE_URL"
-"""``<proxy>/rollouts/<rollout_id>``: the Anthropic SDK and Claude Code append ``/v1/messages``."""
-ENV_AGENT_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENFORGE_API_KEY")
-"""Every variable that carries the agent token, since each harness reads its own."""
-ENV_PROXY_URL = "OPENFORGE_PROXY_URL"
-"""The proxy's root URL, without the rollout prefix."""
-ENV_ROLLOUT_ID = "OPENFORGE_ROLLOUT_ID"
-"""The rollout's id."""
-ENV_TASK_ID = "OPENFORGE_TASK_ID"
-"""The task's id."""
-ENV_REWARD_URL = "OPENFORGE_REWARD_URL"
-"""``<proxy>/rollouts/<rollout_id>/reward``; only the verifier sees it."""
-ENV_INSTRUCTION = "OPENFORGE_INSTRUCTION"
-"""The task's instruction, for harnesses that read their prompt from the environment."""
 INSTRUCTION_PLACEHOLDER = "{instruction}"
 """An argv element of the harness command equal to this is replaced by the instruction, for
 harness CLIs that take the prompt as an argument (``claude -p {instruction}``)."""
-ENV_VERIFIER_TOKEN = "OPENFORGE_VERIFIER_TOKEN"  # noqa: S105 (a variable name, not a secret)
-"""The verifier credential; only the verifier sees it, never the harness."""
 
 
 def harness_argv(task: TaskV1) -> list[str]:

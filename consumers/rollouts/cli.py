@@ -15,8 +15,8 @@ import click
 def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: str | None) -> None:
     """Consume tasks and launch group_size rollouts per task, until SIGTERM or SIGINT."""
     from consumers.rollouts.launcher import Launcher, LauncherSettings
-    from openforge.otel import configure_telemetry
     from stream.lifecycle import supervise
+    from stream.otel import configure_telemetry
 
     updates: dict[str, object] = {}
     if backend is not None:

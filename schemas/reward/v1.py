@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Final
+from typing import ClassVar
 
 from pydantic import Field
 
 from schemas._base import EventBase
 from schemas._common import Identifier, JsonObject
+from schemas.rollout_env import REWARD_LIMIT
 
 __all__ = ["REWARD_LIMIT", "RewardV1"]
 
-REWARD_LIMIT: Final = 1e9
-"""The largest reward magnitude accepted. A finite reward far past it (a raw score, ``sys.float_info.max``)
-is infinite in the learner's float32 arithmetic and turns its whole group's advantages into NaN."""
 
 
 class RewardV1(EventBase):

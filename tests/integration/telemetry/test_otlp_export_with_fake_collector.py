@@ -31,7 +31,7 @@ from stream.topics import CHECKPOINTS, REWARDS
 
 EMIT = """
 from opentelemetry import metrics, trace
-from openforge.otel import configure_telemetry
+from stream.otel import configure_telemetry
 shutdown = configure_telemetry("openforge-test")
 assert configure_telemetry("other") is shutdown
 with trace.get_tracer("t").start_as_current_span("unit of work"):

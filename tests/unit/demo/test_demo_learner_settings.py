@@ -48,7 +48,9 @@ def test_the_cli_keeping_alike_groups_puts_the_bonus_everywhere(monkeypatch: pyt
     from openforge import cli
 
     seen: list[DemoOptions] = []
-    monkeypatch.setattr(cli, "run_demo", seen.append)
+    from openforge import demo_cli
+
+    monkeypatch.setattr(demo_cli, "run_demo", seen.append)
     result = CliRunner().invoke(cli.main, ["demo", "--keep-alike-groups"])
     assert result.exit_code == 0, result.output
     assert seen[0].bonus_scope == "all" and not seen[0].filter_alike_groups
