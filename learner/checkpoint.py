@@ -26,7 +26,7 @@ from learner.positions import TopicPartitionKey
 from schemas import CheckpointV1, DecodeError, decode
 from stream.admin import KafkaAdmin
 from stream.settings import KafkaSettings
-from stream.topics import CHECKPOINTS, TopicRegistry
+from stream.topics import CHECKPOINTS, MissingTopicsError, TopicRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -184,11 +184,10 @@ async def topic_partitions(kafka: KafkaSettings, registry: TopicRegistry, topic:
     """Partitions of ``topic``, asked of the cluster (a consumer's cached metadata may lag a new topic).
 
     Raises:
-        CheckpointError: the topic does not exist.
+        MissingTopicsError: the topic does not exist (the command ends on its one line).
     """
     async with KafkaAdmin(kafka, registry) as admin:
         try:
             return await admin.partitions(topic)
-        except KeyError as exc:
-            raise CheckpointError(f"topic {topic} does not exist; create the topics first "
-                                  "(openforge topics create)") from exc
+        except KeyError:
+            raise MissingTopicsError.of([topic], kafka.bootstrap_servers) from None
