@@ -28,7 +28,7 @@ from schemas.call.v1 import (
     ModelCallV1,
     NormalizedRequest,
 )
-from schemas.checkpoint.v1 import CheckpointAppliedV1, CheckpointV1, TopicOffset
+from schemas.checkpoint.v1 import CheckpointAppliedV1, CheckpointV1, LearnerProgressV1, TopicOffset
 from schemas.deadletter.v1 import DeadLetterV1
 from schemas.export import event_json_schema, json_schemas, schema_file_name
 from schemas.registry import (
@@ -66,6 +66,7 @@ for _event in (
     TrajectoryV1,
     CheckpointV1,
     CheckpointAppliedV1,
+    LearnerProgressV1,
     DeadLetterV1,
 ):
     register(_event)
@@ -98,6 +99,7 @@ __all__ = [
     "Identifier",
     "InvalidEventError",
     "JsonObject",
+    "LearnerProgressV1",
     "LocalLaunch",
     "Logprobs",
     "LossMask",

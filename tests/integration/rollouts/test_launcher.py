@@ -26,7 +26,8 @@ pytestmark = pytest.mark.kafka
 def settings_for(kafka: KafkaSettings, tmp_path: Path, **updates: object) -> LauncherSettings:
     base = LauncherSettings(credential_key=KEY.decode(), kafka=kafka, state_dir=tmp_path / "state",
                             workspace_root=tmp_path / "ws", group_id=f"{kafka.topic_prefix}launcher",
-                            proxy_url="http://127.0.0.1:9", capacity_poll_s=0.2, kill_grace_s=0.5)
+                            proxy_url="http://127.0.0.1:9", capacity_poll_s=0.2, kill_grace_s=0.5,
+                            pace=False)  # no learner here: launch what the cap allows
     return base.model_copy(update=updates)
 
 
@@ -89,7 +90,8 @@ async def test_launcher_killed_mid_batch_launches_nothing_twice(
            "OPENFORGE_LAUNCHER_WORKSPACE_ROOT": str(tmp_path / "ws"),
            "OPENFORGE_LAUNCHER_GROUP_ID": f"{kafka_settings.topic_prefix}launcher",
            "OPENFORGE_LAUNCHER_MAX_IN_FLIGHT": "2",
-           "OPENFORGE_LAUNCHER_CAPACITY_POLL_S": "0.2"}
+           "OPENFORGE_LAUNCHER_CAPACITY_POLL_S": "0.2",
+           "OPENFORGE_LAUNCHER_PACE": "false"}
     command = [sys.executable, "-m", "openforge", "launcher", "--proxy-url", "http://127.0.0.1:9"]
     with (tmp_path / "first.log").open("wb") as first_log:
         first = await asyncio.create_subprocess_exec(*command, env=env, stderr=first_log)
