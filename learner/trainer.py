@@ -141,6 +141,11 @@ class Learner(Managed):
         self._reported_at = 0.0
         self._unreported = False
 
+    @property
+    def open_groups(self) -> int:
+        """Groups still waiting for members (logs and tests)."""
+        return len(self._groups)
+
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from learner.sources import ListTrajectorySource
 from learner.trainer import Learner
 from learner.workers import PolicyWorker, make_worker
 from schemas import TrajectoryV1
+from stream.producer import EventProducer
+from stream.settings import KafkaSettings
+from stream.topics import TRAJECTORIES, TopicRegistry
 
 
 def _settings(tiny_model: Path, tmp_path: Path, **kw: Any) -> LearnerSettings:
@@ -120,3 +123,64 @@ async def test_a_skipped_step_bumps_no_version_writes_no_checkpoint_and_drops_it
     assert learner.stats.dropped == {"nonfinite_step": 2}
     assert math.isfinite(learner.stats.last_metrics["loss"])
     assert any("step skipped" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+
+
+class Clock:
+    """The learner's clock, moved by the test: minutes pass without waiting for them."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    for _ in range(int(timeout_s * 10)):
+        if condition():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.kafka
+async def test_members_minutes_apart_stay_one_group_and_a_late_one_never_starts_another(
+        topics: TopicRegistry, kafka_settings: KafkaSettings, tiny_model: Path, tmp_path: Path) -> None:
+    def member(task: str, index: int, timeout_s: float) -> TrajectoryV1:
+        return trajectory(task, index, 3, reward=float(index)).model_copy(update={"timeout_s": timeout_s})
+
+    clock = Clock()
+    settings = _settings(tiny_model, tmp_path, checkpoint_every=100, group_grace_s=30.0, batch_wait_s=1.0)
+    async with EventProducer(kafka_settings) as producer, Learner(settings, kafka_settings, clock=clock) as learner:
+        async def arrive(t: TrajectoryV1, groups_after: int) -> None:
+            read = learner.stats.trained_trajectories + sum(learner.stats.dropped.values())
+            await producer.send(TRAJECTORIES, t)
+            await producer.flush()
+            await _until(lambda: learner.open_groups == groups_after or
+                         learner.stats.trained_trajectories + sum(learner.stats.dropped.values()) > read,
+                         f"the learner to take {t.trajectory_id}")
+
+        # A task with a 10-minute timeout: members 4 and 9 minutes after the first stay in its group.
+        await arrive(member("slow", 0, 600.0), 1)
+        clock.now += 240
+        await arrive(member("slow", 1, 600.0), 1)
+        clock.now += 300
+        await asyncio.sleep(0.5)  # the loop looks at deadlines several times a second
+        assert learner.open_groups == 1 and learner.stats.steps == 0
+        await arrive(member("slow", 2, 600.0), 0)
+        await _until(lambda: learner.stats.steps == 1, "the complete group's step")
+        assert learner.stats.last_metrics["trajectories"] == 3 and learner.stats.short_groups == {}
+
+        # A task with a 1-minute timeout: past first arrival + 60 s + 30 s grace its group is released
+        # short (one usable member: dropped by min_group_size), and a member arriving later is late.
+        await arrive(member("quick", 0, 60.0), 1)
+        clock.now += 89
+        await asyncio.sleep(0.5)
+        assert learner.open_groups == 1
+        clock.now += 1
+        await _until(lambda: learner.open_groups == 0, "the deadline")
+        await _until(lambda: learner.stats.short_groups == {"dropped": 1}, "the short group's outcome")
+        await arrive(member("quick", 1, 60.0), 0)
+        await _until(lambda: learner.stats.dropped.get("late_member") == 1, "the late member's drop")
+        assert learner.open_groups == 0 and learner.stats.dropped == {"small_group": 1, "late_member": 1}
+        assert learner.stats.steps == 1

@@ -18,7 +18,7 @@ from rollout_tasks import KEY, PROBE, log_lines, task_dict
 from consumers.rollouts.launcher import Launcher, LauncherSettings, rollout_id_for
 from schemas import DeadLetterV1, RolloutEventV1, TaskV1
 from schemas.rollout.v1 import RolloutPhase
-from stream import DEAD_LETTERS, TASKS, EventProducer, KafkaSettings, TopicRegistry
+from stream import CHECKPOINTS, DEAD_LETTERS, TASKS, EventProducer, KafkaSettings, TopicRegistry
 
 pytestmark = pytest.mark.kafka
 
@@ -165,3 +165,50 @@ def test_reward_command_without_environment_says_what_is_missing() -> None:
     assert run.returncode == 1
     assert "OPENFORGE_VERIFIER_TOKEN" in run.stderr and "not set" in run.stderr
     assert isinstance(RolloutEventV1, type)
+
+
+async def test_pacing_starts_only_what_the_learner_can_train_in_time(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """The learner's progress and the engines' versions, as their notices on the checkpoints topic."""
+    from datetime import UTC, datetime
+
+    from schemas import CheckpointAppliedV1, LearnerProgressV1
+
+    async def progress(**kw: int) -> None:
+        # A bound of 0, a checkpoint every step, one group per step: one group at a time may be out.
+        fields = dict(version=0, step=0, steps_since_checkpoint=0, pending=0, max_staleness=0,
+                      checkpoint_every=1, groups_per_step=1, min_group_size=2) | kw
+        async with EventProducer(kafka_settings, registry=topics) as producer:
+            await producer.publish(CHECKPOINTS, LearnerProgressV1(model="m", **fields))
+
+    async def launched_after(seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return launcher.launched
+
+    log = tmp_path / "log"
+    tasks = [TaskV1.model_validate(task_dict(f"pace-{i}", group_size=2, harness=[*PROBE, str(log), "sleep", "3"]))
+             for i in range(3)]
+    await submit(kafka_settings, topics, tasks)
+    async with Launcher(settings_for(kafka_settings, tmp_path, pace=True, learner_model="m")) as launcher:
+        assert await launched_after(3) == 0, "started before the learner said anything"
+        await progress()
+        for _ in range(300):
+            if launcher.launched:
+                break
+            await asyncio.sleep(0.1)
+        # Before they end (each runs 3 s), the learner says it holds two trajectories, untrained:
+        # with those the window is full, so nothing more may start, now or once these two ended.
+        await progress(pending=2)
+        await lifecycle(kafka_settings, topics, 2, timeout_s=60)
+        assert await launched_after(2) == 2
+        # It trained them and published version 1, which no engine serves yet: still nothing.
+        await progress(version=1, step=1)
+        assert await launched_after(3) == 2
+        async with EventProducer(kafka_settings, registry=topics) as producer:
+            await producer.publish(CHECKPOINTS, CheckpointAppliedV1(
+                model="m", version=1, replica="http://engine", applied_at=datetime.now(UTC), duration_s=1.0, ok=True))
+        by_rollout = await lifecycle(kafka_settings, topics, 4, timeout_s=60)
+        assert len(by_rollout) >= 4  # and the third task once those two ended: the learner holds nothing
+        # Both rollouts of a task start together.
+        starts = sorted((when, rollout) for rollout, what, when in log_lines(log) if what == "start")
+        assert len({r.rsplit("-", 1)[0] for _, r in starts[:2]}) == 1, starts
