@@ -237,6 +237,7 @@ class _Work:
     tp: TopicPartition
     offset: int
     task: TaskV1
+    record: ConsumerRecord[bytes, bytes]
     next_index: int = 0
     admitted: bool = False
     """The cap and pacing let its rollouts start."""
@@ -405,13 +406,15 @@ class Launcher(Managed):
                                     f"{type(event).SCHEMA!r} events do not belong on {record.topic}")
             self._handled[tp] = record.offset + 1
             return
-        self._work = _Work(tp, record.offset, event)
+        self._work = _Work(tp, record.offset, event, record)
 
     async def _advance(self, work: _Work) -> bool:
         """Launch what the cap and pacing allow of ``work``; False when blocked."""
         task = work.task
         in_flight = len(await self.backend.active())
         if not work.admitted:
+            if await self._untrainable(work):
+                return True
             if not await self._admit(work, in_flight):
                 return False
             work.admitted = True
@@ -437,6 +440,19 @@ class Launcher(Managed):
         self._handled[work.tp] = work.offset + 1
         self._work = None
         logger.info("launcher: task %s launched (%d rollouts)", task.task_id, task.group_size)
+        return True
+
+    async def _untrainable(self, work: _Work) -> bool:
+        """Dead-letter a task whose group the learner could never train; True when it did."""
+        smallest = None if self._pace is None else self._pace.min_group_size
+        if smallest is None or work.task.group_size >= smallest or work.next_index > 0:
+            return False
+        await self._dead_letter(work.record, DeadLetterErrorType.INVALID_EVENT,
+                                f"task {work.task.task_id} has group_size {work.task.group_size}, but the learner "
+                                f"trains groups of at least {smallest} (OPENFORGE_LEARNER_MIN_GROUP_SIZE): its "
+                                f"rollouts could never train; submit it with group_size >= {smallest}")
+        self._handled[work.tp] = work.offset + 1
+        self._work = None
         return True
 
     async def _admit(self, work: _Work, in_flight: int) -> bool:

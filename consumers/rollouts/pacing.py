@@ -132,9 +132,9 @@ class Pace(Managed):
             self._served[event.model] = max(self._served.get(event.model, 0), event.version)
 
     @property
-    def heard(self) -> bool:
-        """Whether a learner has reported yet."""
-        return bool(self._progress)
+    def min_group_size(self) -> int | None:
+        """The largest ``min_group_size`` of the learners paced by (None until one reported)."""
+        return max((p.min_group_size for p in self._progress.values()), default=None)
 
     async def room(self, group_size: int, in_flight: int) -> PaceWindow | None:
         """How many rollouts of a task with ``group_size`` may start; None until a learner reported."""

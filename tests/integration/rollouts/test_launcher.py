@@ -188,7 +188,9 @@ async def test_pacing_starts_only_what_the_learner_can_train_in_time(
     log = tmp_path / "log"
     tasks = [TaskV1.model_validate(task_dict(f"pace-{i}", group_size=2, harness=[*PROBE, str(log), "sleep", "3"]))
              for i in range(3)]
-    await submit(kafka_settings, topics, tasks)
+    # A group of one, where the learner trains groups of two: refused, with what to submit instead.
+    single = TaskV1.model_validate(task_dict("pace-single", group_size=1, harness=[*PROBE, str(log), "sleep", "0"]))
+    await submit(kafka_settings, topics, [single, *tasks])
     async with Launcher(settings_for(kafka_settings, tmp_path, pace=True, learner_model="m")) as launcher:
         assert await launched_after(3) == 0, "started before the learner said anything"
         await progress()
@@ -212,3 +214,7 @@ async def test_pacing_starts_only_what_the_learner_can_train_in_time(
         # Both rollouts of a task start together.
         starts = sorted((when, rollout) for rollout, what, when in log_lines(log) if what == "start")
         assert len({r.rsplit("-", 1)[0] for _, r in starts[:2]}) == 1, starts
+        assert launcher.dead_lettered == 1 and not any("pace-single" in r for _, r in starts)
+    letters = await collect(kafka_settings, topics, DEAD_LETTERS, lambda e: len(e) >= 1, timeout_s=10)
+    assert "has group_size 1, but the learner trains groups of at least 2" in letters[0].reason
+    assert "submit it with group_size >= 2" in letters[0].reason
