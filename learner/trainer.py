@@ -546,6 +546,13 @@ class Learner(Managed):
             for _, position in group.members:
                 self._ledger.finish(position)
 
+    def _totals(self) -> dict[str, float]:
+        """What this process left out so far, for the checkpoint's metrics (dashboards without a collector)."""
+        totals = {f"dropped_{reason}": float(n) for reason, n in self.stats.dropped.items()}
+        totals |= {"stale_tokens_total": float(self.stats.stale_tokens),
+                   "skipped_steps_total": float(self.stats.skipped_steps)}
+        return totals | {f"short_groups_{outcome}": float(n) for outcome, n in self.stats.short_groups.items()}
+
     async def _report_progress(self) -> None:
         """Publish where the learner is (version, steps, trajectories waiting) for the launcher's pacing."""
         self._reported_at, self._unreported = time.monotonic(), False
@@ -582,7 +589,9 @@ class Learner(Managed):
             model=self.settings.model_name, version=self.version, uri=str(folder), step=self.step,
             consumed_offsets=[TopicOffset(topic=t, partition=p, offset=o)
                               for (t, p), o in sorted(state.watermarks.items())],
-            metrics={k: v for k, v in self.stats.last_metrics.items() if math.isfinite(v)},
+            metrics={**{k: v for k, v in self.stats.last_metrics.items() if math.isfinite(v)},
+                     **self._totals(),
+                     "version": float(self.version)},  # this checkpoint's, not the one its last step trained under
         )
         await self._producer.publish(CHECKPOINTS, event)
         self.stats.checkpoints.append(event)
