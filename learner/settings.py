@@ -60,15 +60,23 @@ class LearnerSettings(BaseSettings):
     """Gradient norm is clipped to this before each step; bounds the damage of an outlier batch."""
 
     checkpoint_every: int = Field(default=10, ge=1)
-    """K: write a checkpoint and publish its event every K optimizer steps."""
+    """K: write a checkpoint and publish it as the next weight version every K optimizer steps."""
 
     max_staleness: int = Field(default=4, ge=0)
-    """Largest accepted ``current version - sample's oldest behaviour version``; older samples are
-    dropped and counted, because importance weights stop correcting them well."""
+    """Largest trained token age, in published versions: a token sampled by version v trains while
+    the newest published version is at most v + max_staleness. Older tokens are masked out of the
+    loss and counted (importance weights stop correcting them well); a trajectory left with no
+    trainable token is dropped. Versions count publishes (0 is the initial weights, each
+    checkpoint the next), so a stale token is one whose engine had been updated more than this
+    many times since it sampled, whatever ``checkpoint_every`` is."""
 
     unversioned_as: int = Field(default=0, ge=0)
     """Version assumed for tokens whose engine version is missing or not a decimal integer (the
     base model's label): 0 means the initial weights."""
+
+    progress_interval_s: float = Field(default=1.0, gt=0)
+    """Besides after every step, the learner publishes its progress (newest version, steps,
+    trajectories waiting) at most this often while it reads, so the launcher can pace rollouts."""
 
     token_budget: int = Field(default=8192, ge=16)
     """Padded tokens per micro-batch (rows x longest row); bounds activation memory. A longer row
@@ -80,12 +88,20 @@ class LearnerSettings(BaseSettings):
     batch_wait_s: float = Field(default=30.0, gt=0)
     """A step starts with fewer groups when the oldest ready group has waited this long."""
 
+    group_grace_s: float = Field(default=60.0, ge=0)
+    """A group waits for its stragglers until its first trajectory's arrival plus the task's
+    timeout (carried by every trajectory) plus this grace, which covers launch skew and the
+    assembler's latency. Then it is released with the members it has (see ``min_group_size``);
+    a member arriving later is dropped as ``late_member``."""
+
     group_timeout_s: float = Field(default=120.0, gt=0)
-    """A group whose stragglers have not arrived this long after its first trajectory trains with
-    the members it has."""
+    """The wait for stragglers of trajectories that carry no task timeout (written before tasks
+    carried one to their trajectories)."""
 
     min_group_size: int = Field(default=2, ge=1)
-    """Groups with fewer usable trajectories are dropped (a baseline from one sample is noise)."""
+    """Groups with fewer usable trajectories are dropped (a baseline from one sample is noise). The
+    same rule holds for a group released short at its deadline: it trains with the members it
+    has when at least this many are usable, else its members are dropped as ``small_group``."""
 
     missing_reward: float = 0.0
     """Reward of a trajectory that arrived without one (e.g. the agent failed); infrastructure

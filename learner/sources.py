@@ -106,6 +106,7 @@ class KafkaTrajectorySource:
         )
         self._task: asyncio.Task[None] | None = None
         self._handed: dict[TopicPartition, int] = {}
+        self._in_hand = 0
         self._lag: ConsumerLag | None = None
         self._started = False
         self._stopped = False
@@ -143,6 +144,7 @@ class KafkaTrajectorySource:
     async def _pump(self) -> None:
         while True:
             batches = await self._consumer.getmany(timeout_ms=500, max_records=500)
+            self._in_hand += sum(len(records) for records in batches.values())
             for records in batches.values():
                 for record in records:
                     await self._queue.put(await self._decode(record))
@@ -181,7 +183,17 @@ class KafkaTrajectorySource:
         except TimeoutError:
             return None
         self._handed[TopicPartition(item.position.topic, item.position.partition)] = item.position.offset + 1
+        self._in_hand -= 1
         return item
+
+    @property
+    def in_hand(self) -> int:
+        """Records fetched but not yet handed to the trainer."""
+        return self._in_hand
+
+    async def read_offsets(self) -> dict[TopicPartitionKey, int]:
+        """Per partition, the next offset the consumer fetches (records below it are in hand or handed)."""
+        return {(tp.topic, tp.partition): await self._consumer.position(tp) for tp in self._consumer.assignment()}
 
     @property
     def exhausted(self) -> bool:

@@ -1,9 +1,14 @@
-"""The staleness bound: how many weight versions behind a sample may be and still train.
+"""The staleness bound, per token, counted in served weight versions.
+
+Engines only ever serve published checkpoints, so versions count publishes: version 0 is the
+initial weights and each published checkpoint is the next integer. A token's age is the newest
+version the learner has published minus the version that sampled it (per token where the engine
+reported ranges, else the version of the whole call, which the proxy writes as one range).
 
 Off-policy correction (importance weights) repairs a small policy lag; it does not repair a large
-one, where the weights are clipped for most tokens and the gradient is mostly noise. So a
-trajectory whose oldest behaviour version lags the learner's current version by more than the
-bound is dropped, and the drop is counted.
+one, where the weights are clipped for most tokens and the gradient is mostly noise. So tokens
+older than the bound are masked out of the loss (the rest of their trajectory still trains), and a
+trajectory loses its place in the step only when nothing trainable is left.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas import TrajectoryV1
+from schemas.trajectory.v1 import TrajectorySample
 
 
 def parse_version(label: str, default: int) -> int:
@@ -33,22 +39,57 @@ def behaviour_version(trajectory: TrajectoryV1, unversioned_as: int) -> int:
 
 
 @dataclass(frozen=True)
+class FreshTokens:
+    """One sample's loss mask with stale tokens masked, and what that took away."""
+
+    loss_mask: list[int]
+    """The sample's mask with every token beyond the bound set to 0."""
+    kept: int
+    """Trained tokens left."""
+    masked: int
+    """Trained tokens masked for staleness."""
+    oldest_kept_age: int | None
+    """Age of the oldest token still trained (None when none is)."""
+
+
+@dataclass(frozen=True)
 class StalenessPolicy:
-    """Accept a trajectory when ``current_version - behaviour_version <= max_staleness``."""
+    """Train a token when ``newest published version - its version <= max_staleness``."""
 
     max_staleness: int
-    """Largest accepted lag in weight versions."""
+    """Largest trained age, in published versions."""
     unversioned_as: int = 0
     """Version assumed where the engine reported none."""
 
-    def staleness(self, trajectory: TrajectoryV1, current_version: int) -> int:
-        """Versions between the learner's weights and the oldest weights that sampled the trajectory.
+    def age(self, version: int, newest: int) -> int:
+        """Versions published after ``version``.
 
-        Never negative: a sample from a version newer than the learner's (possible right after a
-        restart from an older checkpoint) counts as fresh.
+        Never negative: a sample newer than a learner that resumed from an older checkpoint counts
+        as fresh.
         """
-        return max(0, current_version - behaviour_version(trajectory, self.unversioned_as))
+        return max(0, newest - version)
 
-    def accepts(self, trajectory: TrajectoryV1, current_version: int) -> bool:
-        """Whether the trajectory is fresh enough to train on."""
-        return self.staleness(trajectory, current_version) <= self.max_staleness
+    def staleness(self, trajectory: TrajectoryV1, newest: int) -> int:
+        """Age of the oldest token of ``trajectory``."""
+        return self.age(behaviour_version(trajectory, self.unversioned_as), newest)
+
+    def fresh(self, sample: TrajectorySample, newest: int) -> FreshTokens:
+        """The sample's loss mask with the tokens older than the bound masked out."""
+        mask = list(sample.loss_mask)
+        ranges = [(r.start, r.end, parse_version(r.version, self.unversioned_as)) for r in sample.weight_versions]
+        if not ranges:  # no versions at all: the whole completion is unversioned
+            ranges = [(0, len(mask), self.unversioned_as)]
+        kept = masked = 0
+        oldest: int | None = None
+        for start, end, version in ranges:
+            trained = sum(mask[start:end])
+            if not trained:
+                continue
+            age = self.age(version, newest)
+            if age > self.max_staleness:
+                mask[start:end] = [0] * (end - start)
+                masked += trained
+            else:
+                kept += trained
+                oldest = age if oldest is None else max(oldest, age)
+        return FreshTokens(mask, kept, masked, oldest)

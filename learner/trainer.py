@@ -44,7 +44,7 @@ from learner.settings import LearnerSettings
 from learner.sources import Incoming, KafkaTrajectorySource, TrajectorySource
 from learner.staleness import StalenessPolicy
 from learner.workers import PolicyWorker, make_worker
-from schemas import CheckpointV1, TopicOffset, TrajectoryV1
+from schemas import CheckpointV1, LearnerProgressV1, TopicOffset, TrajectoryV1
 from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
@@ -74,6 +74,17 @@ class LearnerStats:
     first_step_seconds: float = 0.0
     first_step_tokens: int = 0
     checkpoints: list[CheckpointV1 | Path] = field(default_factory=list)
+    stale_tokens: int = 0
+    """Sampled tokens masked for staleness in trained trajectories."""
+    skipped_steps: int = 0
+    """Steps the worker skipped (non-finite loss or gradient)."""
+    short_groups: dict[str, int] = field(default_factory=dict)
+    """Groups released at their deadline with members missing, by outcome (trained, dropped)."""
+
+
+def skipped(values: dict[str, float]) -> bool:
+    """Whether the worker reported that it skipped the step (non-finite loss or gradient)."""
+    return values.get("nonfinite", 0.0) > 0
 
 
 @dataclass
@@ -92,8 +103,10 @@ class Learner(Managed):
     """
 
     def __init__(self, settings: LearnerSettings | None = None, kafka: KafkaSettings | None = None, *,
-                 source: TrajectorySource | None = None) -> None:
+                 source: TrajectorySource | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        """Create the learner; ``clock`` (seconds, monotonic) times group deadlines and batch waits."""
         self.settings = settings or LearnerSettings()
+        self._clock = clock
         self.kafka = kafka or KafkaSettings()
         self.registry = TopicRegistry.from_settings(self.kafka)
         self._given_source = source
@@ -101,7 +114,8 @@ class Learner(Managed):
         self._producer: EventProducer | None = None
         self._worker: PolicyWorker | None = None
         self._ledger = PositionLedger()
-        self._groups: GroupBuffer[Position] = GroupBuffer(self.settings.group_timeout_s, time.monotonic)
+        self._groups: GroupBuffer[Position] = GroupBuffer(self.settings.group_timeout_s, clock,
+                                                          self.settings.group_grace_s)
         self._ready: deque[_Ready] = deque()
         self._policy = StalenessPolicy(self.settings.max_staleness, self.settings.unversioned_as)
         self._metrics = m.LearnerMetrics()
@@ -113,6 +127,7 @@ class Learner(Managed):
         self._since_checkpoint = 0
         self.step = 0
         self.version = 0
+        """The newest weight version published: 0 for the initial weights, then one per checkpoint."""
         self.stats = LearnerStats()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -123,6 +138,13 @@ class Learner(Managed):
         self._sent_at = 0.0
         self._ranks_desynced = False
         """A collective failed or was abandoned midway: orders would no longer line up."""
+        self._reported_at = 0.0
+        self._unreported = False
+
+    @property
+    def open_groups(self) -> int:
+        """Groups still waiting for members (logs and tests)."""
+        return len(self._groups)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -172,6 +194,7 @@ class Learner(Managed):
             logger.info("all %d ranks loaded %s", self._ranks.world_size, model_dir)
         assert self._source is not None
         await self._source.start()
+        await self._report_progress()  # the launcher starts rollouts once it has heard from the learner
         self._task = asyncio.create_task(self._run(), name="learner")
 
     async def wait(self) -> None:
@@ -260,7 +283,7 @@ class Learner(Managed):
             raise RuntimeError(f"rank 0 failed to start: {order.reason}")
         if order.kind != "start" or order.model_dir is None:
             raise RuntimeError(f"rank 0 sent {order.kind!r} before 'start'")
-        self.step = self.version = order.version
+        self.version = order.version
         self._worker = await asyncio.to_thread(make_worker, self.settings, Path(order.model_dir))
         self._task = asyncio.create_task(asyncio.to_thread(self._follow), name="learner-follower")
 
@@ -271,13 +294,14 @@ class Learner(Managed):
         while True:
             order = self._ranks.receive()
             if order.kind == "step" and order.batch is not None:
-                self._worker.train_step(order.batch)
-                self.step += 1
-                self.version = self.step
-                self.stats.steps += 1
+                values = self._worker.train_step(order.batch)
+                if not skipped(values):  # every rank sees the same reduced loss and gradient norm
+                    self.step += 1
+                    self.stats.steps += 1
             elif order.kind == "save":
                 # Takes part in gathering the full state; only rank 0 writes, so the folder is a name only.
                 self._worker.save(checkpoint_folder(self.settings.resolved_checkpoint_dir(), order.version))
+                self.version = order.version
             elif order.kind == "stop":
                 return
             elif order.kind == "abort":
@@ -303,11 +327,15 @@ class Learner(Managed):
             item = await self._source.get(timeout_s=0.05 if self._ready else 0.2)
             if item is not None:
                 self._accept(item)
-            now = time.monotonic()
-            if self._ranks is not None and now - self._sent_at >= self._ranks.keepalive_s:
+                self._unreported = True
+            if self._unreported and time.monotonic() - self._reported_at >= self.settings.progress_interval_s:
+                await self._report_progress()
+            now = self._clock()
+            if self._ranks is not None and time.monotonic() - self._sent_at >= self._ranks.keepalive_s:
                 await self._on_all_ranks(Order("idle"), lambda: None)
             for group in self._groups.expired():
-                logger.info("group %s timed out with %d members", group.task_id, len(group.members))
+                logger.info("group %s passed its deadline with %d of %s members", group.task_id,
+                            len(group.members), group.expected or "?")
                 self._ready.append(_Ready(group, now))
             finishing = self._source.exhausted and item is None
             if finishing:
@@ -318,6 +346,7 @@ class Learner(Managed):
                           for _ in range(min(self.settings.groups_per_step, len(self._ready)))]
                 if await self._train(groups):
                     steps_here += 1
+                await self._report_progress()
                 if self.settings.max_steps is not None and steps_here >= self.settings.max_steps:
                     return
             elif finishing and not self._ready:
@@ -335,9 +364,12 @@ class Learner(Managed):
             self._drop(trajectory, m.DROP_DUPLICATE)
             self._ledger.finish(position)
             return
-        group, accepted = self._groups.add(trajectory, position)
-        if not accepted:
-            self._drop(trajectory, m.DROP_DUPLICATE)
+        group, added = self._groups.add(trajectory, position)
+        if added != "added":
+            if added == "late":
+                logger.warning("trajectory %s of task %s arrived after its group was released; dropped",
+                               trajectory.trajectory_id, trajectory.task_id)
+            self._drop(trajectory, m.DROP_LATE if added == "late" else m.DROP_DUPLICATE)
             self._ledger.finish(position)
             return
         self._seen[trajectory.trajectory_id] = None
@@ -346,7 +378,7 @@ class Learner(Managed):
         if len(self._seen) > _SEEN_IDS:
             self._seen.popitem(last=False)
         if group is not None:
-            self._ready.append(_Ready(group, time.monotonic()))
+            self._ready.append(_Ready(group, self._clock()))
 
     def _batch_due(self, now: float, finishing: bool) -> bool:
         if not self._ready:
@@ -362,38 +394,53 @@ class Learner(Managed):
         self._metrics.dropped.add(1, {"reason": reason})
 
     def build_batch(self, groups: list[Group[Position]]) -> tuple[TrainBatch, list[TrajectoryV1]]:
-        """Filter the groups (infrastructure failures, staleness, size), compute advantages, make rows."""
+        """Filter the groups (infrastructure failures, staleness, size), compute advantages, make rows.
+
+        Tokens older than the staleness bound are masked; a trajectory leaves the step (``stale``)
+        only when none of its trained tokens is left. A group released short at its deadline
+        follows the same rule as a complete one: it trains if at least ``min_group_size`` usable
+        members remain, else its members are dropped (``small_group``); either way it is counted.
+        """
         from learner.algos import compute_advantages
 
         members: list[TrajectoryV1] = []
+        masks: dict[str, list[list[int]]] = {}
         stuck: set[str] = set()
         staleness: list[int] = []
+        stale_tokens = 0
         for group in groups:
             for trajectory, _ in group.infrastructure_failures:
                 self._drop(trajectory, m.DROP_INFRA)
-            fresh = []
+            fresh: list[tuple[TrajectoryV1, list[list[int]], int, int]] = []
             for trajectory, _ in group.usable:
-                lag = self._policy.staleness(trajectory, self.version)
-                self._metrics.staleness.record(lag)
-                if lag > self.settings.max_staleness:
+                self._metrics.staleness.record(self._policy.staleness(trajectory, self.version))
+                kept = [self._policy.fresh(sample, self.version) for sample in trajectory.samples]
+                masked = sum(k.masked for k in kept)
+                if masked and not any(k.kept for k in kept):
                     self._drop(trajectory, m.DROP_STALE)
-                else:
-                    fresh.append(trajectory)
-                    staleness.append(lag)
+                    continue
+                ages = [k.oldest_kept_age for k in kept if k.oldest_kept_age is not None]
+                fresh.append((trajectory, [k.loss_mask for k in kept], max(ages, default=0), masked))
             if len(fresh) < self.settings.min_group_size:
                 reason: str | None = m.DROP_SMALL_GROUP
-            elif self.settings.filter_alike_groups and len({self._reward(t) for t in fresh}) == 1:
-                reason = None if self._is_stuck(self._reward(fresh[0])) else m.DROP_ALIKE
+            elif self.settings.filter_alike_groups and len({self._reward(t) for t, *_ in fresh}) == 1:
+                reason = None if self._is_stuck(self._reward(fresh[0][0])) else m.DROP_ALIKE
                 if reason is None:
-                    stuck.update(t.trajectory_id for t in fresh)
+                    stuck.update(t.trajectory_id for t, *_ in fresh)
             else:
                 reason = None
-            if reason is None:
-                members.extend(fresh)
-            else:
-                for trajectory in fresh:
+            if group.short:
+                outcome = m.SHORT_DROPPED if reason == m.DROP_SMALL_GROUP else m.SHORT_TRAINED
+                self._metrics.short_groups.add(1, {"outcome": outcome})
+                self.stats.short_groups[outcome] = self.stats.short_groups.get(outcome, 0) + 1
+            for trajectory, trajectory_masks, age, masked in fresh:
+                if reason is None:
+                    members.append(trajectory)
+                    masks[trajectory.trajectory_id] = trajectory_masks
+                    staleness.append(age)
+                    stale_tokens += masked
+                else:
                     self._drop(trajectory, reason)
-                    staleness.pop()
         rewards = [self._reward(t) for t in members]
         advantages = compute_advantages(rewards, [t.task_id for t in members],
                                         estimator=self.settings.advantage_estimator,
@@ -401,15 +448,15 @@ class Learner(Managed):
         everywhere = self.settings.entropy_bonus_scope == "all"
         rows: list[Row] = []
         for trajectory, advantage in zip(members, advantages, strict=True):
-            for sample in trajectory.samples:
-                if sample.trained_tokens == 0 or not sample.prompt_ids:
+            for sample, loss_mask in zip(trajectory.samples, masks[trajectory.trajectory_id], strict=True):
+                if not any(loss_mask) or not sample.prompt_ids:
                     continue
                 rows.append(Row(
                     input_ids=[*sample.prompt_ids, *sample.completion_ids], prompt_len=len(sample.prompt_ids),
-                    loss_mask=list(sample.loss_mask), behavior_logprobs=list(sample.behavior_logprobs),
+                    loss_mask=loss_mask, behavior_logprobs=list(sample.behavior_logprobs),
                     advantage=advantage, entropy_bonus=everywhere or trajectory.trajectory_id in stuck,
                 ))
-        info = {"trajectories": float(len(members))}
+        info = {"trajectories": float(len(members)), "stale_tokens": float(stale_tokens)}
         if not everywhere:
             info["stuck_trajectories"] = float(len(stuck))
         if rewards:
@@ -444,8 +491,10 @@ class Learner(Managed):
                 values = await self._on_all_ranks(Order("step", batch=batch),
                                                   partial(self._worker.train_step, batch))
                 elapsed = time.perf_counter() - started
+            if skipped(values):
+                self._skip(values, members, groups)
+                return False
             self.step += 1
-            self.version = self.step
             self._since_checkpoint += 1
             values = {**values, **batch.info, "step": float(self.step), "version": float(self.version)}
             self.stats.steps += 1
@@ -460,6 +509,10 @@ class Learner(Managed):
             self._trained_since.extend(t.trajectory_id for t in members)
             self._metrics.steps.add(1)
             self._metrics.tokens.add(batch.trained_tokens)
+            stale_tokens = int(batch.info.get("stale_tokens", 0))
+            self.stats.stale_tokens += stale_tokens
+            if stale_tokens:
+                self._metrics.stale_tokens.add(stale_tokens)
             self._metrics.trajectories.add(len(members))
             self._metrics.step_seconds.record(elapsed)
             self._metrics.record_step(values, self._worker.importance_weights())
@@ -476,14 +529,56 @@ class Learner(Managed):
             await self._checkpoint()
         return took_step
 
+    def _skip(self, values: dict[str, float], members: list[TrajectoryV1], groups: list[Group[Position]]) -> None:
+        """The worker left the weights untouched (non-finite loss or gradient): nothing advances.
+
+        No step, no version, no checkpoint; the trajectories are consumed and counted as dropped
+        with their own reason, so a restart does not feed the same poison again.
+        """
+        self.stats.skipped_steps += 1
+        self._metrics.skipped_steps.add(1)
+        logger.warning("step skipped: non-finite loss %s or gradient norm %s on %d trajectories; weights, "
+                       "version (v%d) and checkpoints unchanged", values.get("loss"), values.get("grad_norm"),
+                       len(members), self.version)
+        for trajectory in members:
+            self._drop(trajectory, m.DROP_NONFINITE)
+        for group in groups:
+            for _, position in group.members:
+                self._ledger.finish(position)
+
+    def _totals(self) -> dict[str, float]:
+        """What this process left out so far, for the checkpoint's metrics (dashboards without a collector)."""
+        totals = {f"dropped_{reason}": float(n) for reason, n in self.stats.dropped.items()}
+        totals |= {"stale_tokens_total": float(self.stats.stale_tokens),
+                   "skipped_steps_total": float(self.stats.skipped_steps)}
+        return totals | {f"short_groups_{outcome}": float(n) for outcome, n in self.stats.short_groups.items()}
+
+    async def _report_progress(self) -> None:
+        """Publish where the learner is (version, steps, trajectories waiting) for the launcher's pacing."""
+        self._reported_at, self._unreported = time.monotonic(), False
+        source = self._source
+        if self._producer is None or not isinstance(source, KafkaTrajectorySource):
+            return
+        s = self.settings
+        read = await source.read_offsets()
+        await self._producer.publish(CHECKPOINTS, LearnerProgressV1(
+            model=s.model_name, version=self.version, step=self.step, steps_since_checkpoint=self._since_checkpoint,
+            pending=source.in_hand + self._ledger.pending_count(),
+            read_offsets=[TopicOffset(topic=t, partition=p, offset=o) for (t, p), o in sorted(read.items())],
+            max_staleness=s.max_staleness, checkpoint_every=s.checkpoint_every, groups_per_step=s.groups_per_step,
+            min_group_size=s.min_group_size))
+
     async def _checkpoint(self) -> None:
+        """Save and publish the next version: versions count publishes, so engines serve every one."""
         assert self._worker is not None
-        state = LearnerState(self.version, self.step, self._ledger.watermarks(), self._ledger.finished_above(),
+        version = self.version + 1
+        state = LearnerState(version, self.step, self._ledger.watermarks(), self._ledger.finished_above(),
                              list(self._trained_since), dict(self._dropped_since))
         folder = await self._on_all_ranks(
-            Order("save", version=self.version),
-            partial(write_checkpoint_folder, self.settings.resolved_checkpoint_dir(), self.version,
+            Order("save", version=version),
+            partial(write_checkpoint_folder, self.settings.resolved_checkpoint_dir(), version,
                     self._worker.save, state))
+        self.version = version
         self._trained_since.clear()
         self._dropped_since.clear()
         self._since_checkpoint = 0
@@ -494,7 +589,9 @@ class Learner(Managed):
             model=self.settings.model_name, version=self.version, uri=str(folder), step=self.step,
             consumed_offsets=[TopicOffset(topic=t, partition=p, offset=o)
                               for (t, p), o in sorted(state.watermarks.items())],
-            metrics={k: v for k, v in self.stats.last_metrics.items() if math.isfinite(v)},
+            metrics={**{k: v for k, v in self.stats.last_metrics.items() if math.isfinite(v)},
+                     **self._totals(),
+                     "version": float(self.version)},  # this checkpoint's, not the one its last step trained under
         )
         await self._producer.publish(CHECKPOINTS, event)
         self.stats.checkpoints.append(event)

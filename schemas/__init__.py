@@ -44,6 +44,7 @@ _WHERE: dict[str, str] = {
     "NormalizedRequest": "schemas.call.v1",
     "CheckpointAppliedV1": "schemas.checkpoint.v1",
     "CheckpointV1": "schemas.checkpoint.v1",
+    "LearnerProgressV1": "schemas.checkpoint.v1",
     "TopicOffset": "schemas.checkpoint.v1",
     "DeadLetterV1": "schemas.deadletter.v1",
     "event_json_schema": "schemas.export",
@@ -126,6 +127,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from schemas.call.v1 import NormalizedRequest as NormalizedRequest
     from schemas.checkpoint.v1 import CheckpointAppliedV1 as CheckpointAppliedV1
     from schemas.checkpoint.v1 import CheckpointV1 as CheckpointV1
+    from schemas.checkpoint.v1 import LearnerProgressV1 as LearnerProgressV1
     from schemas.checkpoint.v1 import TopicOffset as TopicOffset
     from schemas.deadletter.v1 import DeadLetterV1 as DeadLetterV1
     from schemas.export import event_json_schema as event_json_schema

@@ -74,9 +74,9 @@ TRAJECTORIES = TopicSpec(
     description="Token-exact training samples, written transactionally by the assembler.",
 )
 CHECKPOINTS = TopicSpec(
-    "openforge.checkpoints.v1", 1, ("checkpoint", "checkpoint_applied"), "model",
+    "openforge.checkpoints.v1", 1, ("checkpoint", "checkpoint_applied", "learner_progress"), "model",
     retention_ms=None, compacted=True,
-    description="Checkpoints written and applied; compacted to the latest per model.",
+    description="Checkpoints written and applied, and the learner's progress; compacted to the latest per key.",
 )
 DEAD_LETTERS = TopicSpec(
     "openforge.dlq.v1", 1, ("dead_letter",), "original key",

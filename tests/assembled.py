@@ -61,7 +61,7 @@ async def assemble(kafka: KafkaSettings, topics: TopicRegistry, rollout_ids: Ite
 
 def counted_in_groups(trajectories: Iterable[TrajectoryV1]) -> dict[str, set[str]]:
     """Per task, the rollouts the learner's grouping counts in the group's statistics."""
-    buffer: GroupBuffer[None] = GroupBuffer(timeout_s=3600.0, clock=lambda: 0.0)
+    buffer: GroupBuffer[None] = GroupBuffer(fallback_timeout_s=3600.0, clock=lambda: 0.0)
     groups = []
     for trajectory in trajectories:
         group, _ = buffer.add(trajectory, None)

@@ -266,6 +266,7 @@ def _finalize(state: _Open, reason: FinalizeReason) -> Finalized:
         group_index=context.group_index if context else 0,
         group_size=context.group_size if context else None,
         harness=harness,
+        timeout_s=next((e.timeout_s for e in state.lifecycle if e.timeout_s), None),
         reward=state.reward.value if state.reward else None,
         phase=last.phase if last else None,
         reason=last.reason if last else None,

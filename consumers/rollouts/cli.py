@@ -12,7 +12,11 @@ import click
               help="Where rollouts run (default $OPENFORGE_LAUNCHER_BACKEND or local).")
 @click.option("--max-in-flight", type=int, default=None, help="Rollouts running at once.")
 @click.option("--proxy-url", default=None, help="The proxy's URL as seen from rollouts.")
-def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: str | None) -> None:
+@click.option("--pace/--no-pace", default=None,
+              help="Start rollouts only while the learner can train them in time (default $OPENFORGE_LAUNCHER_PACE "
+                   "or on); --no-pace launches without a learner.")
+def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: str | None,
+                     pace: bool | None) -> None:
     """Consume tasks and launch group_size rollouts per task, until SIGTERM or SIGINT."""
     from consumers.rollouts.launcher import Launcher, LauncherSettings
     from stream.lifecycle import supervise
@@ -25,6 +29,8 @@ def launcher_command(backend: str | None, max_in_flight: int | None, proxy_url: 
         updates["max_in_flight"] = max_in_flight
     if proxy_url is not None:
         updates["proxy_url"] = proxy_url
+    if pace is not None:
+        updates["pace"] = pace
     settings = LauncherSettings()
     if updates:
         settings = LauncherSettings.model_validate({**settings.model_dump(), **updates})

@@ -3,9 +3,12 @@
 For each task the launcher derives deterministic rollout ids, mints an agent and a verifier
 token per rollout, publishes the ``scheduled`` lifecycle event and asks the backend to start the
 rollout. It commits a task's offset only once every rollout of the task exists, and it pauses
-its partitions (rather than dropping or buffering tasks) while the number of rollouts in flight
-is at the cap. Because ids are deterministic and the backend answers "already exists", a
-launcher that crashed and restarted re-reads uncommitted tasks and launches nothing twice.
+its partitions (rather than dropping or buffering tasks) while it may not start more: at the
+in-flight cap, or while the learner could not train in time what more rollouts would produce
+(pacing, :mod:`consumers.rollouts.pacing`). A task's rollouts start together (when its group fits
+under the cap at all), so a group's members finish within its timeout of each other. Because ids
+are deterministic and the backend answers "already exists", a launcher that crashed and
+restarted re-reads uncommitted tasks and launches nothing twice.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from consumers.rollouts.backend import (
     RolloutBackend,
     RolloutSpec,
 )
+from consumers.rollouts.pacing import Pace
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, TaskV1, decode
 from schemas.credentials import MAX_TOKEN_TTL_S, Role, mint_token, signing_key_from
 from schemas.rollout.pod import LABEL_ROLLOUT, LABEL_RUN, LABEL_TASK, scheduled_event_id
@@ -49,7 +53,7 @@ from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
-from stream.topics import DEAD_LETTERS, ROLLOUTS, TASKS, TopicRegistry, start_consumer
+from stream.topics import CHECKPOINTS, DEAD_LETTERS, ROLLOUTS, TASKS, TopicRegistry, start_consumer
 
 __all__ = ["Launcher", "LauncherSettings", "build_spec", "make_backend", "rollout_id_for"]
 
@@ -84,6 +88,16 @@ class LauncherSettings(BaseSettings):
 
     max_in_flight: int = Field(default=8, ge=1)
     """Rollouts running at once. At the cap the launcher pauses its partitions; tasks wait on Kafka."""
+
+    pace: bool = True
+    """Start rollouts only while the learner can still train what they will produce within its
+    staleness bound, judged from its progress on the checkpoints topic (docs/rollouts.md,
+    *Pacing*). Until a learner has reported, nothing starts. False launches up to
+    ``max_in_flight`` whatever the learner does (collecting data without a learner)."""
+
+    learner_model: str | None = None
+    """The learner's model (its ``OPENFORGE_LEARNER_MODEL_NAME``) to pace by; unset paces by every
+    learner that reports on the topic prefix, the tightest first."""
 
     token_ttl_s: float = Field(default=3600.0, gt=0)
     """Validity of minted tokens, in seconds. A rollout's tokens always outlive its deadline by
@@ -223,7 +237,10 @@ class _Work:
     tp: TopicPartition
     offset: int
     task: TaskV1
+    record: ConsumerRecord[bytes, bytes]
     next_index: int = 0
+    admitted: bool = False
+    """The cap and pacing let its rollouts start."""
 
 
 class Launcher(Managed):
@@ -258,6 +275,8 @@ class Launcher(Managed):
         self._known: set[str] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._pace = Pace(kafka, self.registry, self.settings.learner_model) if self.settings.pace else None
+        self._held_since: float | None = None
         self.launched = 0
         """Rollouts this instance created (not counting ones found already existing)."""
         self.skipped = 0
@@ -280,6 +299,8 @@ class Launcher(Managed):
                 logger.info("launcher: %d rollouts already exist; they will not be launched again", len(self._known))
             self._consumer.subscribe([self.registry[TASKS].name], listener=_Rebalance(self))
             await start_consumer(self._consumer, [self.registry[TASKS].name], self.settings.kafka)
+            if self._pace is not None:
+                await self._pace.start()
         except BaseException:
             try:
                 await self.stop()  # closes whichever clients were made, started or not
@@ -315,6 +336,8 @@ class Launcher(Managed):
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
             try:
+                if self._pace is not None:
+                    await self._pace.stop()
                 await self.backend.stop()
             finally:
                 await self.producer.stop()
@@ -383,12 +406,18 @@ class Launcher(Managed):
                                     f"{type(event).SCHEMA!r} events do not belong on {record.topic}")
             self._handled[tp] = record.offset + 1
             return
-        self._work = _Work(tp, record.offset, event)
+        self._work = _Work(tp, record.offset, event, record)
 
     async def _advance(self, work: _Work) -> bool:
-        """Launch what the cap allows of ``work``; False when blocked at the cap."""
+        """Launch what the cap and pacing allow of ``work``; False when blocked."""
         task = work.task
         in_flight = len(await self.backend.active())
+        if not work.admitted:
+            if await self._untrainable(work):
+                return True
+            if not await self._admit(work, in_flight):
+                return False
+            work.admitted = True
         while work.next_index < task.group_size:
             if self._stopping.is_set():
                 return True
@@ -413,6 +442,50 @@ class Launcher(Managed):
         logger.info("launcher: task %s launched (%d rollouts)", task.task_id, task.group_size)
         return True
 
+    async def _untrainable(self, work: _Work) -> bool:
+        """Dead-letter a task whose group the learner could never train; True when it did."""
+        smallest = None if self._pace is None else self._pace.min_group_size
+        if smallest is None or work.task.group_size >= smallest or work.next_index > 0:
+            return False
+        await self._dead_letter(work.record, DeadLetterErrorType.INVALID_EVENT,
+                                f"task {work.task.task_id} has group_size {work.task.group_size}, but the learner "
+                                f"trains groups of at least {smallest} (OPENFORGE_LEARNER_MIN_GROUP_SIZE): its "
+                                f"rollouts could never train; submit it with group_size >= {smallest}")
+        self._handled[work.tp] = work.offset + 1
+        self._work = None
+        return True
+
+    async def _admit(self, work: _Work, in_flight: int) -> bool:
+        """Whether the task's remaining rollouts may start now, all together.
+
+        Under the cap: the whole rest of the group at once when it fits under ``max_in_flight`` at
+        all. Under pacing: the learner must be able to train all of them in time.
+        """
+        remaining = sum(1 for i in range(work.next_index, work.task.group_size)
+                        if rollout_id_for(work.task.task_id, i) not in self._known)
+        if remaining == 0:
+            return True
+        if self.settings.max_in_flight - in_flight < min(remaining, self.settings.max_in_flight):
+            return False
+        if self._pace is None:
+            return True
+        pace = await self._pace.room(work.task.group_size, in_flight)
+        if pace is not None and pace.room >= remaining:
+            self._held_since = None
+            return True
+        now = time.monotonic()
+        if self._held_since is None or now - self._held_since >= 60:
+            self._held_since = now
+            if pace is None:
+                logger.info("launcher: waiting for the learner's progress on %s before starting rollouts "
+                            "(OPENFORGE_LAUNCHER_PACE=false launches without a learner)",
+                            self.registry[CHECKPOINTS].name)
+            else:
+                logger.info("launcher: holding task %s: %d in flight or waiting for the learner, which can train "
+                            "%d in time (engines serve v%d)", work.task.task_id, pace.outstanding, pace.limit,
+                            pace.served)
+        return False
+
     async def _launch(self, spec: RolloutSpec) -> None:
         task = spec.task
         # Published before the backend creates the rollout, so ``scheduled`` precedes what its watcher
@@ -421,7 +494,8 @@ class Launcher(Managed):
         scheduled = RolloutEventV1(
             event_id=scheduled_event_id(spec.rollout_id), rollout_id=spec.rollout_id, task_id=task.task_id,
             run_id=task.run_id, group_index=spec.group_index, group_size=task.group_size,
-            harness=task.harness.name, phase=RolloutPhase.SCHEDULED, backend=self.backend.kind,
+            harness=task.harness.name, timeout_s=task.timeout_s,
+            phase=RolloutPhase.SCHEDULED, backend=self.backend.kind,
             pod_name=spec.name if self.backend.kind is Backend.KUBERNETES else None)
         await self.producer.publish(ROLLOUTS, scheduled)
         created = await self.backend.launch(spec)

@@ -1,7 +1,8 @@
 """Checkpoints, version 1: new weights and where they were applied, on ``openforge.checkpoints.v1``.
 
 The topic is compacted (latest record per key). A checkpoint is keyed by model name, so
-compaction keeps the newest checkpoint of each model. An "applied" notice is keyed by model name
+compaction keeps the newest checkpoint of each model. The learner's progress notices are keyed
+``"<model>@learner"``, so the latest one survives compaction too. An "applied" notice is keyed by model name
 and replica instead: sharing the model-name key would let compaction replace the checkpoint, with
 its path and offsets, by a mere notice, and keying per replica keeps the current version of every
 replica readable from the compacted topic.
@@ -16,7 +17,7 @@ from pydantic import Field, model_validator
 from schemas._base import EventBase, FrozenModel, UtcDatetime
 from schemas._common import Identifier
 
-__all__ = ["CheckpointAppliedV1", "CheckpointV1", "TopicOffset"]
+__all__ = ["CheckpointAppliedV1", "CheckpointV1", "LearnerProgressV1", "TopicOffset"]
 
 
 class TopicOffset(FrozenModel):
@@ -114,3 +115,53 @@ class CheckpointAppliedV1(EventBase):
     def partition_key(self) -> str:
         """Return ``"<model>@<replica>"``: one compacted record per replica (see module doc)."""
         return f"{self.model}@{self.replica}"
+
+
+class LearnerProgressV1(EventBase):
+    """Where the learner is: newest published version, steps, and trajectories it has not trained yet.
+
+    Published after every step (taken or skipped) and, while trajectories arrive, at most once per
+    ``OPENFORGE_LEARNER_PROGRESS_INTERVAL_S``. The launcher paces rollouts by it: what it adds to
+    ``pending``, plus the trajectory records beyond ``read_offsets``, is what the learner still has
+    to train before a newly launched rollout's turn comes. It also carries the learner settings
+    that pacing derives from, so the launcher does not repeat them.
+    """
+
+    SCHEMA: ClassVar[str] = "learner_progress"
+    VERSION: ClassVar[int] = 1
+
+    model: str = Field(min_length=1, max_length=256)
+    """Model name, as in the checkpoints."""
+
+    version: int = Field(ge=0)
+    """Newest weight version published (0: the initial weights, no checkpoint yet)."""
+
+    step: int = Field(ge=0)
+    """Optimizer steps taken."""
+
+    steps_since_checkpoint: int = Field(ge=0)
+    """Steps taken since the newest version was published."""
+
+    pending: int = Field(ge=0)
+    """Trajectories read from the topic and neither trained nor dropped yet (decoded ahead,
+    waiting in an incomplete group, or ready for the next step)."""
+
+    read_offsets: list[TopicOffset] = Field(default_factory=list)
+    """Next offset the learner reads per trajectory-topic partition: records from there on are
+    not in ``pending`` yet."""
+
+    max_staleness: int = Field(ge=0)
+    """The learner's staleness bound, in published versions."""
+
+    checkpoint_every: int = Field(ge=1)
+    """Steps per published version."""
+
+    groups_per_step: int = Field(ge=1)
+    """Task groups per step."""
+
+    min_group_size: int = Field(ge=1)
+    """Usable members a group needs to train."""
+
+    def partition_key(self) -> str:
+        """Return ``"<model>@learner"``: its own compacted record beside the model's checkpoint."""
+        return f"{self.model}@learner"

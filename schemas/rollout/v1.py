@@ -110,6 +110,10 @@ class RolloutEventV1(EventBase):
     harness: str | None = Field(default=None, min_length=1)
     """Harness name, copied from the task (set at least on ``scheduled``)."""
 
+    timeout_s: float | None = Field(default=None, gt=0)
+    """The task's time limit of one rollout in seconds, copied from the task on ``scheduled``; the
+    learner derives how long a group waits for its stragglers from it."""
+
     phase: RolloutPhase
     """The phase the rollout entered."""
 

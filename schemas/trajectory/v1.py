@@ -144,6 +144,10 @@ class TrajectoryV1(EventBase):
     harness: str | None = Field(default=None, min_length=1)
     """Harness that ran the rollout."""
 
+    timeout_s: float | None = Field(default=None, gt=0)
+    """The task's time limit of one rollout in seconds, from the ``scheduled`` lifecycle event;
+    the learner waits this long (plus a grace) after a group's first trajectory for the rest."""
+
     reward: float | None = Field(default=None, allow_inf_nan=False)
     """The verifier's reward; absent when none arrived."""
 

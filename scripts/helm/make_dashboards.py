@@ -134,7 +134,8 @@ def pipeline() -> dict[str, Any]:
               "relabel, resume).", quantiles("openforge_publisher_publish_latency_seconds"), "s"),
         panel("Checkpoint loads", "Checkpoint loads attempted on vLLM replicas, by outcome.",
               [(f"sum by (outcome) (rate(openforge_publisher_applied_total{{{NS}}}[{RATE}]))", "{{outcome}}")]),
-        panel("Staleness distribution", "Weight versions between the sample's policy and the learner's.",
+        panel("Staleness distribution", "Published weight versions between a trajectory's oldest token and the "
+              "learner's newest version.",
               [(f"sum by (le) (rate(openforge_learner_staleness_bucket{{{NS}}}[{RATE}]))", "{{le}}")],
               kind="heatmap"),
         panel("Open rollouts", "Rollouts the assembler has joined but not yet finalized.",
@@ -169,8 +170,12 @@ def learner() -> dict[str, Any]:
                                       (f"max(openforge_learner_importance_weight_max{{{NS}}})", "max")]),
         panel("Effective sample size", "Effective sample size of the importance weights, as a fraction of the batch.",
               [(f"avg(openforge_learner_effective_sample_size{{{NS}}})", "ESS")], "percentunit"),
-        panel("Staleness", "Quantiles of sample staleness in weight versions.",
+        panel("Staleness", "Quantiles of the age of each trajectory's oldest token, in published versions.",
               quantiles("openforge_learner_staleness")),
+        panel("Stale tokens masked/s", "Sampled tokens older than the staleness bound, masked out of the loss of "
+              "trajectories that still trained. Whole trajectories with nothing fresh left are counted as "
+              "dropped (stale) in the panel beside.",
+              [(f"sum(rate(openforge_learner_stale_tokens_total{{{NS}}}[{RATE}]))", "masked tokens")]),
         panel("Steps/s", "Optimizer steps.", [(f"sum(rate(openforge_learner_steps_total{{{NS}}}[{RATE}]))", "steps")]),
         panel("Step duration", "Wall time of one optimizer step.", quantiles("openforge_learner_step_duration_seconds"),
               "s"),
@@ -179,9 +184,14 @@ def learner() -> dict[str, Any]:
         panel("Trajectories trained and dropped", "Trajectories trained, and those not trained by reason.", [
             (f"sum(rate(openforge_learner_trajectories_total{{{NS}}}[{RATE}]))", "trained"),
             (f"sum by (reason) (rate(openforge_learner_dropped_total{{{NS}}}[{RATE}]))", "dropped {{reason}}")]),
+        panel("Short groups and skipped steps", "Groups released at their deadline with members missing (trained "
+              "with the members they had, or dropped when fewer than the minimum were usable), and steps skipped "
+              "because the loss or gradient was not finite.", [
+            (f"sum by (outcome) (rate(openforge_learner_short_groups_total{{{NS}}}[{RATE}]))", "short, {{outcome}}"),
+            (f"sum(rate(openforge_learner_skipped_steps_total{{{NS}}}[{RATE}]))", "skipped steps")]),
         panel("Batch reward", "Mean reward of the trajectories in the last step.",
               [(f"avg(openforge_learner_reward_mean{{{NS}}})", "reward")]),
-        panel("Weight version", "The version the learner has trained up to.",
+        panel("Weight version", "The newest version the learner has published (one per checkpoint).",
               [(f"max(openforge_learner_version{{{NS}}})", "version")]),
     ])
 

@@ -600,3 +600,28 @@ def test_the_proxy_refuses_images_unless_told_to_inline_them(default_objects: li
     assert images(default_objects) == "refuse"
     assert images(helm.render({"proxy": {"images": "inline"}}, helm_tmp)) == "inline"
     assert images(helm.render({"proxy": {"images": "placeholder"}}, helm_tmp)) == "placeholder"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"publisher": {"enabled": False}},
+     "learner.enabled needs publisher.enabled: without the publisher the engines keep serving the initial weights"),
+    ({"learner": {"enabled": False}}, "launcher.pace needs the learner (learner.enabled)"),
+])
+def test_settings_that_could_never_train_fail_the_render_saying_what_to_set(
+        helm: Helm, helm_tmp: Path, values: dict[str, Any], message: str) -> None:
+    proc = helm.template(values, helm_tmp)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+def test_staleness_checkpoints_and_pacing_reach_learner_and_launcher(default_objects: list[dict[str, Any]],
+                                                                    helm: Helm, helm_tmp: Path) -> None:
+    learner = env_of(one(default_objects, "Deployment", "-learner"))
+    assert (learner["OPENFORGE_LEARNER_MAX_STALENESS"], learner["OPENFORGE_LEARNER_CHECKPOINT_EVERY"]) == ("4", "10")
+    launcher = env_of(one(default_objects, "Deployment", "-launcher"))
+    assert launcher["OPENFORGE_LAUNCHER_PACE"] == "true"
+    assert launcher["OPENFORGE_LAUNCHER_LEARNER_MODEL"] == learner["OPENFORGE_LEARNER_MODEL_NAME"]
+    # Collecting rollouts without a learner: pacing off, and nothing is left that waits for one.
+    alone = helm.render({"learner": {"enabled": False}, "launcher": {"pace": False}}, helm_tmp)
+    env = env_of(one(alone, "Deployment", "-launcher"))
+    assert env["OPENFORGE_LAUNCHER_PACE"] == "false" and "OPENFORGE_LAUNCHER_LEARNER_MODEL" not in env

@@ -136,6 +136,13 @@ OPENFORGE_LAUNCHER_BACKEND: {{ $v.backend | quote }}
 OPENFORGE_LAUNCHER_PROXY_URL: {{ printf "http://%s.%s.svc:%v" (include "openforge.component" (dict "root" . "name" "proxy")) .Release.Namespace .Values.proxy.port | quote }}
 OPENFORGE_LAUNCHER_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
 OPENFORGE_LAUNCHER_MAX_IN_FLIGHT: {{ $v.maxInFlight | quote }}
+{{- if and $v.pace (not .Values.learner.enabled) }}
+{{- fail "launcher.pace needs the learner (learner.enabled): the launcher starts rollouts as fast as the learner can train them, so without one it would start none; set launcher.pace=false to collect rollouts without training" }}
+{{- end }}
+OPENFORGE_LAUNCHER_PACE: {{ $v.pace | quote }}
+{{- if $v.pace }}
+OPENFORGE_LAUNCHER_LEARNER_MODEL: {{ .Values.vllm.servedModelName | quote }}
+{{- end }}
 OPENFORGE_KUBE_NAMESPACE: {{ include "openforge.rolloutNamespace" . | quote }}
 OPENFORGE_KUBE_IN_CLUSTER: "true"
 OPENFORGE_KUBE_VERIFIER_IMAGE: {{ $v.rolloutImage | quote }}
@@ -171,7 +178,11 @@ OPENFORGE_LEARNER_DEVICE: {{ ternary "cuda" "cpu" $v.gpu.enabled | quote }}
 OPENFORGE_LEARNER_ENGINE: {{ ternary "fsdp" "hf" (include "openforge.learnerRanks" . | int | lt 1) | quote }}
 OPENFORGE_LEARNER_MODEL_DIR: {{ .Values.vllm.model | quote }}
 OPENFORGE_LEARNER_MODEL_NAME: {{ .Values.vllm.servedModelName | quote }}
+{{- if not .Values.publisher.enabled }}
+{{- fail "learner.enabled needs publisher.enabled: without the publisher the engines keep serving the initial weights, every sampled token is one version older with each checkpoint, and training stops for good once they are learner.maxStaleness versions behind; enable the publisher (or disable the learner)" }}
+{{- end }}
 OPENFORGE_LEARNER_MAX_STALENESS: {{ $v.maxStaleness | quote }}
+OPENFORGE_LEARNER_CHECKPOINT_EVERY: {{ $v.checkpointEvery | quote }}
 OPENFORGE_LEARNER_DRAIN_TIMEOUT_S: {{ $v.drainSeconds | quote }}
 {{ include "openforge.env.checkpoints" . }}
 {{- end }}

@@ -170,8 +170,8 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
     assert drained_in < 20, f"the ranks took {drained_in:.1f}s to leave after SIGTERM\n{log.read_text()[-4000:]}"
 
     published = await _checkpoints(kafka, registry)
-    assert [c.version for c in published] == [2, 3], "one event per save, none from rank 1"
-    assert sorted(p.name for p in ckpt.iterdir()) == [checkpoint_folder(ckpt, v).name for v in (2, 3)]
+    assert [c.version for c in published] == [1, 2], "one event per save, none from rank 1"
+    assert sorted(p.name for p in ckpt.iterdir()) == [checkpoint_folder(ckpt, v).name for v in (1, 2)]
     assert sum(o.offset for o in published[-1].consumed_offsets) == len(first)
     trained = [i for c in published for i in json.loads((Path(c.uri) / STATE_FILE).read_text())["trained_ids"]]
     assert sorted(trained) == sorted(t.trajectory_id for t in first)
@@ -184,7 +184,7 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
     assert torch.equal(loaded.state_dict()[name], load_file(str(saved / "model.safetensors"))[name])
     _assert_same_weights(saved, checkpoint_folder(reference, 3), tiny_model, "after 3 steps")
 
-    # Restart: rank 0 resumes from v3's offsets, both ranks load v3. Nothing is there to train for
+    # Restart: rank 0 resumes from v2's offsets (3 steps), both ranks load v2. Nothing is there to train for
     # longer than the collective timeout, which rank 0's keep-alives bridge; then one step on new
     # groups, max_steps ends rank 0's loop and its stop order ends rank 1's: torchrun exits 0.
     resume_env = {k: v for k, v in env.items() if k != "OPENFORGE_LEARNER_MODEL_DIR"}  # only the checkpoint to load
@@ -195,7 +195,7 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
             assert again.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             await asyncio.sleep(0.2)
-        assert "resuming tiny from checkpoint v3" in log.read_text()
+        assert "resuming tiny from checkpoint v2 (step 3)" in log.read_text()
         await asyncio.sleep(7)
         assert again.poll() is None, f"an idle rank timed out\n{log.read_text()[-4000:]}"
         await _publish(kafka, later)
@@ -203,7 +203,7 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
     finally:
         _end(again, [])
     published = await _checkpoints(kafka, registry)
-    assert [c.version for c in published] == [2, 3, 4]
+    assert [c.version for c in published] == [1, 2, 3]
     resumed = json.loads((Path(published[-1].uri) / STATE_FILE).read_text())["trained_ids"]
     assert sorted(resumed) == sorted(t.trajectory_id for t in later)
     _assert_same_weights(Path(published[-1].uri), checkpoint_folder(reference, 4), tiny_model, "resumed, step 4")

@@ -20,7 +20,7 @@ from consumers.rollouts.launcher import Launcher, LauncherSettings, rollout_id_f
 from schemas import DeadLetterV1, RolloutEventV1, TaskV1
 from schemas.failures import FailureReason
 from schemas.rollout.v1 import RolloutPhase, RolloutReason
-from stream import DEAD_LETTERS, TASKS, EventProducer, KafkaSettings, TopicRegistry
+from stream import CHECKPOINTS, DEAD_LETTERS, TASKS, EventProducer, KafkaSettings, TopicRegistry
 
 pytestmark = pytest.mark.kafka
 
@@ -28,7 +28,8 @@ pytestmark = pytest.mark.kafka
 def settings_for(kafka: KafkaSettings, tmp_path: Path, **updates: object) -> LauncherSettings:
     base = LauncherSettings(credential_key=KEY.decode(), kafka=kafka, state_dir=tmp_path / "state",
                             workspace_root=tmp_path / "ws", group_id=f"{kafka.topic_prefix}launcher",
-                            proxy_url="http://127.0.0.1:9", capacity_poll_s=0.2, kill_grace_s=0.5)
+                            proxy_url="http://127.0.0.1:9", capacity_poll_s=0.2, kill_grace_s=0.5,
+                            pace=False)  # no learner here: launch what the cap allows
     return base.model_copy(update=updates)
 
 
@@ -91,7 +92,8 @@ async def test_launcher_killed_mid_batch_launches_nothing_twice(
            "OPENFORGE_LAUNCHER_WORKSPACE_ROOT": str(tmp_path / "ws"),
            "OPENFORGE_LAUNCHER_GROUP_ID": f"{kafka_settings.topic_prefix}launcher",
            "OPENFORGE_LAUNCHER_MAX_IN_FLIGHT": "2",
-           "OPENFORGE_LAUNCHER_CAPACITY_POLL_S": "0.2"}
+           "OPENFORGE_LAUNCHER_CAPACITY_POLL_S": "0.2",
+           "OPENFORGE_LAUNCHER_PACE": "false"}
     command = [sys.executable, "-m", "openforge", "launcher", "--proxy-url", "http://127.0.0.1:9"]
     with (tmp_path / "first.log").open("wb") as first_log:
         first = await asyncio.create_subprocess_exec(*command, env=env, stderr=first_log)
@@ -177,3 +179,56 @@ def test_reward_command_without_environment_says_what_is_missing() -> None:
     assert run.returncode == 1
     assert "OPENFORGE_VERIFIER_TOKEN" in run.stderr and "not set" in run.stderr
     assert isinstance(RolloutEventV1, type)
+
+
+async def test_pacing_starts_only_what_the_learner_can_train_in_time(
+        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
+    """The learner's progress and the engines' versions, as their notices on the checkpoints topic."""
+    from datetime import UTC, datetime
+
+    from schemas import CheckpointAppliedV1, LearnerProgressV1
+
+    async def progress(**kw: int) -> None:
+        # A bound of 0, a checkpoint every step, one group per step: one group at a time may be out.
+        fields = dict(version=0, step=0, steps_since_checkpoint=0, pending=0, max_staleness=0,
+                      checkpoint_every=1, groups_per_step=1, min_group_size=2) | kw
+        async with EventProducer(kafka_settings, registry=topics) as producer:
+            await producer.publish(CHECKPOINTS, LearnerProgressV1(model="m", **fields))
+
+    async def launched_after(seconds: float) -> int:
+        await asyncio.sleep(seconds)
+        return launcher.launched
+
+    log = tmp_path / "log"
+    tasks = [TaskV1.model_validate(task_dict(f"pace-{i}", group_size=2, harness=[*PROBE, str(log), "sleep", "3"]))
+             for i in range(3)]
+    # A group of one, where the learner trains groups of two: refused, with what to submit instead.
+    single = TaskV1.model_validate(task_dict("pace-single", group_size=1, harness=[*PROBE, str(log), "sleep", "0"]))
+    await submit(kafka_settings, topics, [single, *tasks])
+    async with Launcher(settings_for(kafka_settings, tmp_path, pace=True, learner_model="m")) as launcher:
+        assert await launched_after(3) == 0, "started before the learner said anything"
+        await progress()
+        for _ in range(300):
+            if launcher.launched:
+                break
+            await asyncio.sleep(0.1)
+        # Before they end (each runs 3 s), the learner says it holds two trajectories, untrained:
+        # with those the window is full, so nothing more may start, now or once these two ended.
+        await progress(pending=2)
+        await lifecycle(kafka_settings, topics, 2, timeout_s=60)
+        assert await launched_after(2) == 2
+        # It trained them and published version 1, which no engine serves yet: still nothing.
+        await progress(version=1, step=1)
+        assert await launched_after(3) == 2
+        async with EventProducer(kafka_settings, registry=topics) as producer:
+            await producer.publish(CHECKPOINTS, CheckpointAppliedV1(
+                model="m", version=1, replica="http://engine", applied_at=datetime.now(UTC), duration_s=1.0, ok=True))
+        by_rollout = await lifecycle(kafka_settings, topics, 4, timeout_s=60)
+        assert len(by_rollout) >= 4  # and the third task once those two ended: the learner holds nothing
+        # Both rollouts of a task start together.
+        starts = sorted((when, rollout) for rollout, what, when in log_lines(log) if what == "start")
+        assert len({r.rsplit("-", 1)[0] for _, r in starts[:2]}) == 1, starts
+        assert launcher.dead_lettered == 1 and not any("pace-single" in r for _, r in starts)
+    letters = await collect(kafka_settings, topics, DEAD_LETTERS, lambda e: len(e) >= 1, timeout_s=10)
+    assert "has group_size 1, but the learner trains groups of at least 2" in letters[0].reason
+    assert "submit it with group_size >= 2" in letters[0].reason

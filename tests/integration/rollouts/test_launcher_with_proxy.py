@@ -42,7 +42,8 @@ async def test_group_of_agents_through_proxy_with_rewards_only_from_verifiers(
     kafka = proxy.settings.kafka
     settings = LauncherSettings(credential_key=KEY.decode(), kafka=kafka, proxy_url=proxy.url,
                                 state_dir=tmp_path / "state", workspace_root=tmp_path / "ws",
-                                group_id=f"{kafka.topic_prefix}launcher", max_in_flight=2)
+                                group_id=f"{kafka.topic_prefix}launcher", max_in_flight=2,
+                                pace=False)  # no learner here: launch what the cap allows
     async with Launcher(settings):
         by_rollout = await lifecycle(kafka, proxy.registry, 4, timeout_s=110)
 

@@ -24,12 +24,10 @@ class Clock:
 
 # -- staleness -------------------------------------------------------------------------------------
 
-def test_staleness_is_current_minus_oldest_version() -> None:
+def test_staleness_is_newest_published_minus_oldest_version() -> None:
     policy = StalenessPolicy(max_staleness=2)
     t = trajectory("a", 0, version="3")
     assert policy.staleness(t, 5) == 2
-    assert policy.accepts(t, 5)
-    assert not policy.accepts(t, 6)
     assert policy.staleness(t, 1) == 0  # newer than the learner (after a restart): fresh
 
 
@@ -41,13 +39,33 @@ def test_oldest_version_over_all_samples_counts() -> None:
     assert behaviour_version(t, 0) == 4
 
 
+def test_tokens_beyond_the_bound_are_masked_the_rest_trains() -> None:
+    t = trajectory("a", 0, version="7")
+    sample = t.samples[0].model_dump()
+    sample["weight_versions"] = [{"version": "4", "start": 0, "end": 8}, {"version": "7", "start": 8, "end": 16}]
+    sample = TrajectoryV1.model_validate({**t.model_dump(), "samples": [sample]}).samples[0]
+    trained = list(sample.loss_mask)
+    fresh = StalenessPolicy(max_staleness=2).fresh(sample, newest=7)
+    assert fresh.loss_mask == [0] * 8 + trained[8:]
+    assert fresh.masked == sum(trained[:8]) and fresh.kept == sum(trained[8:])
+    assert fresh.oldest_kept_age == 0
+    everything = StalenessPolicy(max_staleness=3).fresh(sample, newest=7)
+    assert everything.masked == 0 and everything.oldest_kept_age == 3 and everything.loss_mask == trained
+    nothing = StalenessPolicy(max_staleness=0).fresh(sample, newest=9)
+    assert nothing.kept == 0 and nothing.oldest_kept_age is None and not any(nothing.loss_mask)
+
+
 def test_unversioned_and_unorderable_labels_count_as_the_configured_version() -> None:
     assert parse_version("12", 0) == 12
     assert parse_version("base-model", 0) == 0
     assert behaviour_version(trajectory("a", 0, version=None), unversioned_as=3) == 3
     assert behaviour_version(trajectory("a", 0, version="tiny"), unversioned_as=1) == 1
-    assert StalenessPolicy(0).accepts(trajectory("a", 0, version="base"), 0)
-    assert not StalenessPolicy(0).accepts(trajectory("a", 0, version="base"), 1)
+    sample = trajectory("a", 0, version="base").samples[0]
+    assert StalenessPolicy(0).fresh(sample, 0).masked == 0
+    assert StalenessPolicy(0).fresh(sample, 1).kept == 0
+    unversioned = trajectory("a", 0, version=None).samples[0]
+    assert StalenessPolicy(1, unversioned_as=2).fresh(unversioned, 3).masked == 0
+    assert StalenessPolicy(1, unversioned_as=2).fresh(unversioned, 4).kept == 0
 
 
 # -- grouping --------------------------------------------------------------------------------------
@@ -55,23 +73,39 @@ def test_unversioned_and_unorderable_labels_count_as_the_configured_version() ->
 def test_group_completes_when_all_members_arrived() -> None:
     buf: GroupBuffer[int] = GroupBuffer(10, Clock())
     for i in range(3):
-        assert buf.add(trajectory("t", i, 4), i) == (None, True)
+        assert buf.add(trajectory("t", i, 4), i) == (None, "added")
     group, ok = buf.add(trajectory("t", 3, 4), 3)
-    assert ok and group is not None and len(group.members) == 4 and not group.timed_out
+    assert ok == "added" and group is not None and len(group.members) == 4 and not group.timed_out
     assert len(buf) == 0
 
 
-def test_stragglers_time_out_and_release_a_partial_group() -> None:
+def test_stragglers_without_a_task_timeout_wait_the_fallback() -> None:
     clock = Clock()
-    buf: GroupBuffer[int] = GroupBuffer(5.0, clock)
+    buf: GroupBuffer[int] = GroupBuffer(5.0, clock, grace_s=60.0)
     buf.add(trajectory("t", 0, 4), 0)
     buf.add(trajectory("t", 1, 4), 1)
     clock.now = 4.9
     assert buf.expired() == []
     clock.now = 5.0
     (group,) = buf.expired()
-    assert group.timed_out and [p for _, p in group.members] == [0, 1]
+    assert group.timed_out and group.short and [p for _, p in group.members] == [0, 1]
     assert len(buf) == 0
+
+
+def test_the_deadline_is_the_task_timeout_plus_grace_and_late_members_never_start_a_group() -> None:
+    clock = Clock()
+    buf: GroupBuffer[int] = GroupBuffer(5.0, clock, grace_s=30.0)
+    member = lambda i: trajectory("t", i, 3).model_copy(update={"timeout_s": 600.0})  # noqa: E731
+    buf.add(member(0), 0)
+    clock.now = 400.0  # minutes apart, within the task's own timeout
+    assert buf.add(member(1), 1) == (None, "added") and buf.expired() == []
+    clock.now = 629.9
+    assert buf.expired() == []
+    clock.now = 630.0
+    (group,) = buf.expired()
+    assert group.short and len(group.members) == 2
+    assert buf.add(member(2), 2) == (None, "late")  # its group is gone: it does not open a new one
+    assert len(buf) == 0 and buf.late == 1
 
 
 def test_infrastructure_failures_complete_the_group_but_not_its_statistics() -> None:
@@ -87,7 +121,7 @@ def test_infrastructure_failures_complete_the_group_but_not_its_statistics() -> 
 def test_a_repeated_group_index_is_refused() -> None:
     buf: GroupBuffer[int] = GroupBuffer(10, Clock())
     buf.add(trajectory("t", 0, 2), 0)
-    assert buf.add(trajectory("t", 0, 2), 1) == (None, False)
+    assert buf.add(trajectory("t", 0, 2), 1) == (None, "duplicate")
     assert buf.duplicates == 1
 
 

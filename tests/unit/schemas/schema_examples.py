@@ -21,6 +21,7 @@ from schemas import (
     EventBase,
     FinalizeReason,
     HarnessSpec,
+    LearnerProgressV1,
     Logprobs,
     LossMask,
     MergeStats,
@@ -255,6 +256,14 @@ def checkpoint_applied() -> CheckpointAppliedV1:
     )
 
 
+def learner_progress() -> LearnerProgressV1:
+    return LearnerProgressV1(
+        model="qwen3-8b", version=42, step=420, steps_since_checkpoint=3, pending=17,
+        read_offsets=[TopicOffset(topic="exp42.openforge.trajectories.v1", partition=0, offset=1850)],
+        max_staleness=4, checkpoint_every=10, groups_per_step=4, min_group_size=2,
+    )
+
+
 def dead_letter() -> DeadLetterV1:
     return DeadLetterV1(
         topic="exp42.openforge.calls.v1",
@@ -281,5 +290,6 @@ def all_examples() -> list[EventBase]:
         trajectory(),
         checkpoint(),
         checkpoint_applied(),
+        learner_progress(),
         dead_letter(),
     ]

@@ -21,6 +21,7 @@ from schemas import (
     EventBase,
     EventRegistry,
     InvalidEventError,
+    LearnerProgressV1,
     MissingSchemaHeaderError,
     ModelCallV1,
     RewardV1,
@@ -70,6 +71,7 @@ def test_builtin_events_are_registered() -> None:
         TrajectoryV1,
         CheckpointV1,
         CheckpointAppliedV1,
+        LearnerProgressV1,
         DeadLetterV1,
     }
     assert resolve("model_call", 1) is ModelCallV1
