@@ -21,6 +21,7 @@ from schemas import (
     EventBase,
     EventRegistry,
     InvalidEventError,
+    LearnerStepV1,
     MissingSchemaHeaderError,
     ModelCallV1,
     RewardV1,
@@ -71,6 +72,7 @@ def test_builtin_events_are_registered() -> None:
         CheckpointV1,
         CheckpointAppliedV1,
         DeadLetterV1,
+        LearnerStepV1,
     }
     assert resolve("model_call", 1) is ModelCallV1
     names = [(cls.SCHEMA, cls.VERSION) for cls in all_events()]
