@@ -104,7 +104,7 @@ def _duration(seconds: float) -> str:
         return f"{seconds / 3600:.1f}h"
     if seconds >= 60:
         return f"{seconds / 60:.0f}m"
-    return f"{seconds:.0f}s"
+    return f"{seconds:.0f}s" if seconds == int(seconds) else f"{seconds:.1f}s"
 
 
 def histogram(values: Sequence[float], *, bins: int = 20, width: int = 420, height: int = 150,
