@@ -34,6 +34,7 @@ class RecordReader(Managed):
         self.timeout_s = timeout_s
         self._consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()  # one read at a time: seeks of two reads would interleave
+        self._assigned: set[TopicPartition] = set()
         self._stopped = False
 
     async def start(self) -> None:
@@ -43,7 +44,10 @@ class RecordReader(Managed):
         consumer = AIOKafkaConsumer(
             **self.kafka.client_kwargs(), client_id=f"{self.kafka.client_id}-reader", enable_auto_commit=False,
             isolation_level="read_committed", max_partition_fetch_bytes=_MAX_RECORD_BYTES,
-            fetch_max_bytes=_MAX_RECORD_BYTES)
+            fetch_max_bytes=_MAX_RECORD_BYTES,
+            # A fetch the broker holds open waiting for data delays the next read's fetch on that broker:
+            # reads ask for records that exist, so the broker need not wait.
+            fetch_max_wait_ms=10)
         await consumer.start()
         self._consumer = consumer
 
@@ -71,14 +75,26 @@ class RecordReader(Managed):
         consumer = self._consumer
         assert consumer is not None
         async with self._lock:
-            consumer.assign(sorted({TopicPartition(t, p) for t, p, _ in wanted}))
+            needed = {TopicPartition(t, p) for t, p, _ in wanted}
+            if not needed <= self._assigned:
+                # Assigned once and kept, all paused: only the partition being read fetches anything.
+                self._assigned |= needed
+                consumer.assign(sorted(self._assigned))
+                consumer.pause(*self._assigned)
             for topic, partition, offset in wanted:
                 if found[(topic, partition, offset)] is not None:
                     continue  # read along with an earlier position
                 tp = TopicPartition(topic, partition)
-                consumer.seek(tp, offset)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._take(consumer, tp, offset, found), self.timeout_s)
+                consumer.resume(tp)
+                consumer.seek(tp, offset)  # after resume: a seek wakes the fetcher, a resume does not
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._take(consumer, tp, offset, found), self.timeout_s)
+                finally:
+                    # Records fetched past the one wanted stay buffered, and while any partition has
+                    # unconsumed records the fetcher holds back every fetch to its broker: a seek drops them.
+                    consumer.seek(tp, offset)
+                    consumer.pause(tp)
         return found
 
     async def _take(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int,
@@ -86,14 +102,14 @@ class RecordReader(Managed):
         # Records before a retained start are gone: the broker answers from its first offset on.
         while True:
             batches = await consumer.getmany(tp, timeout_ms=500, max_records=50)
+            reached = False
             for record in batches.get(tp, []):
                 key = (tp.topic, tp.partition, record.offset)
                 if key in found and found[key] is None:
-                    found[key] = _decoded(record.headers, record.value)
-                if record.offset >= offset:
-                    return
-            if await consumer.position(tp) > offset:
-                return  # the offset held a transaction marker or was deleted
+                    found[key] = _decoded(record.headers, record.value)  # later wanted ones come along
+                reached = reached or record.offset >= offset
+            if reached or await consumer.position(tp) > offset:
+                return  # past the offset: read, or it held a transaction marker or was deleted
 
 
 def _decoded(headers: object, value: bytes | None) -> EventBase | None:

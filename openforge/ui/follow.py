@@ -9,6 +9,7 @@ nothing, the topics' own consumers do.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from openforge.ui.index import Index, Position
@@ -34,6 +35,8 @@ def follower(index: Index, kafka: KafkaSettings, settings: ConsumerSettings | No
 
     async def handle(received: Received) -> None:
         index.ingest(received.event, Position(received.topic, received.partition, received.offset), received.headers)
+        # The consumer hands over a whole fetched batch without waiting: let the pages in between records.
+        await asyncio.sleep(0)
 
     return EventConsumer(FOLLOWED, handle, group_id=group_id(index), kafka=kafka,
                          settings=settings or ConsumerSettings(), read_only=True)
