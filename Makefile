@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench image kafka-jars engine harnesses learner helm kube parts \
+.PHONY: install test test-fast lint demo bench image kafka-jars engine harnesses browser learner helm kube parts \
         python-parts clean
 
 # The compiled fast path of the proxy's journal and its shipping worker (native/, Rust); its build output is
@@ -39,6 +39,11 @@ engine:
 harnesses:
 	@bash scripts/harnesses/install.sh >/dev/null
 
+# A headless Chromium (inside the @sparticuz/chromium package) and playwright-core from npm, for the
+# flight recorder's browser test (once).
+browser:
+	@bash scripts/browser/install.sh >/dev/null
+
 # The learner's torch, transformers<5.11 and veRL (imports only what runs on CPU) in $(VENV) (once).
 learner: $(STAMP)
 	@bash scripts/learner/install.sh
@@ -62,7 +67,7 @@ kube:
 # scripts' own progress lines say which script they come from ([kube-install +95s] ...).
 PARTS_JOBS ?= 3
 parts:
-	@$(MAKE) --no-print-directory -j$(PARTS_JOBS) kube python-parts helm harnesses
+	@$(MAKE) --no-print-directory -j$(PARTS_JOBS) kube python-parts helm harnesses browser
 
 python-parts: engine $(STAMP)
 	@$(MAKE) --no-print-directory learner

@@ -43,6 +43,7 @@ from learner.ranks import Order, Ranks, launched_world_size
 from learner.settings import LearnerSettings
 from learner.sources import Incoming, KafkaTrajectorySource, TrajectorySource
 from learner.staleness import StalenessPolicy
+from learner.step_event import publish_step
 from learner.workers import PolicyWorker, make_worker
 from schemas import CheckpointV1, LearnerProgressV1, TopicOffset, TrajectoryV1
 from stream.lifecycle import Managed
@@ -519,6 +520,10 @@ class Learner(Managed):
             logger.info("step %d: loss %.4f, reward %.3f, entropy %.3f, %d trajectories, %d tokens, %.2fs",
                         self.step, values.get("loss", math.nan), values.get("reward_mean", math.nan),
                         values.get("entropy", math.nan), len(members), batch.trained_tokens, elapsed)
+            await publish_step(self._producer, self.settings, step=self.step, version=self.version, duration_s=elapsed,
+                               trained=members, considered=[t for g in groups for t, _ in g.members],
+                               dropped=self._dropped_since, metrics=values,
+                               importance_weights=self._worker.importance_weights())
         else:
             for trajectory in members:
                 self._drop(trajectory, m.DROP_NO_TOKENS)

@@ -30,6 +30,8 @@ _COMMANDS = {
     "watcher": ("openforge.watcher", "watcher_command"),
     "learner": ("openforge.cli", "learner_command"),
     "demo": ("openforge.demo_cli", "demo"),
+    "ui": ("openforge.ui.cli", "ui_command"),
+    "report": ("openforge.report", "report_group"),
 }
 """Every subcommand: the module that defines it, and its name there."""
 

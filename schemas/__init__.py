@@ -50,7 +50,11 @@ _WHERE: dict[str, str] = {
     "event_json_schema": "schemas.export",
     "json_schemas": "schemas.export",
     "schema_file_name": "schemas.export",
+    "DriftReason": "schemas.drift",
     "FailureReason": "schemas.failures",
+    "LearnerStepV1": "schemas.learner_step.v1",
+    "StepDrop": "schemas.learner_step.v1",
+    "StepTrajectory": "schemas.learner_step.v1",
     "CONTENT_TYPE_HEADER": "schemas.registry",
     "EventRegistry": "schemas.registry",
     "Headers": "schemas.registry",
@@ -75,7 +79,11 @@ _WHERE: dict[str, str] = {
     "TaskV1": "schemas.task.v1",
     "VerifierSpec": "schemas.task.v1",
     "FinalizeReason": "schemas.trajectory.v1",
+    "MergeBreakRecord": "schemas.trajectory.v1",
     "MergeStats": "schemas.trajectory.v1",
+    "ToolErrorRecord": "schemas.trajectory.v1",
+    "ToolErrorRule": "schemas.trajectory.v1",
+    "ToolUse": "schemas.trajectory.v1",
     "TrajectorySample": "schemas.trajectory.v1",
     "TrajectoryV1": "schemas.trajectory.v1",
 }
@@ -130,10 +138,14 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from schemas.checkpoint.v1 import LearnerProgressV1 as LearnerProgressV1
     from schemas.checkpoint.v1 import TopicOffset as TopicOffset
     from schemas.deadletter.v1 import DeadLetterV1 as DeadLetterV1
+    from schemas.drift import DriftReason as DriftReason
     from schemas.export import event_json_schema as event_json_schema
     from schemas.export import json_schemas as json_schemas
     from schemas.export import schema_file_name as schema_file_name
     from schemas.failures import FailureReason as FailureReason
+    from schemas.learner_step.v1 import LearnerStepV1 as LearnerStepV1
+    from schemas.learner_step.v1 import StepDrop as StepDrop
+    from schemas.learner_step.v1 import StepTrajectory as StepTrajectory
     from schemas.registry import CONTENT_TYPE_HEADER as CONTENT_TYPE_HEADER
     from schemas.registry import JSON_CONTENT_TYPE as JSON_CONTENT_TYPE
     from schemas.registry import SCHEMA_HEADER as SCHEMA_HEADER
@@ -158,6 +170,10 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from schemas.task.v1 import TaskV1 as TaskV1
     from schemas.task.v1 import VerifierSpec as VerifierSpec
     from schemas.trajectory.v1 import FinalizeReason as FinalizeReason
+    from schemas.trajectory.v1 import MergeBreakRecord as MergeBreakRecord
     from schemas.trajectory.v1 import MergeStats as MergeStats
+    from schemas.trajectory.v1 import ToolErrorRecord as ToolErrorRecord
+    from schemas.trajectory.v1 import ToolErrorRule as ToolErrorRule
+    from schemas.trajectory.v1 import ToolUse as ToolUse
     from schemas.trajectory.v1 import TrajectorySample as TrajectorySample
     from schemas.trajectory.v1 import TrajectoryV1 as TrajectoryV1

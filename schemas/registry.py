@@ -34,6 +34,7 @@ from schemas._errors import (
 from schemas.call.v1 import ModelCallV1
 from schemas.checkpoint.v1 import CheckpointAppliedV1, CheckpointV1, LearnerProgressV1
 from schemas.deadletter.v1 import DeadLetterV1
+from schemas.learner_step.v1 import LearnerStepV1
 from schemas.reward.v1 import RewardV1
 from schemas.rollout.v1 import RolloutEventV1
 from schemas.task.v1 import TaskV1
@@ -314,7 +315,7 @@ default_registry = EventRegistry()
 
 # The one place built-in events are registered: adding a version means adding it here.
 for _event in (TaskV1, ModelCallV1, RolloutEventV1, RewardV1, TrajectoryV1, CheckpointV1, CheckpointAppliedV1,
-               LearnerProgressV1, DeadLetterV1):
+               LearnerProgressV1, DeadLetterV1, LearnerStepV1):
     default_registry.register(_event)
 del _event
 

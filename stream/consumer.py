@@ -120,16 +120,31 @@ class EventConsumer(Managed):
         settings: ConsumerSettings | None = None,
         registry: TopicRegistry | None = None,
         dead_letters: EventProducer | None = None,
+        read_only: bool = False,
     ) -> None:
+        """Set up the consumer; nothing connects before :meth:`start`.
+
+        Args:
+            topics: What to read.
+            handler: Called once per decoded record, in offset order per partition.
+            group_id: The consumer group.
+            kafka: How to reach the cluster.
+            settings: Pacing, commits and draining.
+            registry: The topic registry (prefix).
+            dead_letters: The producer for dead letters; one of its own when None.
+            read_only: An observer that writes nothing to Kafka (the web UI): a record it cannot
+                decode or handle is logged and skipped, since the consumers that own the topic
+                dead-letter it themselves.
+        """
         self.kafka = kafka or KafkaSettings()
         self.settings = settings or ConsumerSettings()
         self.registry = registry or TopicRegistry.from_settings(self.kafka)
         self.group_id = group_id
         self._topics = [self._resolve(t) for t in topics]
         self._handler = handler
-        self._own_dlq = dead_letters is None
-        self._dlq = dead_letters or EventProducer(self.kafka, registry=self.registry,
-                                                  client_id=f"{self.kafka.client_id}-dlq")
+        self._own_dlq = dead_letters is None and not read_only
+        self._dlq = None if read_only else dead_letters or EventProducer(
+            self.kafka, registry=self.registry, client_id=f"{self.kafka.client_id}-dlq")
         largest = max((t.spec.max_message_bytes for t in self._topics), default=1024 * 1024)
         self._consumer = AIOKafkaConsumer(
             **self.kafka.client_kwargs(),
@@ -154,6 +169,8 @@ class EventConsumer(Managed):
         self._lag: ConsumerLag | None = None
         self.dead_lettered = 0
         """Records sent to the dead-letter topic by this instance (for metrics and tests)."""
+        self.skipped = 0
+        """Records a read-only consumer could not decode or handle, and skipped."""
 
     def _resolve(self, topic: TopicSpec | Topic | str) -> Topic:
         if isinstance(topic, Topic):
@@ -168,7 +185,7 @@ class EventConsumer(Managed):
             return
         self._started = True
         try:
-            if self._own_dlq:
+            if self._own_dlq and self._dlq is not None:
                 await self._dlq.start()
             self._consumer.subscribe(
                 topics=[t.name for t in self._topics], listener=_CommitOnRevoke(self)
@@ -178,7 +195,7 @@ class EventConsumer(Managed):
             self._stopped = True  # nothing runs: there is nothing left to stop
             with contextlib.suppress(Exception):
                 await self._consumer.stop()  # never started if the dead-letter producer's start failed
-            if self._own_dlq:
+            if self._own_dlq and self._dlq is not None:
                 try:
                     await self._dlq.stop()
                 except Exception:  # the start's error is the one to see; this one is logged
@@ -217,7 +234,7 @@ class EventConsumer(Managed):
                 await self._commit()  # 3 commit only fully handled offsets
         finally:
             await self._consumer.stop()  # 4 leave the group: the others rebalance at once
-            if self._own_dlq:
+            if self._own_dlq and self._dlq is not None:
                 await self._dlq.stop()  # 5 flush dead letters
 
 
@@ -293,6 +310,11 @@ class EventConsumer(Managed):
 
     async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], kind: DeadLetterErrorType,
                            reason: str, exception_type: str | None = None) -> None:
+        if self._dlq is None:
+            logger.warning("%s: skipping %s[%d]@%d (%s): %s", self.group_id, record.topic, record.partition,
+                           record.offset, kind.value, reason)
+            self.skipped += 1
+            return
         value = record.value
         # The copy travels base64-encoded (4/3 larger); cut what cannot fit, and say so.
         room = self.registry[DEAD_LETTERS].spec.max_message_bytes * 3 // 4 - 64 * 1024

@@ -78,6 +78,12 @@ CHECKPOINTS = TopicSpec(
     retention_ms=None, compacted=True,
     description="Checkpoints written and applied, and the learner's progress; compacted to the latest per key.",
 )
+STEPS = TopicSpec(
+    "openforge.steps.v1", 1, ("learner_step",), "model",
+    # A step of a few thousand trajectories lists each with a few hundred bytes.
+    max_message_bytes=8 * _MIB, retention_ms=30 * _DAY_MS,
+    description="One record per learner step: the trajectories it trained on, advantages, importance weights.",
+)
 DEAD_LETTERS = TopicSpec(
     "openforge.dlq.v1", 1, ("dead_letter",), "original key",
     # Holds a base64 copy of the largest record any other topic accepts.
@@ -86,7 +92,7 @@ DEAD_LETTERS = TopicSpec(
 )
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
-    TASKS, CALLS, ROLLOUTS, REWARDS, TRAJECTORIES, CHECKPOINTS, DEAD_LETTERS,
+    TASKS, CALLS, ROLLOUTS, REWARDS, TRAJECTORIES, CHECKPOINTS, STEPS, DEAD_LETTERS,
 )
 
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from consumers.assembler.drift import diagnose_break
 from schemas import Logprobs, LossMask, ModelCallV1, TokenIds, WeightVersionRange
 from schemas.call.v1 import CallStatus
-from schemas.trajectory.v1 import MergeStats, TrajectorySample
+from schemas.drift import DriftReason
+from schemas.trajectory.v1 import MergeBreakRecord, MergeStats, TrajectorySample
 
 __all__ = ["BuiltSamples", "MergeBreak", "build_samples", "order_calls", "usable_calls"]
 
@@ -34,11 +36,21 @@ class MergeBreak:
         common_prefix_tokens: How many leading tokens of its prompt matched that context; close to
             ``context_tokens`` means the harness rewrote the tail (an ephemeral message), small
             means it rewrote or compacted history.
+        sample_index: The sample it started.
+        reason: Why, from the messages (:func:`~consumers.assembler.drift.diagnose_break`).
     """
 
     call_id: str
     context_tokens: int
     common_prefix_tokens: int
+    sample_index: int = 1
+    reason: DriftReason | None = None
+
+    def record(self) -> MergeBreakRecord:
+        """The break as the trajectory carries it."""
+        return MergeBreakRecord(call_id=self.call_id, sample_index=self.sample_index,
+                                context_tokens=self.context_tokens,
+                                common_prefix_tokens=self.common_prefix_tokens, reason=self.reason)
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,7 @@ class _SampleBuilder:
         self.versions: list[WeightVersionRange] = []
         self.versions_known = True
         self.call_ids: list[str] = []
+        self.last = call
         self._append(call, gap=TokenIds())
 
     def extends(self, call: ModelCallV1) -> bool:
@@ -114,6 +127,7 @@ class _SampleBuilder:
 
     def merge(self, call: ModelCallV1) -> None:
         gap = call.prompt_token_ids[len(self.context) // _ID_BYTES :]
+        self.last = call
         self._append(call, gap)
 
     def _append(self, call: ModelCallV1, gap: TokenIds) -> None:
@@ -193,6 +207,8 @@ def build_samples(calls: Sequence[ModelCallV1]) -> BuiltSamples:
                 call_id=call.call_id,
                 context_tokens=len(current.context) // _ID_BYTES,
                 common_prefix_tokens=_common_prefix_tokens(bytes(current.context), call.prompt_token_ids.to_bytes()),
+                sample_index=len(builders),
+                reason=diagnose_break(current.last, call),
             ))
         builders.append(_SampleBuilder(call))
     stats = MergeStats(calls=len(calls), merged=merged, breaks=len(breaks), skipped=len(calls) - len(usable))

@@ -120,7 +120,7 @@ class AssemblerService(Managed):
         self._inputs = [self.registry[CALLS], self.registry[ROLLOUTS], self.registry[REWARDS]]
         self._output = self.registry[TRAJECTORIES]
         self._clock = clock
-        self.table = RolloutTable(self.settings.policy())
+        self.table = RolloutTable(self.settings.policy(), self.settings.tool_error_rules())
         self.stats = AssemblerStats()
         self._producer = EventProducer(
             self.kafka, registry=self.registry, transactional_id=self.settings.transactional_id,
@@ -348,12 +348,17 @@ class AssemblerService(Managed):
         used = stats.calls - stats.skipped
         if used:
             telemetry.merge_calls.add(used, {"harness": harness})
-        if stats.breaks:
-            telemetry.merge_breaks.add(stats.breaks, {"harness": harness})
-            for brk in item.built.breaks:
-                logger.info("assembler: rollout %s (%s): call %s broke the prefix at token %d of %d",
-                            trajectory.rollout_id, harness, brk.call_id, brk.common_prefix_tokens,
-                            brk.context_tokens)
+        for brk in item.built.breaks:
+            reason = brk.reason.value if brk.reason is not None else "unknown"
+            telemetry.merge_breaks.add(1, {"harness": harness, "reason": reason})
+            logger.info("assembler: rollout %s (%s): call %s broke the prefix at token %d of %d (%s)",
+                        trajectory.rollout_id, harness, brk.call_id, brk.common_prefix_tokens,
+                        brk.context_tokens, reason)
+        tools = trajectory.tool_use
+        if tools is not None and tools.results:
+            telemetry.tool_results.add(tools.results, {"harness": harness})
+            for error in trajectory.tool_errors:
+                telemetry.tool_errors.add(1, {"harness": harness, "recovered": "true" if error.recovered else "false"})
 
     # -- rebalances ---------------------------------------------------------------------------
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from consumers.assembler.state import FinalizePolicy
+from consumers.assembler.tools import DEFAULT_ERROR_PATTERNS, DEFAULT_EXIT_CODE_PATTERN, ToolErrorRules
 
 __all__ = ["AssemblerSettings"]
 
@@ -68,6 +69,25 @@ class AssemblerSettings(BaseSettings):
 
     drain_timeout_s: float = Field(default=20.0, gt=0)
     """How long stop() lets the batch in hand finish before cancelling it."""
+
+    tool_error_exit_code_pattern: str = DEFAULT_EXIT_CODE_PATTERN
+    """Regular expression of a reported exit code in a tool result; its first group is the code, and a
+    non-zero one marks the result as an error. Decides alone where it matches (a command that exits 0
+    may print "error:" lines). Used for tool results without a protocol error flag (Responses, chat)."""
+
+    tool_error_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_ERROR_PATTERNS))
+    """Regular expressions (a JSON list in the environment) that mark a tool result without an exit code
+    as an error: Claude Code's ``<tool_use_error>``, ``error:`` or ``fatal:`` at a line's start, a
+    Python traceback, ``command not found``."""
+
+    @model_validator(mode="after")
+    def _patterns_compile(self) -> AssemblerSettings:
+        self.tool_error_rules()  # a bad pattern fails at start-up, not on the first rollout
+        return self
+
+    def tool_error_rules(self) -> ToolErrorRules:
+        """The tool-error rules these settings describe (see :mod:`consumers.assembler.tools`)."""
+        return ToolErrorRules.of(self.tool_error_exit_code_pattern, self.tool_error_patterns)
 
     @property
     def transactional_id(self) -> str:

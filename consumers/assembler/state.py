@@ -31,6 +31,7 @@ from enum import StrEnum
 from aiokafka.structs import TopicPartition
 
 from consumers.assembler.samples import BuiltSamples, build_samples, order_calls
+from consumers.assembler.tools import ToolErrorRules, annotate_tool_use
 from schemas import EventBase, ModelCallV1, RewardV1, RolloutEventV1
 from schemas.failures import classify
 from schemas.rollout.v1 import RolloutPhase
@@ -104,8 +105,9 @@ class _Closed:
 class RolloutTable:
     """All rollouts one assembler instance is joining, keyed by rollout id."""
 
-    def __init__(self, policy: FinalizePolicy | None = None) -> None:
+    def __init__(self, policy: FinalizePolicy | None = None, tool_rules: ToolErrorRules | None = None) -> None:
         self.policy = policy or FinalizePolicy()
+        self.tool_rules = tool_rules or ToolErrorRules.of()
         self._open: dict[str, _Open] = {}  # insertion order = open order, for eviction
         self._closed: dict[str, _Closed] = {}
         self._remembered: OrderedDict[str, bool] = OrderedDict()  # rollout id -> published before a restart
@@ -178,7 +180,7 @@ class RolloutTable:
         for state, reason in ready:
             del self._open[state.rollout_id]
             self._closed[state.rollout_id] = _Closed(now, state.event_ids, state.first_offsets)
-            finalized.append(_finalize(state, reason))
+            finalized.append(_finalize(state, reason, self.tool_rules))
         expiry = now - self.policy.closed_retention_s
         for rollout_id in [r for r, c in self._closed.items() if c.closed_at <= expiry]:
             del self._closed[rollout_id]
@@ -233,9 +235,10 @@ class RolloutTable:
             self._remembered.popitem(last=False)
 
 
-def _finalize(state: _Open, reason: FinalizeReason) -> Finalized:
+def _finalize(state: _Open, reason: FinalizeReason, tool_rules: ToolErrorRules) -> Finalized:
+    calls = order_calls(state.calls)
     try:
-        built = build_samples(order_calls(state.calls))
+        built = build_samples(calls)
     except ValueError:
         # Recorded data the samples' own checks refuse (a bug upstream): publish the rollout's
         # outcome without samples rather than block the partition, and say so loudly.
@@ -255,6 +258,7 @@ def _finalize(state: _Open, reason: FinalizeReason) -> Finalized:
     )
     harness = next((e.harness for e in state.lifecycle if e.harness), None)
     terminal = state.terminal
+    tool_use, tool_errors = annotate_tool_use(calls, tool_rules)
     failure = classify(terminal.phase if terminal else None, terminal.reason if terminal else None,
                        calls=state.calls, reward_missing=state.reward is None,
                        evicted=reason is FinalizeReason.EVICTED)
@@ -274,6 +278,9 @@ def _finalize(state: _Open, reason: FinalizeReason) -> Finalized:
         failure_reason=failure,
         samples=built.samples,
         merge_stats=built.stats,
+        merge_breaks=[item.record() for item in built.breaks],
+        tool_use=tool_use,
+        tool_errors=tool_errors,
         finalize_reason=reason,
     )
     return Finalized(trajectory, built)

@@ -24,7 +24,15 @@ merge_calls = _meter.create_counter(
     description="Calls that went into samples (the denominator of the break rate), by harness.")
 merge_breaks = _meter.create_counter(
     "openforge.assembler.merge.breaks", unit="{call}",
-    description="Calls whose prompt did not extend the previous context and started a new sample, by harness.")
+    description="Calls whose prompt did not extend the previous context and started a new sample, by harness "
+                "and drift reason.")
+tool_results = _meter.create_counter(
+    "openforge.assembler.tool.results", unit="{result}",
+    description="Tool results the harnesses sent back, by harness.")
+tool_errors = _meter.create_counter(
+    "openforge.assembler.tool.errors", unit="{result}",
+    description="Tool results marked as errors, by harness and whether a later call of the same tool succeeded "
+                "(recovered).")
 duplicates = _meter.create_counter(
     "openforge.assembler.duplicates", unit="{event}",
     description="Events dropped as duplicates (same event_id, or a second reward), by topic.")

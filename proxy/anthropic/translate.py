@@ -258,7 +258,9 @@ def _tool_result_message(block: dict[str, Any], path: str, images: ImagePolicy) 
     text (Claude Code wraps failures in ``<tool_use_error>`` or reports the exit code), and a marker
     the harness never wrote would be a proxy invention the trained policy learns to depend on. Only
     an error result with no content at all gets :data:`EMPTY_ERROR_RESULT_TEXT`, so the failure is
-    not invisible.
+    not invisible. The flag itself stays on the message as ``is_error: true``, which templates do not
+    render (the engine's prompt is the same) and the recorded call keeps for the assembler's
+    error-recovery annotations.
     """
     tool_use_id = _expect_str(block.get("tool_use_id"), f"{path}.tool_use_id")
     is_error = block.get("is_error")
@@ -284,11 +286,15 @@ def _tool_result_message(block: dict[str, Any], path: str, images: ImagePolicy) 
                 raise _refuse_block(kind, inner_path)
         joined = _parts_content(parts)
         if not isinstance(joined, str):
-            return {"role": "tool", "tool_call_id": tool_use_id, "content": joined}
+            return {"role": "tool", "tool_call_id": tool_use_id, "content": joined,
+                    **({"is_error": True} if is_error else {})}
         text = joined
     if is_error and not text:
         text = EMPTY_ERROR_RESULT_TEXT
-    return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
+    message: dict[str, Any] = {"role": "tool", "tool_call_id": tool_use_id, "content": text}
+    if is_error:
+        message["is_error"] = True
+    return message
 
 
 def _user_messages(blocks: list[tuple[Any, str]], called: set[str], images: ImagePolicy) -> list[dict[str, Any]]:

@@ -17,10 +17,20 @@ from pydantic import Field, model_validator
 from schemas._arrays import Logprobs, LossMask, TokenIds
 from schemas._base import EventBase, FrozenModel
 from schemas._common import Identifier, WeightVersionRange, check_version_ranges, uncovered_spans
+from schemas.drift import DriftReason
 from schemas.failures import FailureReason
 from schemas.rollout.v1 import RolloutPhase, RolloutReason
 
-__all__ = ["FinalizeReason", "MergeStats", "TrajectorySample", "TrajectoryV1"]
+__all__ = [
+    "FinalizeReason",
+    "MergeBreakRecord",
+    "MergeStats",
+    "ToolErrorRecord",
+    "ToolErrorRule",
+    "ToolUse",
+    "TrajectorySample",
+    "TrajectoryV1",
+]
 
 
 class FinalizeReason(StrEnum):
@@ -113,6 +123,86 @@ class MergeStats(FrozenModel):
     """Calls left out: failed, superseded by a retry, or without token ids."""
 
 
+class MergeBreakRecord(FrozenModel):
+    """One call that did not extend the context before it, and so started a new sample."""
+
+    call_id: Identifier
+    """The call that started the new sample."""
+
+    sample_index: int = Field(ge=1)
+    """Index in ``samples`` of the sample it started (a trajectory published without its samples,
+    too large for the topic, keeps its breaks)."""
+
+    context_tokens: int = Field(ge=0)
+    """Length of the context (previous prompt plus completion) it failed to extend."""
+
+    common_prefix_tokens: int = Field(ge=0)
+    """Leading tokens of its prompt that matched that context: close to ``context_tokens`` means
+    the tail was rewritten, small means the history was."""
+
+    reason: DriftReason | None = None
+    """Why, as far as the calls' messages tell; absent when they cannot (no request recorded)."""
+
+
+class ToolErrorRule(StrEnum):
+    """Which rule marked a tool result as an error."""
+
+    IS_ERROR = "is_error"
+    """The protocol said so: an Anthropic ``tool_result`` with ``is_error`` set."""
+    EXIT_CODE = "exit_code"
+    """The result reports a non-zero exit code (the assembler's exit-code pattern)."""
+    ERROR_TEXT = "error_text"
+    """The result's text matches one of the assembler's error patterns."""
+
+
+class ToolErrorRecord(FrozenModel):
+    """A tool call whose result was an error, and whether the agent recovered from it."""
+
+    tool_call_id: str = Field(min_length=1, max_length=256)
+    """Id of the failed tool call, as the harness sent it."""
+
+    tool_name: str = Field(max_length=256)
+    """Name of the tool (empty when the call that made it is not in the recorded history)."""
+
+    call_id: Identifier
+    """The model call whose request first carried the failing result."""
+
+    rule: ToolErrorRule
+    """Which rule marked the result as an error."""
+
+    recovered: bool
+    """A later call of the same tool succeeded."""
+
+    recovered_by: str | None = Field(default=None, max_length=256)
+    """Id of that later successful tool call; set exactly when ``recovered``."""
+
+    @model_validator(mode="after")
+    def _recovered_by(self) -> Self:
+        if self.recovered != (self.recovered_by is not None):
+            raise ValueError("recovered_by must be set exactly when recovered is true")
+        return self
+
+
+class ToolUse(FrozenModel):
+    """How the agent used its tools in the rollout, from the recorded calls (metadata: not in the loss)."""
+
+    tool_calls: int = Field(ge=0)
+    """Tool calls the model made (parsed tool calls in its answers)."""
+
+    results: int = Field(ge=0)
+    """Tool results the harness sent back."""
+
+    errors: int = Field(ge=0)
+    """Of those, results marked as errors."""
+
+    recovered: int = Field(ge=0)
+    """Of those errors, ones followed by a successful call of the same tool."""
+
+    parse_failures: int = Field(default=0, ge=0)
+    """Answers in which the model tried to call a tool but no valid call came out: tool-call
+    markup left in the text, or arguments that are not a JSON object."""
+
+
 class TrajectoryV1(EventBase):
     """A finished rollout as training data, with its reward and group context.
 
@@ -172,6 +262,15 @@ class TrajectoryV1(EventBase):
 
     merge_stats: MergeStats
     """How the calls were merged into samples."""
+
+    merge_breaks: list[MergeBreakRecord] = Field(default_factory=list)
+    """One record per merge break, in call order (``merge_stats.breaks`` of them when present)."""
+
+    tool_use: ToolUse | None = None
+    """Tool calls, results, errors and recoveries; absent from assemblers that predate it."""
+
+    tool_errors: list[ToolErrorRecord] = Field(default_factory=list)
+    """Each tool result marked as an error, in the order the harness sent them."""
 
     finalize_reason: FinalizeReason
     """Why the assembler closed the trajectory."""

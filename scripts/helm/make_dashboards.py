@@ -77,7 +77,19 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
              "query": {"query": "label_values(openforge_proxy_calls_total, k8s_namespace_name)", "refId": "ns"},
              "definition": "label_values(openforge_proxy_calls_total, k8s_namespace_name)",
              "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2, "current": {}, "hide": 0},
+            # The flight recorder (openforge ui) opens a rollout, or the rollout of a trace, from these.
+            {"name": "ui_url", "label": "Flight recorder", "type": "textbox", "query": "http://127.0.0.1:8200",
+             "current": {"text": "http://127.0.0.1:8200", "value": "http://127.0.0.1:8200"}, "hide": 0},
+            {"name": "rollout_id", "label": "Rollout", "type": "textbox", "query": "", "current": {}, "hide": 0},
+            {"name": "trace_id", "label": "Trace id", "type": "textbox", "query": "", "current": {}, "hide": 0},
         ]},
+        "links": [
+            {"title": "Flight recorder", "type": "link", "url": "${ui_url}/", "targetBlank": True, "icon": "dashboard"},
+            {"title": "Rollout in the flight recorder", "type": "link", "url": "${ui_url}/rollouts/${rollout_id}",
+             "targetBlank": True, "icon": "external link"},
+            {"title": "Trace in the flight recorder", "type": "link", "url": "${ui_url}/traces/${trace_id}",
+             "targetBlank": True, "icon": "external link"},
+        ],
         "panels": panels,
     }
 
@@ -145,6 +157,18 @@ def pipeline() -> dict[str, Any]:
               [(f"sum by (harness) (rate(openforge_assembler_merge_breaks_total{{{NS}}}[{RATE}])) / "
                 f"sum by (harness) (rate(openforge_assembler_merge_calls_total{{{NS}}}[{RATE}]))", "{{harness}}")],
               "percentunit"),
+        panel("Merge breaks by drift reason", "Calls that started a new sample, by harness and by why the prompt "
+              "did not extend the earlier context (docs/assembler.md).",
+              [(f"sum by (harness, reason) (rate(openforge_assembler_merge_breaks_total{{{NS}}}[{RATE}]))",
+                "{{harness}} {{reason}}")]),
+        panel("Tool errors and recovery", "Share of tool results that were errors, and share of those errors "
+              "after which a later call of the same tool succeeded, by harness.", [
+                  (f"sum by (harness) (rate(openforge_assembler_tool_errors_total{{{NS}}}[{RATE}])) / "
+                   f"sum by (harness) (rate(openforge_assembler_tool_results_total{{{NS}}}[{RATE}]))",
+                   "errors {{harness}}"),
+                  (f"sum by (harness) (rate(openforge_assembler_tool_errors_total{{recovered=\"true\", {NS}}}"
+                   f"[{RATE}])) / sum by (harness) (rate(openforge_assembler_tool_errors_total{{{NS}}}[{RATE}]))",
+                   "recovered {{harness}}")], "percentunit"),
         panel("Assembler anomalies", "Events the assembler dropped or set aside: duplicates, late and replayed "
               "events, dead letters, oversized trajectories.", [
                   (f"sum(rate(openforge_assembler_duplicates_total{{{NS}}}[{RATE}]))", "duplicates"),

@@ -17,7 +17,10 @@ Answers honour what the proxy asks vLLM for: top-level ``prompt_token_ids``, per
 chunk when ``stream_options.include_usage`` is set, then ``data: [DONE]``. Tokenization is a
 deterministic fake (word pieces hashed into a vocabulary): it only needs to be self-consistent,
 and every request the engine served is kept in :attr:`ScriptedEngine.seen` with the exact ids it
-sent, so a test can compare them with what the proxy recorded.
+sent, so a test can compare them with what the proxy recorded. By default the fake template writes
+a sampled turn back with other tokens than were sampled (as real templates do); with
+``exact_turns`` it writes it back token for token, so a harness that keeps its history unchanged
+makes prompts that extend the earlier prompt and completion, and one that rewrites it does not.
 
 Faults can be injected: :class:`Fault` answers a matching request with an HTTP error a given
 number of times (harnesses retry 5xx), which exercises the proxy's retry linking.
@@ -45,6 +48,8 @@ from inloop_server import InLoopServer
 MODEL = "openforge-scripted"
 VOCAB = 151_000
 EOS_ID = 2
+END_OF_TURN = "<|end|>"
+"""How the exact template (``exact_turns``) closes every message, and so how an exact answer ends."""
 WEIGHT_VERSION = "scripted-v1"
 THOUGHT = "Let me think. "
 """One chunk of the engine's reasoning, when it is asked to think (``ScriptedEngine(reasoning=...)``)."""
@@ -55,9 +60,9 @@ SHELL_TOOLS = ("Bash", "exec_command", "shell_command", "shell", "exec", "bash",
 _COMMAND_KEYS = ("command", "cmd", "script")
 
 
-def tokenize(text: str) -> list[int]:
+def tokenize(text: str, vocab: int = VOCAB) -> list[int]:
     """Deterministic fake token ids: each word, punctuation mark or whitespace run hashed into the vocabulary."""
-    return [10 + zlib.crc32(piece.encode()) % (VOCAB - 10) for piece in _PIECE.findall(text)]
+    return [10 + zlib.crc32(piece.encode()) % (vocab - 10) for piece in _PIECE.findall(text)]
 
 
 def logprob_of(token_id: int) -> float:
@@ -73,8 +78,21 @@ def _text_of(content: Any) -> str:
     return "" if content is None else orjson.dumps(content).decode()
 
 
-def render_prompt(body: dict[str, Any]) -> str:
-    """The prompt text the fake chat template makes of a request (tools first, then each message)."""
+def render_prompt(body: dict[str, Any], *, exact: bool = False) -> str:
+    """The prompt text the fake chat template makes of a request (tools first, then each message).
+
+    With ``exact`` every message is written as ``<|role|>`` + text + tool calls + :data:`END_OF_TURN`,
+    with nothing between messages: an answer comes back exactly as it was sampled.
+    """
+    if exact:
+        head = ("<|tools|>" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode() + END_OF_TURN
+                if body.get("tools") else "")
+        turns = "".join(
+            f"<|{m.get('role')}|>{_text_of(m.get('content'))}" + "".join(
+                f"<tool_call>{(c.get('function') or {}).get('name')} {(c.get('function') or {}).get('arguments')}"
+                "</tool_call>" for c in m.get("tool_calls") or []) + END_OF_TURN
+            for m in body.get("messages") or [])
+        return head + turns + ("<|assistant|>" if body.get("add_generation_prompt", True) else "")
     parts = []
     if body.get("tools"):
         parts.append("<|tools|>" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode())
@@ -195,7 +213,8 @@ class ScriptedEngine:
 
     def __init__(self, *, command: str, prefer: tuple[str, ...] = SHELL_TOOLS, faults: list[Fault] | None = None,
                  final_prefix: str = "Done. The command printed: ", chunk_pieces: int = 3,
-                 reasoning: tuple[int, float] = (0, 0.0), queue_s: float = 0.0, stall_s: float = 0.0) -> None:
+                 reasoning: tuple[int, float] = (0, 0.0), queue_s: float = 0.0, stall_s: float = 0.0,
+                 vocab: int = VOCAB, exact_turns: bool = False, tool_turns: int = 1) -> None:
         """Args:
             command: The command a tool call runs.
             prefer: Tool names to call, in order of preference.
@@ -209,7 +228,14 @@ class ScriptedEngine:
                 request waits in its queue and prefills.
             stall_s: Seconds a streamed answer sends nothing after its second chunk (in the
                 middle of its text or of a tool call's arguments), as vLLM paused for new weights.
+            vocab: Size of the fake vocabulary (the tiny model's 4096 lets the learner train on the ids).
+            exact_turns: The template writes a sampled turn back exactly (see the module docstring).
+            tool_turns: Tool results the conversation must hold before the answer is final text (each
+                request with fewer gets another call of the tool).
         """
+        self.tool_turns = tool_turns
+        self.vocab = vocab
+        self.exact_turns = exact_turns
         self.command = command
         self.reasoning = reasoning
         self.queue_s = queue_s
@@ -234,7 +260,8 @@ class ScriptedEngine:
     def answer(self, body: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None]:
         """(kind, text, tool call) the script gives for this request."""
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-        if has_tool_result(body):
+        results = sum(1 for m in messages if m.get("role") == "tool")
+        if results >= self.tool_turns or (results and not body.get("tools")):
             result = next(_text_of(m.get("content")) for m in reversed(messages) if m.get("role") == "tool")
             return "final", self.final_prefix + result.strip(), None
         if body.get("tools"):
@@ -262,7 +289,7 @@ class ScriptedEngine:
         @app.post("/tokenize")
         async def tokenize_route(request: Request) -> Response:
             body = orjson.loads(await request.body())
-            ids = tokenize(render_prompt(body) if "messages" in body else str(body.get("prompt", "")))
+            ids = self._tokenize(self._render(body) if "messages" in body else str(body.get("prompt", "")))
             return _json({"count": len(ids), "tokens": ids, "max_model_len": 262144})
 
         @app.post("/v1/chat/completions")
@@ -294,12 +321,12 @@ class ScriptedEngine:
             return _json({"error": {"message": fault.message, "type": "ServiceUnavailable",
                                     "code": fault.status}}, fault.status)
         kind, text, call = self.answer(body)
-        prompt_ids = tokenize(render_prompt(body))
+        prompt_ids = self._tokenize(self._render(body))
         pieces = self._pieces(text, call)
         thought = THOUGHT * self.reasoning[0]
         if thought:  # a whole answer holds the same thinking in one field
-            pieces = [({"role": "assistant", "reasoning": THOUGHT}, tokenize(THOUGHT))] * self.reasoning[0] + pieces
-        completion_ids = [t for _, ids in pieces for t in ids] + [EOS_ID]
+            pieces = [({"role": "assistant", "reasoning": THOUGHT}, self._tokenize(THOUGHT))] * self.reasoning[0] + pieces
+        completion_ids = [t for _, ids in pieces for t in ids] + self._closing()
         finish = "tool_calls" if call else "stop"
         if fault is not None and fault.abort_after is not None:  # the engine aborted it after a few pieces
             pieces = pieces[:fault.abort_after]
@@ -338,18 +365,28 @@ class ScriptedEngine:
                                               error=fault.message if fault is not None and fault.error_chunk else None),
                                  media_type="text/event-stream")
 
+    def _tokenize(self, text: str) -> list[int]:
+        return tokenize(text, self.vocab)
+
+    def _render(self, body: dict[str, Any]) -> str:
+        return render_prompt(body, exact=self.exact_turns)
+
+    def _closing(self) -> list[int]:
+        """The ids that end a whole answer: the end-of-sequence id, or the exact template's end of turn."""
+        return self._tokenize(END_OF_TURN) if self.exact_turns else [EOS_ID]
+
     def _pieces(self, text: str, call: dict[str, Any] | None) -> list[tuple[dict[str, Any], list[int]]]:
         """The answer as (delta, token ids) pieces, one streamed chunk each."""
         out: list[tuple[dict[str, Any], list[int]]] = []
         if call is not None:
             name = call["function"]["name"]
             head = [{"index": 0, "id": call["id"], "type": "function", "function": {"name": name, "arguments": ""}}]
-            out.append(({"role": "assistant", "tool_calls": head}, tokenize(f"<tool_call>{name} ")))
+            out.append(({"role": "assistant", "tool_calls": head}, self._tokenize(f"<tool_call>{name} ")))
             words = _PIECE.findall(call["function"]["arguments"])
             for i in range(0, len(words), self.chunk_pieces):
                 part = "".join(words[i:i + self.chunk_pieces])
-                out.append(({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}, tokenize(part)))
-            out.append(({}, tokenize("</tool_call>")))
+                out.append(({"tool_calls": [{"index": 0, "function": {"arguments": part}}]}, self._tokenize(part)))
+            out.append(({}, self._tokenize("</tool_call>")))
             return out
         words = _PIECE.findall(text)
         for i in range(0, len(words), self.chunk_pieces):
@@ -357,7 +394,7 @@ class ScriptedEngine:
             delta: dict[str, Any] = {"content": part}
             if i == 0:
                 delta["role"] = "assistant"
-            out.append((delta, tokenize(part)))
+            out.append((delta, self._tokenize(part)))
         return out or [({"role": "assistant", "content": ""}, [])]
 
     async def _stream(self, chat_id: str, prompt_ids: list[int], pieces: list[tuple[dict[str, Any], list[int]]],
@@ -386,7 +423,7 @@ class ScriptedEngine:
             elif done_after_cut:
                 yield b"data: [DONE]\n\n"
             return
-        closing = [] if finish == "abort" else [EOS_ID]  # an aborted answer ends where it was cut
+        closing = [] if finish == "abort" else self._closing()  # an aborted answer ends where it was cut
         last = {"index": 0, "delta": {}, "logprobs": {"content": [_logprob_item(t) for t in closing]},
                 "finish_reason": finish, "stop_reason": None, "token_ids": closing,
                 "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": len(completion_ids)}]}

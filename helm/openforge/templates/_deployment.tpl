@@ -71,6 +71,10 @@ spec:
         # Only the processes that read the signing keys restart when they change: a key rotation
         # takes three upgrades, and the learner (Recreate) would stop training at each.
         checksum/credentials: {{ include (print $root.Template.BasePath "/secret-credentials.yaml") $root | sha256sum | trunc 16 | quote }}
+      {{- else if eq .name "ui" }}
+      annotations:
+        # The credential is read at start: a new one restarts the pod.
+        checksum/ui-credential: {{ include (print $root.Template.BasePath "/secret-ui.yaml") $root | sha256sum | trunc 16 | quote }}
       {{- end }}
     spec:
       serviceAccountName: {{ include "openforge.component" $ctx }}

@@ -192,6 +192,18 @@ OPENFORGE_LEARNER_DRAIN_TIMEOUT_S: {{ $v.drainSeconds | quote }}
 {{- if .Values.learner.gpu.enabled }}{{ .Values.learner.gpu.count | int }}{{ else }}1{{ end -}}
 {{- end }}
 
+{{/* The flight recorder listens on every address of its pod: its credential is what guards it. */}}
+{{- define "openforge.env.ui" -}}
+{{- $v := .Values.ui }}
+OPENFORGE_UI_HOST: "0.0.0.0"
+OPENFORGE_UI_PORT: {{ $v.port | quote }}
+OPENFORGE_UI_CREDENTIAL_FILE: "/etc/openforge/ui/credential"
+OPENFORGE_UI_INDEX_PATH: "/var/lib/openforge-ui/index.sqlite"
+OPENFORGE_UI_MAX_ROLLOUTS: {{ $v.maxRollouts | quote }}
+OPENFORGE_UI_TRACE_URL: {{ $v.traceUrl | quote }}
+OPENFORGE_CONSUMER_DRAIN_TIMEOUT_S: {{ $v.drainSeconds | quote }}
+{{- end }}
+
 {{- define "openforge.env.publisher" -}}
 OPENFORGE_PUBLISHER_REPLICAS: {{ include "openforge.vllmUpstreams" . | quote }}
 OPENFORGE_PUBLISHER_MODEL: {{ .Values.vllm.servedModelName | quote }}

@@ -60,6 +60,10 @@ openforge.io/stack: {{ .Release.Name }}
 {{- default (include "openforge.component" (dict "root" . "name" "credentials")) .Values.credentials.existingSecret }}
 {{- end }}
 
+{{- define "openforge.uiSecret" -}}
+{{- default (include "openforge.component" (dict "root" . "name" "ui")) .Values.ui.existingSecret }}
+{{- end }}
+
 {{- define "openforge.checkpointsClaim" -}}
 {{- default (include "openforge.component" (dict "root" . "name" "checkpoints")) .Values.checkpoints.pvc.existingClaim }}
 {{- end }}

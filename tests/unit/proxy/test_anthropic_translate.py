@@ -221,9 +221,11 @@ def test_tool_result_is_error_keeps_text_and_fills_empty() -> None:
             {"type": "tool_result", "tool_use_id": "t2", "is_error": True},
         ]},
     ]})
+    # The flag stays on the message (templates do not render it) for the error-recovery annotations.
     assert chat["messages"][2:] == [
-        {"role": "tool", "tool_call_id": "t1", "content": "<tool_use_error>File does not exist.</tool_use_error>"},
-        {"role": "tool", "tool_call_id": "t2", "content": EMPTY_ERROR_RESULT_TEXT},
+        {"role": "tool", "tool_call_id": "t1", "content": "<tool_use_error>File does not exist.</tool_use_error>",
+         "is_error": True},
+        {"role": "tool", "tool_call_id": "t2", "content": EMPTY_ERROR_RESULT_TEXT, "is_error": True},
     ]
 
 

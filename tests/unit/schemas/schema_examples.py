@@ -18,12 +18,15 @@ from schemas import (
     ContainerLaunch,
     DeadLetterErrorType,
     DeadLetterV1,
+    DriftReason,
     EventBase,
     FinalizeReason,
     HarnessSpec,
     LearnerProgressV1,
+    LearnerStepV1,
     Logprobs,
     LossMask,
+    MergeBreakRecord,
     MergeStats,
     ModelCallV1,
     NormalizedRequest,
@@ -32,8 +35,13 @@ from schemas import (
     RolloutEventV1,
     RolloutPhase,
     RolloutReason,
+    StepDrop,
+    StepTrajectory,
     TaskV1,
     TokenIds,
+    ToolErrorRecord,
+    ToolErrorRule,
+    ToolUse,
     TopicOffset,
     TrajectorySample,
     TrajectoryV1,
@@ -227,7 +235,29 @@ def trajectory() -> TrajectoryV1:
             ),
         ],
         merge_stats=MergeStats(calls=4, merged=1, breaks=1, skipped=1),
+        merge_breaks=[MergeBreakRecord(call_id="call-0004", sample_index=1, context_tokens=325,
+                                       common_prefix_tokens=312, reason=DriftReason.MESSAGE_MOVED)],
+        tool_use=ToolUse(tool_calls=3, results=3, errors=1, recovered=1),
+        tool_errors=[ToolErrorRecord(tool_call_id="toolu_01", tool_name="Bash", call_id="call-0002",
+                                     rule=ToolErrorRule.EXIT_CODE, recovered=True, recovered_by="toolu_02")],
         finalize_reason=FinalizeReason.COMPLETED,
+    )
+
+
+def learner_step() -> LearnerStepV1:
+    return LearnerStepV1(
+        model="qwen3-8b",
+        step=4200,
+        version=4200,
+        duration_s=31.5,
+        trajectories=[
+            StepTrajectory(trajectory_id="traj-rollout-7f3a", rollout_id="rollout-7f3a", task_id="swe-astropy-12907",
+                           group_index=3, reward=0.75, advantage=0.41, trained_tokens=11, oldest_version=41),
+        ],
+        dropped=[StepDrop(trajectory_id="traj-rollout-7f3b", rollout_id="rollout-7f3b",
+                          task_id="swe-astropy-12907", reason="infrastructure_failure")],
+        metrics={"loss": 0.0132, "rollout_corr/kl": 0.0004, "is_weight_max": 1.9},
+        importance_weights=[0.8, 0.97, 1.0, 1.02, 1.3],
     )
 
 
@@ -292,4 +322,5 @@ def all_examples() -> list[EventBase]:
         checkpoint_applied(),
         learner_progress(),
         dead_letter(),
+        learner_step(),
     ]

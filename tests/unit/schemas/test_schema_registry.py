@@ -22,6 +22,7 @@ from schemas import (
     EventRegistry,
     InvalidEventError,
     LearnerProgressV1,
+    LearnerStepV1,
     MissingSchemaHeaderError,
     ModelCallV1,
     RewardV1,
@@ -73,6 +74,7 @@ def test_builtin_events_are_registered() -> None:
         CheckpointAppliedV1,
         LearnerProgressV1,
         DeadLetterV1,
+        LearnerStepV1,
     }
     assert resolve("model_call", 1) is ModelCallV1
     names = [(cls.SCHEMA, cls.VERSION) for cls in all_events()]

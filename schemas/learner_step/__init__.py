@@ -1,0 +1,1 @@
+"""Learner step events (what one optimizer step trained on). One module per major version."""
