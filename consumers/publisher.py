@@ -78,7 +78,7 @@ class PublisherSettings(BaseSettings):
     Checkpoints of other models on the topic are ignored. Required."""
 
     group_id: str = "openforge-publisher"
-    """Kafka consumer group following new checkpoint events."""
+    """Kafka consumer group following new checkpoint events (the topic prefix goes in front)."""
 
     request_timeout_s: float = Field(default=30.0, gt=0)
     """Limit of each short engine call (weight_info, pause, version, resume), in seconds."""
@@ -171,7 +171,7 @@ class CheckpointPublisher(Managed):
         self._topic = self.registry[CHECKPOINTS]
         self._producer = EventProducer(settings.kafka, registry=self.registry,
                                        client_id=f"{settings.kafka.client_id}-publisher")
-        self._consumer = EventConsumer([CHECKPOINTS], self._on_event, group_id=settings.group_id,
+        self._consumer = EventConsumer([CHECKPOINTS], self._on_event, group_id=settings.kafka.scoped(settings.group_id),
                                        kafka=settings.kafka, registry=self.registry,
                                        dead_letters=self._producer)
         self._http = httpx.AsyncClient(timeout=settings.request_timeout_s)

@@ -245,6 +245,15 @@ class KafkaSettings(BaseSettings):
             provider.warn_once_if_sent_in_the_clear(self.bootstrap_servers)
         return provider
 
+    def scoped(self, name: str) -> str:
+        """A consumer group or transactional id under this deployment's topic prefix.
+
+        Group and transactional ids are cluster-wide like topic names: two experiments sharing a
+        cluster under different prefixes but the same default group would rebalance each other's
+        consumers, and their assemblers would fence each other's transactions.
+        """
+        return self.topic_prefix + name
+
     def client_kwargs(self) -> dict[str, Any]:
         """:meth:`client_options` with ``bootstrap_servers``: the arguments of a new aiokafka client."""
         return {"bootstrap_servers": self.bootstrap_servers, **self.client_options()}

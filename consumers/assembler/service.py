@@ -117,20 +117,21 @@ class AssemblerService(Managed):
         self.settings = settings or AssemblerSettings()
         self.kafka = kafka or KafkaSettings()
         self.registry = TopicRegistry.from_settings(self.kafka)
+        self.group_id = self.kafka.scoped(self.settings.group_id)
         self._inputs = [self.registry[CALLS], self.registry[ROLLOUTS], self.registry[REWARDS]]
         self._output = self.registry[TRAJECTORIES]
         self._clock = clock
         self.table = RolloutTable(self.settings.policy(), self.settings.tool_error_rules())
         self.stats = AssemblerStats()
         self._producer = EventProducer(
-            self.kafka, registry=self.registry, transactional_id=self.settings.transactional_id,
+            self.kafka, registry=self.registry, transactional_id=self.kafka.scoped(self.settings.transactional_id),
             client_id=f"{self.kafka.client_id}-assembler",
         )
         largest = max(t.spec.max_message_bytes for t in self._inputs)
         self._consumer = AIOKafkaConsumer(
             **self.kafka.client_kwargs(),
             client_id=f"{self.kafka.client_id}-assembler",
-            group_id=self.settings.group_id,
+            group_id=self.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -179,8 +180,8 @@ class AssemblerService(Managed):
             except Exception:  # the start's error is the one to see; this one is logged
                 logger.exception("assembler: closing the producer after a failed start failed")
             raise
-        self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._positions)
-        self._task = asyncio.create_task(self._run(), name=f"assembler:{self.settings.group_id}")
+        self._lag = track_consumer_lag(self.group_id, self._consumer, lambda: self._positions)
+        self._task = asyncio.create_task(self._run(), name=f"assembler:{self.group_id}")
 
     async def wait(self) -> None:
         """Return when the service stopped; re-raise what ended it, if anything did."""
@@ -302,7 +303,7 @@ class AssemblerService(Managed):
             timestamp_ms=record.timestamp, key=record.key,
             value=value[:room] if truncated and value is not None else value, value_truncated=truncated,
             headers=[(k, v) for k, v in (record.headers or ())],
-            error_type=kind, reason=reason, consumer_group=self.settings.group_id,
+            error_type=kind, reason=reason, consumer_group=self.group_id,
         ))
 
     async def _commit(self, finalized: list[Finalized], *, force: bool = False) -> None:
@@ -322,7 +323,7 @@ class AssemblerService(Managed):
             for key, value, headers in letters:
                 await self._producer.send_raw(self.registry[DEAD_LETTERS].name, value, key=key, headers=headers)
             if offsets:
-                await self._producer.send_offsets_to_transaction(offsets, self.settings.group_id)
+                await self._producer.send_offsets_to_transaction(offsets, self.group_id)
         self._committed.update(offsets)
         self._last_commit = now
         self.stats.transactions += 1

@@ -17,11 +17,12 @@ class AssemblerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OPENFORGE_ASSEMBLER_", frozen=True, extra="ignore")
 
     group_id: str = Field(default="openforge-assembler", min_length=1)
-    """Consumer group over the calls, rollouts and rewards topics; instances share its partitions."""
+    """Consumer group over the calls, rollouts and rewards topics; instances share its partitions.
+    The topic prefix goes in front, as it does for topics, so experiments never share a group."""
 
     instance_id: str = Field(default="0", min_length=1)
     """Stable name of this instance (a StatefulSet ordinal, say). The transactional id is
-    ``<group_id>-<instance_id>``: a restarted instance with the same name fences its dead
+    ``<prefix><group_id>-<instance_id>``: a restarted instance with the same name fences its dead
     predecessor and aborts the transaction it left open."""
 
     grace_s: float = Field(default=2.0, ge=0)

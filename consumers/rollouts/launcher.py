@@ -107,7 +107,7 @@ class LauncherSettings(BaseSettings):
     """Extra token validity beyond the task timeout (queueing, reward retries)."""
 
     group_id: str = "openforge-launcher"
-    """Consumer group of the launcher replicas."""
+    """Consumer group of the launcher replicas (the topic prefix goes in front)."""
 
     capacity_poll_s: float = Field(default=0.5, gt=0)
     """How often the launcher re-checks the in-flight count while at the cap."""
@@ -259,11 +259,12 @@ class Launcher(Managed):
         self._key = self.settings.signing_key()
         kafka = self.settings.kafka
         self.registry = TopicRegistry.from_settings(kafka)
+        self.group_id = kafka.scoped(self.settings.group_id)
         self.producer = EventProducer(kafka, registry=self.registry, client_id=f"{kafka.client_id}-launcher")
         self.backend = backend if backend is not None else make_backend(self.settings, self.producer)
         self._consumer = AIOKafkaConsumer(
             **kafka.client_kwargs(), client_id=f"{kafka.client_id}-launcher",
-            group_id=self.settings.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
+            group_id=self.group_id, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", request_timeout_ms=kafka.request_timeout_ms,
             max_partition_fetch_bytes=self.registry[TASKS].spec.max_message_bytes)
         self._lock = asyncio.Lock()  # held while launching; a rebalance waits for the rollout in hand
@@ -307,7 +308,7 @@ class Launcher(Managed):
             except Exception:  # the start's error is the one to see; this one is logged
                 logger.exception("launcher: closing after a failed start failed too")
             raise
-        self._lag = track_consumer_lag(self.settings.group_id, self._consumer, lambda: self._handled)
+        self._lag = track_consumer_lag(self.group_id, self._consumer, lambda: self._handled)
         self._task = asyncio.create_task(self._run(), name="launcher")
 
     async def wait(self) -> None:
@@ -511,7 +512,7 @@ class Launcher(Managed):
         letter = DeadLetterV1(
             topic=record.topic, partition=record.partition, offset=record.offset, timestamp_ms=record.timestamp,
             key=record.key, value=record.value, headers=[(k, v) for k, v in (record.headers or ())],
-            error_type=kind, reason=reason, consumer_group=self.settings.group_id)
+            error_type=kind, reason=reason, consumer_group=self.group_id)
         logger.warning("launcher: dead-lettering %s[%d]@%d: %s", record.topic, record.partition, record.offset,
                        reason)
         await self.producer.publish(DEAD_LETTERS, letter)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
 from assembled import assemble, counted_in_groups
 from assembler_factories import conversation, lifecycle, reward
 from meters import counter_values, memory_reader
@@ -234,3 +235,23 @@ async def test_killing_the_assembler_mid_stream_loses_and_duplicates_no_trajecto
     assert all(t.finalize_reason is FinalizeReason.COMPLETED for t in trajectories)
     assert all(len(t.samples) == 1 and len(t.samples[0].call_ids) == 3 for t in trajectories)
     assert "already published" in text  # a restart did re-read published rollouts and skip them
+
+
+async def test_the_default_group_and_transactional_id_carry_the_topic_prefix(
+    kafka_settings: KafkaSettings, topics: TopicRegistry
+) -> None:
+    """Two experiments under different prefixes never share a consumer group or fence each other."""
+    settings = fast_settings(kafka_settings, group_id=AssemblerSettings().group_id)
+    async with EventProducer(kafka_settings) as producer:
+        await publish(producer, rollout_events("r-scoped", seed=1))
+        async with AssemblerService(settings, kafka_settings) as service:
+            assert await read_topic(kafka_settings.bootstrap_servers, topics[TRAJECTORIES].name, expect=1)
+            assert service.group_id == f"{kafka_settings.topic_prefix}openforge-assembler"
+            assert service._producer._transactional_id == f"{kafka_settings.topic_prefix}openforge-assembler-0"
+            admin = AIOKafkaAdminClient(bootstrap_servers=kafka_settings.bootstrap_servers)
+            await admin.start()
+            try:
+                groups = {group[0] for group in await admin.list_consumer_groups()}
+            finally:
+                await admin.close()
+    assert service.group_id in groups

@@ -76,3 +76,8 @@ def test_replay_file_errors_name_file_and_line(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"broken\.jsonl:2"):
         list(read_jsonl(path))
 
+
+
+def test_group_ids_are_scoped_by_the_topic_prefix() -> None:
+    assert KafkaSettings(topic_prefix="exp42.").scoped("openforge-assembler") == "exp42.openforge-assembler"
+    assert KafkaSettings().scoped("openforge-launcher") == "openforge-launcher"
