@@ -278,6 +278,7 @@ class Launcher(Managed):
         self._task: asyncio.Task[None] | None = None
         self._pace = Pace(kafka, self.registry, self.settings.learner_model) if self.settings.pace else None
         self._held_since: float | None = None
+        self._held_why: str | None = None  # the hold's kind last logged: a new kind is logged at once
         self.launched = 0
         """Rollouts this instance created (not counting ones found already existing)."""
         self.skipped = 0
@@ -475,12 +476,20 @@ class Launcher(Managed):
             self._held_since = None
             return True
         now = time.monotonic()
-        if self._held_since is None or now - self._held_since >= 60:
-            self._held_since = now
+        why = "no-learner" if pace is None else "engines-behind" if pace.engines_behind else "full"
+        if self._held_since is None or now - self._held_since >= 60 or why != self._held_why:
+            self._held_since, self._held_why = now, why
             if pace is None:
                 logger.info("launcher: waiting for the learner's progress on %s before starting rollouts "
                             "(OPENFORGE_LAUNCHER_PACE=false launches without a learner)",
                             self.registry[CHECKPOINTS].name)
+            elif pace.engines_behind:
+                # Nothing the engines sample now could train: only a publisher loading a newer version
+                # frees the launcher, so say what to look at rather than wait in silence.
+                logger.warning("launcher: holding task %s: engines serve v%d but the learner published v%d, "
+                               "beyond its staleness bound %d; is `openforge publisher` running and loading "
+                               "its checkpoints?", work.task.task_id, pace.served, pace.published,
+                               pace.max_staleness)
             else:
                 logger.info("launcher: holding task %s: %d in flight or waiting for the learner, which can train "
                             "%d in time (engines serve v%d)", work.task.task_id, pace.outstanding, pace.limit,

@@ -55,6 +55,15 @@ class PaceWindow:
     """In flight plus waiting now."""
     served: int
     """The version engines serve (newest applied), as used."""
+    published: int = 0
+    """The learner's newest published version."""
+    max_staleness: int = 0
+    """The learner's staleness bound, in versions."""
+
+    @property
+    def engines_behind(self) -> bool:
+        """Engines serve a version too old for anything they sample to train: no publisher applies new ones."""
+        return self.published - self.served > self.max_staleness
 
 
 def window(progress: LearnerProgressV1, served: int, group_size: int) -> int:
@@ -145,7 +154,8 @@ class Pace(Managed):
             served = self._served.get(model, 0)
             limit = window(progress, served, group_size)
             outstanding = in_flight + progress.pending + await self._unread(progress)
-            pace = PaceWindow(max(0, limit - outstanding), limit, outstanding, served)
+            pace = PaceWindow(max(0, limit - outstanding), limit, outstanding, served, progress.version,
+                              progress.max_staleness)
             if best is None or pace.room < best.room:
                 best = pace
         return best
