@@ -119,6 +119,7 @@ class Learner(Managed):
                                                           self.settings.group_grace_s)
         self._ready: deque[_Ready] = deque()
         self._policy = StalenessPolicy(self.settings.max_staleness, self.settings.unversioned_as)
+        self._unversioned_said: float | None = None  # when the last unversioned-and-stale error was logged
         self._metrics = m.LearnerMetrics()
         self._seen: OrderedDict[str, None] = OrderedDict()
         # The assembler span of each waiting trajectory, by trajectory id: the step span links to them.
@@ -394,6 +395,23 @@ class Learner(Managed):
         self._dropped_since[trajectory.trajectory_id] = reason
         self._metrics.dropped.add(1, {"reason": reason})
 
+    def _unversioned_stale(self, trajectory: TrajectoryV1) -> None:
+        """Say, at most once a minute, why trajectories without weight versions are all dropped.
+
+        Engines that report no versions make every token count as ``unversioned_as``: once more
+        than ``max_staleness`` versions are published, all data is stale, no step is taken, and
+        the run stops learning with nothing but a drop counter to show for it.
+        """
+        now = time.monotonic()
+        if self._unversioned_said is not None and now - self._unversioned_said < 60:
+            return
+        self._unversioned_said = now
+        logger.error("learner: trajectory %s carries no weight version, so it counts as version %d, %d versions "
+                     "old, and is dropped as stale, as will every one like it: serve with weight versions "
+                     "(vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out, the publisher loading each "
+                     "checkpoint; docs/learner.md, Versions and staleness)", trajectory.trajectory_id,
+                     self.settings.unversioned_as, self.version - self.settings.unversioned_as)
+
     def build_batch(self, groups: list[Group[Position]]) -> tuple[TrainBatch, list[TrajectoryV1]]:
         """Filter the groups (infrastructure failures, staleness, size), compute advantages, make rows.
 
@@ -418,6 +436,8 @@ class Learner(Managed):
                 kept = [self._policy.fresh(sample, self.version) for sample in trajectory.samples]
                 masked = sum(k.masked for k in kept)
                 if masked and not any(k.kept for k in kept):
+                    if not any(sample.weight_versions for sample in trajectory.samples):
+                        self._unversioned_stale(trajectory)
                     self._drop(trajectory, m.DROP_STALE)
                     continue
                 ages = [k.oldest_kept_age for k in kept if k.oldest_kept_age is not None]

@@ -34,7 +34,7 @@ def _settings(tiny_model: Path, tmp_path: Path, **kw: Any) -> LearnerSettings:
     return LearnerSettings(**{**base, **kw})
 
 
-def _group(task: str, version: str, size: int = 2) -> list[TrajectoryV1]:
+def _group(task: str, version: str | None, size: int = 2) -> list[TrajectoryV1]:
     return [trajectory(task, i, size, reward=float(i), version=version) for i in range(size)]
 
 
@@ -73,6 +73,20 @@ async def test_versions_count_publishes_and_stale_tokens_are_masked_not_their_tr
     last = learner.stats.last_metrics
     assert last["trajectories"] == 2.0 and last["stale_tokens"] == half
     assert last["staleness_max"] == 1.0  # the oldest token still trained: version 1 under version 2
+
+
+async def test_trajectories_without_versions_that_went_stale_say_why(
+        tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # One step publishes version 1; with a bound of 0, trajectories whose engine reported no
+    # version count as version 0 and are dropped, and the error names the cause once.
+    data = _group("a", "0") + _group("b", None) + _group("c", None)
+    learner = Learner(_settings(tiny_model, tmp_path, max_staleness=0), source=ListTrajectorySource(data))
+    await _run(learner)
+
+    assert learner.stats.steps == 1 and learner.stats.dropped == {"stale": 4}
+    said = [r for r in caplog.records if "carries no weight version" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "ERROR"
+    assert "--enable-scale-out" in said[0].getMessage()
 
 
 class NonFiniteOnceStandInWorker:
