@@ -5,14 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from schemas.credentials import Role, mint_token, signing_key_from
-
-if TYPE_CHECKING:
-    from proxy.settings import ProxySettings
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +42,12 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
         app = build_app(settings, own_process=True)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    asyncio.run(_check_topics(settings))
+    from stream import CALLS, DEAD_LETTERS, REWARDS
+    from stream.topics import refuse_missing_topics
+
+    # Calls would be journalled for a topic nobody creates while the proxy looked healthy; a Kafka
+    # that does not answer yet is no reason not to start, as the journal holds calls until it does.
+    asyncio.run(refuse_missing_topics(settings.kafka, (CALLS, REWARDS, DEAD_LETTERS), timeout_s=_TOPIC_CHECK_S))
     shutdown_telemetry = configure_telemetry("openforge-proxy")
     try:
         server = uvicorn.Server(server_config(app, settings))
@@ -59,29 +60,6 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
             raise SystemExit(3)
     finally:
         shutdown_telemetry()
-
-
-async def _check_topics(settings: ProxySettings) -> None:
-    """Refuse to start when Kafka answers and lacks a topic the proxy writes.
-
-    Calls would be journalled and then wait for a topic nobody creates, and the proxy would look
-    healthy all the while. A Kafka that does not answer yet is no reason not to start: the journal
-    holds the calls until it does.
-    """
-    from stream import CALLS, DEAD_LETTERS, REWARDS, KafkaAdmin, MissingTopicsError, TopicRegistry
-
-    registry = TopicRegistry.from_settings(settings.kafka)
-    wanted = [registry[spec].name for spec in (CALLS, REWARDS, DEAD_LETTERS)]
-    try:
-        async with asyncio.timeout(_TOPIC_CHECK_S), KafkaAdmin(settings.kafka, registry) as admin:
-            present = set(await admin.list_topics())
-    except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: the journal waits for it
-        logger.warning("Kafka at %s did not answer at start (%s); the journal keeps calls until it does",
-                       settings.kafka.bootstrap_servers, type(exc).__name__)
-        return
-    missing = [name for name in wanted if name not in present]
-    if missing:
-        raise click.ClickException(str(MissingTopicsError.of(missing, settings.kafka.bootstrap_servers)))
 
 
 @click.command("token")

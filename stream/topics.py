@@ -7,12 +7,16 @@ checks event sizes and types against them before anything reaches the wire.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from stream.settings import KafkaSettings
+
+logger = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
 _DAY_MS = 24 * 60 * 60 * 1000
@@ -285,3 +289,27 @@ async def _missing_topics(names: list[str], kafka: KafkaSettings) -> list[str]:
     finally:
         await probe.stop()
     return [name for name in names if name not in present]
+
+
+async def refuse_missing_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec], *, timeout_s: float = 10.0) -> None:
+    """At start: raise :class:`MissingTopicsError` when Kafka answers and lacks one of ``specs``.
+
+    For a process that keeps working while Kafka is away (the proxy journals calls, the flight
+    recorder serves its index): a Kafka that does not answer within ``timeout_s`` is logged and no
+    reason not to start, but one that answers without the topics is a deployment nobody finished,
+    which would otherwise look healthy while its data waits for topics nobody creates.
+    """
+    from stream.admin import KafkaAdmin
+
+    registry = TopicRegistry.from_settings(kafka)
+    wanted = [registry[spec].name for spec in specs]
+    try:
+        async with asyncio.timeout(timeout_s), KafkaAdmin(kafka, registry) as admin:
+            present = set(await admin.list_topics())
+    except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: start without it
+        logger.warning("Kafka at %s did not answer at start (%s); starting without it",
+                       kafka.bootstrap_servers, type(exc).__name__)
+        return
+    missing = [name for name in wanted if name not in present]
+    if missing:
+        raise MissingTopicsError.of(missing, kafka.bootstrap_servers)

@@ -51,6 +51,15 @@ def ui_command(host: str | None, port: int | None, index_path: Path | None, toke
         shown = f"http://{settings.host}:{settings.port}/?token={credential}"
     else:
         shown = f"http://{settings.host}:{settings.port}/ (with the configured credential)"
+    if not no_follow:
+        import asyncio
+
+        from openforge.ui.follow import FOLLOWED
+        from stream.settings import KafkaSettings
+        from stream.topics import refuse_missing_topics
+
+        # Following missing topics fails inside the server's start-up, as a traceback; say it in one line.
+        asyncio.run(refuse_missing_topics(KafkaSettings(), FOLLOWED))
     app = build_app(settings, credential, follow=not no_follow)
     click.echo(f"OpenForge flight recorder on {shown}\nindex: {settings.index_path}", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on")

@@ -41,10 +41,11 @@ def commands(tmp: Path, model: Path) -> dict[str, tuple[list[str], dict[str, str
         "learner": (["learner"], {"OPENFORGE_LEARNER_MODEL_DIR": str(model),
                                   "OPENFORGE_LEARNER_CHECKPOINT_DIR": str(tmp / "ckpt")}),
         "publisher": (["publisher", "--replica", engine, "--model", "tiny"], {}),
+        "ui": (["ui", "--port", str(free_port()), "--index", str(tmp / "ui.sqlite")], {}),
     }
 
 
-@pytest.mark.parametrize("name", ["proxy", "assembler", "launcher", "learner", "publisher"])
+@pytest.mark.parametrize("name", ["proxy", "assembler", "launcher", "learner", "publisher", "ui"])
 def test_command_runs_until_sigterm_then_exits_cleanly(name: str, kafka_settings: KafkaSettings,
                                                        topics: TopicRegistry, tmp_path: Path,
                                                        tiny_model: Path) -> None:
@@ -63,9 +64,9 @@ def test_command_runs_until_sigterm_then_exits_cleanly(name: str, kafka_settings
         assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
-        # uvicorn re-raises a captured SIGTERM once its graceful shutdown is done, so the proxy
-        # ends "killed by SIGTERM" after draining; every other process returns 0.
-        clean = {0, -signal.SIGTERM} if name == "proxy" else {0}
+        # uvicorn re-raises a captured SIGTERM once its graceful shutdown is done, so the proxy and
+        # the flight recorder end "killed by SIGTERM" after draining; every other process returns 0.
+        clean = {0, -signal.SIGTERM} if name in ("proxy", "ui") else {0}
         assert code in clean, f"{name} exited with {code} after SIGTERM:\n{log.read_text()[-3000:]}"
     finally:
         if proc.poll() is None:
@@ -73,7 +74,7 @@ def test_command_runs_until_sigterm_then_exits_cleanly(name: str, kafka_settings
             proc.wait()
 
 
-@pytest.mark.parametrize("name", ["proxy", "assembler", "launcher", "learner", "publisher"])
+@pytest.mark.parametrize("name", ["proxy", "assembler", "launcher", "learner", "publisher", "ui"])
 def test_command_without_its_topics_stops_at_once_saying_how_to_create_them(
         name: str, kafka_settings: KafkaSettings, tmp_path: Path, tiny_model: Path) -> None:
     """A consumer subscribed to a missing topic would wait silently forever, and a proxy would journal
