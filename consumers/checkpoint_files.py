@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-__all__ = ["CheckpointError", "TensorInfo", "local_path", "read_layout", "write_scaled_copy"]
+__all__ = ["CheckpointError", "TensorInfo", "local_path", "read_layout", "weight_files", "write_scaled_copy"]
 
 _DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
@@ -83,7 +83,7 @@ def read_layout(folder: Path, reference: dict[str, TensorInfo] | None = None) ->
     """
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist or is not a folder")
-    files = _weight_files(folder)
+    files = weight_files(folder)
     layout: dict[str, TensorInfo] = {}
     for file in files:
         for name, info in _read_header(file).items():
@@ -103,7 +103,12 @@ def read_layout(folder: Path, reference: dict[str, TensorInfo] | None = None) ->
     return layout
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
+    """The folder's safetensors files: those its index lists, else every ``*.safetensors`` in it.
+
+    Raises:
+        CheckpointError: an index that is invalid or names a missing file, or no weight files at all.
+    """
     index = folder / _INDEX
     if index.is_file():
         try:
@@ -189,7 +194,7 @@ def write_scaled_copy(source: Path, dest: Path, factor: float, tensor_suffix: st
     read_layout(source)
     shutil.copytree(source, dest, dirs_exist_ok=True)
     changed = 0
-    for file in _weight_files(dest):
+    for file in weight_files(dest):
         data = bytearray(file.read_bytes())
         (header_len,) = struct.unpack("<Q", data[:8])
         header = json.loads(data[8:8 + header_len])

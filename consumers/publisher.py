@@ -21,8 +21,14 @@ Design points:
 * **Refuse malformed folders before any engine sees them.** A failed ``reload_weights`` leaves a
   vLLM engine broken (see :mod:`consumers.checkpoint_files`), so the folder is checked first; a
   bad checkpoint gets an error event per replica and the replicas keep their version.
+* **Verify before labelling.** After the reload, still paused, the replica's own digests of its
+  parameters (``/weight_checker``) are compared with the checkpoint's (see
+  :mod:`consumers.weight_digests`); only then is the version label set, so the proxy never labels
+  tokens with a version the replica did not verify. A replica that loaded something else is
+  reloaded with the version it served before (its label unchanged) or, when that folder is not
+  known, left paused: out of rotation, rather than serving weights nobody can name.
 * **Always resume.** Once a pause was sent, resume is sent whatever happened after it, with
-  retries, so a failed reload never leaves a replica paused.
+  retries, so a failed reload never leaves a replica paused (except as just said).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from consumers.checkpoint_files import CheckpointError, TensorInfo, local_path, read_layout
+from consumers.weight_digests import Verification, expected_digests, verify
 from schemas import CheckpointAppliedV1, CheckpointV1, DecodeError
 from stream.consumer import EventConsumer, Received
 from stream.lifecycle import Managed
@@ -58,6 +65,10 @@ publish_latency = _meter.create_histogram(
 applied = _meter.create_counter(
     "openforge.publisher.applied", unit="{checkpoint}",
     description="Checkpoint loads attempted on a replica, by outcome (ok, failed).")
+verify_failures = _meter.create_counter(
+    "openforge.publisher.verify_failures", unit="{checkpoint}",
+    description="Loads whose parameters the replica reported different from the checkpoint's, by what "
+                "followed (rolled_back, out_of_rotation).")
 
 __all__ = ["CheckpointPublisher", "PublisherSettings", "ReplicaState"]
 
@@ -106,6 +117,11 @@ class PublisherSettings(BaseSettings):
     """Check the folder's safetensors headers before loading. Turn off only when the publisher
     cannot see the engines' storage."""
 
+    verify_weights: bool = True
+    """After each reload, compare the replica's parameter digests (vLLM's ``/weight_checker``, a
+    development endpoint) with the checkpoint's before labelling it with the version. Needs the
+    publisher to see the checkpoint folders; turn off only for engines without the endpoint."""
+
     reference_weights: Path | None = None
     """A folder with the served model's weights (what the replicas started from); checkpoints must
     match its tensor names, dtypes and shapes. Without it the first valid checkpoint sets the layout."""
@@ -142,6 +158,13 @@ class _EngineRejected(RuntimeError):
     """The engine answered an RL endpoint with an error status (it is up, but refused)."""
 
 
+class _NotVerified(_EngineRejected):
+    """The replica loaded the folder and holds other parameters than the checkpoint's.
+
+    Not retried: the same folder loads the same bytes again.
+    """
+
+
 @dataclass
 class ReplicaState:
     """What the publisher knows about one replica (read by tests and metrics)."""
@@ -155,6 +178,10 @@ class ReplicaState:
     """Apply attempts so far (ok or not)."""
     failures: int = 0
     """Failed attempts so far."""
+    verified: tuple[int, str] | None = None
+    """(version, folder) of the last load the replica verified: what a failed one rolls back to."""
+    out_of_rotation: bool = False
+    """Left paused after a load that failed to verify and could not be rolled back."""
 
 
 class CheckpointPublisher(Managed):
@@ -181,6 +208,7 @@ class CheckpointPublisher(Managed):
         self._target: CheckpointV1 | None = None
         self._rejected: set[int] = set()
         self._layout: dict[str, TensorInfo] | None = None
+        self._expected: dict[int, dict[str, str]] = {}  # the target's digests, by version
         self._stopping = asyncio.Event()
         self._started = False
         self._stopped = False
@@ -274,6 +302,22 @@ class CheckpointPublisher(Managed):
                     await self._report(url, checkpoint, 0.0, f"checkpoint refused before loading: {exc}")
                 return False
             self._layout = layout
+        if self.settings.verify_weights:
+            try:
+                digests, own = await asyncio.to_thread(expected_digests, local_path(checkpoint.uri))
+            except (CheckpointError, OSError) as exc:
+                self._rejected.add(checkpoint.version)
+                logger.error("checkpoint %s v%d at %s refused: %s", checkpoint.model, checkpoint.version,
+                             checkpoint.uri, exc)
+                for url in self.replicas:
+                    await self._report(url, checkpoint, 0.0, f"checkpoint refused before loading: {exc}")
+                return False
+            if not own:
+                logger.warning("checkpoint %s v%d has no digest manifest: replicas are verified against the "
+                               "folder as it is now", checkpoint.model, checkpoint.version)
+            # Kept for a few versions: a replica may still be loading the previous target.
+            self._expected = {v: d for v, d in self._expected.items() if v >= checkpoint.version - 3}
+            self._expected[checkpoint.version] = digests
         self._target = checkpoint
         logger.info("new target: %s v%d (%s)", checkpoint.model, checkpoint.version, checkpoint.uri)
         for event in self._wake.values():
@@ -322,7 +366,7 @@ class CheckpointPublisher(Managed):
                     backoff, rejections = self.settings.retry_backoff_s, 0
                 except _EngineRejected as exc:
                     rejections += 1
-                    if rejections >= self.settings.max_reload_failures:
+                    if rejections >= self.settings.max_reload_failures or isinstance(exc, _NotVerified):
                         logger.error("%s: giving up on v%d after %d rejected reloads: %s",
                                      url, target.version, rejections, exc)
                         given_up, rejections = target.version, 0
@@ -359,14 +403,14 @@ class CheckpointPublisher(Managed):
         state.attempts += 1
         started = time.monotonic()
         try:
-            await self._apply(state.url, target)
+            checked = await self._apply(state, target, serving)
         except (httpx.HTTPError, _EngineRejected, OSError) as exc:
             state.failures += 1
             state.serving = None
             await self._report(state.url, target, time.monotonic() - started, _describe(exc))
             raise
         state.serving = target.version
-        await self._report(state.url, target, time.monotonic() - started, None)
+        await self._report(state.url, target, time.monotonic() - started, None, verified=checked)
         logger.info("%s: now serving %s v%d (%.3fs)", state.url, target.model, target.version,
                     time.monotonic() - started)
 
@@ -376,10 +420,16 @@ class CheckpointPublisher(Managed):
         label = str(info.get("weight_version", ""))
         return int(label) if label.isdecimal() else None
 
-    async def _apply(self, url: str, target: CheckpointV1) -> None:
-        """Pause (keep), reload, relabel, and always resume once a pause was sent."""
-        paused = False
+    async def _apply(self, state: ReplicaState, target: CheckpointV1, serving: int | None) -> int | None:
+        """Pause (keep), reload, verify, relabel, and resume once a pause was sent; the parameters verified.
+
+        ``serving`` is the version the replica served before: what a load that fails to verify rolls
+        back to, when its folder is known. Otherwise the replica stays paused (out of rotation).
+        """
+        url = state.url
+        paused = keep_paused = False
         failure: BaseException | None = None
+        checked: int | None = None
         try:
             try:
                 await self._call(url, "POST", "/pause", params={"mode": "keep"})
@@ -389,26 +439,79 @@ class CheckpointPublisher(Managed):
                 paused = True  # a timed-out or refused pause may still have taken effect
                 raise
             paused = True
-            await self._call(url, "POST", "/collective_rpc", timeout_s=self.settings.reload_timeout_s,
-                             json={"method": "reload_weights",
-                                   "kwargs": {"weights_path": str(local_path(target.uri))}})
-            # Prompts cached under the old weights would otherwise be reused by new requests (every
-            # rollout of a task shares its prompt), so what is sampled would mix old and new weights.
-            # Running requests are preempted and recomputed, not dropped.
-            reset = await self._call(url, "POST", "/reset_prefix_cache",
-                                     params={"reset_running_requests": "true"})
-            if reset.get("success") is False:
-                raise _EngineRejected("the engine could not reset its prefix cache after the reload")
+            await self._load(url, local_path(target.uri))
+            if self.settings.verify_weights:
+                result = await self._verify(url, self._expected.get(target.version))
+                if not result.ok:
+                    keep_paused = not await self._roll_back(state, serving)
+                    state.out_of_rotation = keep_paused
+                    verify_failures.add(1, {"outcome": "out_of_rotation" if keep_paused else "rolled_back"})
+                    before = "its start" if serving is None else f"v{serving}"
+                    what = ("left paused (out of rotation) until a checkpoint verifies" if keep_paused
+                            else f"reloaded the weights of {before}")
+                    differ = ", ".join(result.mismatched[:5]) or "none could be compared"
+                    raise _NotVerified(f"after loading v{target.version} the replica's parameters differ from "
+                                          f"the checkpoint's ({differ}; {result.checked} compared); {what}")
+                checked = result.checked
             await self._call(url, "POST", "/update_weight_version", json={"new_version": str(target.version)})
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            if paused:
+            if paused and not keep_paused:
                 await self._resume(url, failure)
-        serving = await self._serving(url)
-        if serving != target.version:
-            raise _EngineRejected(f"after the update /weight_info reports {serving}, not {target.version}")
+        state.out_of_rotation = False
+        state.verified = (target.version, target.uri)
+        serving_now = await self._serving(url)
+        if serving_now != target.version:
+            raise _EngineRejected(f"after the update /weight_info reports {serving_now}, not {target.version}")
+        return checked
+
+    async def _load(self, url: str, folder: Path) -> None:
+        """Reload the replica's weights from ``folder`` and drop what its cache computed with the old ones."""
+        await self._call(url, "POST", "/collective_rpc", timeout_s=self.settings.reload_timeout_s,
+                         json={"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+        # Prompts cached under the old weights would otherwise be reused by new requests (every
+        # rollout of a task shares its prompt), so what is sampled would mix old and new weights.
+        # Running requests are preempted and recomputed, not dropped.
+        reset = await self._call(url, "POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
+        if reset.get("success") is False:
+            raise _EngineRejected("the engine could not reset its prefix cache after the reload")
+
+    async def _verify(self, url: str, expected: dict[str, str] | None) -> Verification:
+        """The replica's parameter digests against ``expected`` (none known: nothing compared)."""
+        try:
+            # Hashing every parameter reads all of them: as slow as a reload on a large model.
+            body = await self._call(url, "POST", "/weight_checker", json={"action": "checksum"},
+                                    timeout_s=self.settings.reload_timeout_s)
+        except _EngineRejected as exc:
+            raise _EngineRejected(f"{exc} (vLLM serves /weight_checker with VLLM_SERVER_DEV_MODE=1; "
+                                  "OPENFORGE_PUBLISHER_VERIFY_WEIGHTS=false publishes unverified)") from None
+        checksums = body.get("checksums")
+        if not isinstance(checksums, dict):
+            raise _EngineRejected("/weight_checker answered no checksums")
+        return verify({str(k): str(v) for k, v in checksums.items()}, expected or {})
+
+    async def _roll_back(self, state: ReplicaState, serving: int | None) -> bool:
+        """Load the weights the replica served before, verified; False when unknown or that fails too."""
+        if state.verified is not None and state.verified[0] == serving:
+            folder = local_path(state.verified[1])
+        elif serving is None and self.settings.reference_weights is not None:
+            folder = self.settings.reference_weights
+        else:
+            logger.error("%s: the folder of v%s is not known to this publisher: no roll back", state.url, serving)
+            return False
+        try:
+            await self._load(state.url, folder)
+            expected, _ = await asyncio.to_thread(expected_digests, folder)
+            result = await self._verify(state.url, expected)
+        except (httpx.HTTPError, _EngineRejected, CheckpointError, OSError) as exc:
+            logger.error("%s: rolling back to %s failed: %s", state.url, folder, _describe(exc))
+            return False
+        if not result.ok:
+            logger.error("%s: after rolling back to %s its parameters still differ (%s)", state.url, folder,
+                         ", ".join(result.mismatched[:5]) or "none compared")
+        return result.ok
 
     async def _resume(self, url: str, failure: BaseException | None) -> None:
         delay = self.settings.retry_backoff_s
@@ -439,10 +542,11 @@ class CheckpointPublisher(Managed):
             return {}
         return body if isinstance(body, dict) else {}
 
-    async def _report(self, url: str, target: CheckpointV1, duration_s: float, error: str | None) -> None:
+    async def _report(self, url: str, target: CheckpointV1, duration_s: float, error: str | None, *,
+                      verified: int | None = None) -> None:
         event = CheckpointAppliedV1(model=target.model, version=target.version, replica=url,
                                     applied_at=datetime.now(UTC), duration_s=max(duration_s, 0.0),
-                                    ok=error is None, error=error)
+                                    ok=error is None, error=error, verified_parameters=verified)
         await self._producer.publish(self._topic, event)
         self.replicas[url].reported = (target.version, error is None)
         outcome = {"outcome": "ok" if error is None else "failed"}

@@ -22,6 +22,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from consumers.weight_digests import write_manifest
 from learner.positions import TopicPartitionKey
 from schemas import CheckpointV1, DecodeError, decode
 from stream.admin import KafkaAdmin
@@ -99,6 +100,8 @@ def write_checkpoint_folder(root: Path, version: int, save: Any, state: LearnerS
     tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     try:
         save(tmp)
+        # The learner's own record of the weights, which the publisher checks every replica against.
+        write_manifest(tmp)
         (tmp / STATE_FILE).write_text(json.dumps(state.to_json()))
         _fsync_tree(tmp)
         if final.exists():

@@ -106,6 +106,10 @@ class CheckpointAppliedV1(EventBase):
     error: str | None = None
     """What went wrong; set exactly when ``ok`` is false."""
 
+    verified_parameters: int | None = Field(default=None, ge=0)
+    """Parameters whose digests the replica reported equal to the checkpoint's after loading it
+    (None: not verified, e.g. a replica found already serving the version)."""
+
     @model_validator(mode="after")
     def _error_iff_failed(self) -> Self:
         if self.ok == (self.error is not None):

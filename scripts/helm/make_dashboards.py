@@ -144,8 +144,11 @@ def pipeline() -> dict[str, Any]:
                 "{{reason}} (infrastructure={{infrastructure}})")]),
         panel("Checkpoint publish latency", "Time to load one checkpoint into one vLLM replica (pause, reload, "
               "relabel, resume).", quantiles("openforge_publisher_publish_latency_seconds"), "s"),
-        panel("Checkpoint loads", "Checkpoint loads attempted on vLLM replicas, by outcome.",
-              [(f"sum by (outcome) (rate(openforge_publisher_applied_total{{{NS}}}[{RATE}]))", "{{outcome}}")]),
+        panel("Checkpoint loads", "Checkpoint loads attempted on vLLM replicas, by outcome, and loads that failed "
+              "verification (the replica's parameter digests differed from the checkpoint's), by what followed.",
+              [(f"sum by (outcome) (rate(openforge_publisher_applied_total{{{NS}}}[{RATE}]))", "{{outcome}}"),
+               (f"sum by (outcome) (rate(openforge_publisher_verify_failures_total{{{NS}}}[{RATE}]))",
+                "not verified: {{outcome}}")]),
         panel("Staleness distribution", "Published weight versions between a trajectory's oldest token and the "
               "learner's newest version.",
               [(f"sum by (le) (rate(openforge_learner_staleness_bucket{{{NS}}}[{RATE}]))", "{{le}}")],

@@ -14,7 +14,9 @@ import httpx
 import pytest
 from conftest import Checkpoints
 
+from consumers.checkpoint_files import write_scaled_copy
 from consumers.publisher import CheckpointPublisher, PublisherSettings
+from consumers.weight_digests import MANIFEST, write_manifest
 from openforge.engine import LocalEngine
 from schemas import CheckpointAppliedV1, CheckpointV1
 from stream.producer import EventProducer
@@ -118,6 +120,9 @@ async def test_publish_updates_every_replica_and_answers_change(
         for url in urls:
             assert await _served_exactly(url, model, checkpoints.scaled) < 1e-3, "the engine serves stale tensors"
         assert all(e.duration_s > 0 for e in events if e.version == v_scaled)
+        # Each replica's own digests were compared before it was labelled (embeddings, norms,
+        # biases and the output layer on the CPU build, which repacks its linear weights).
+        assert all((e.verified_parameters or 0) >= 9 for e in events if e.version == v_scaled and e.ok)
 
         # Another model's checkpoint and an older version change nothing.
         assert not await publisher.offer(_checkpoint(engines, v_same + 100, checkpoints.scaled_more, "other-model"))
@@ -238,6 +243,68 @@ async def test_replica_down_during_publish_others_update_and_it_catches_up(
         assert publisher.replicas[down.url].failures >= 1
 
 
+async def test_weights_changed_on_the_way_fail_verification_and_the_replica_rolls_back(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int], tmp_path: Path,
+) -> None:
+    """The learner's digests travel with the folder; bytes changed after it wrote them (a bad copy,
+    storage at fault) load without any error, and only the replica's own digests show it."""
+    model = str(checkpoints.base)
+    url = engines[0].url
+    good, changed = next(versions), next(versions)
+    learner_wrote = write_scaled_copy(checkpoints.base, tmp_path / "good", 2.0)
+    write_manifest(learner_wrote)
+    # The same folder as the learner recorded it, with its embeddings altered afterwards.
+    altered = write_scaled_copy(learner_wrote, tmp_path / "altered", 1.5)
+    assert (altered / MANIFEST).read_bytes() == (learner_wrote / MANIFEST).read_bytes()
+    async with CheckpointPublisher(_settings(kafka_settings, engines[:1]), registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, good, learner_wrote))
+        await _applied(kafka_settings, topics, lambda ev: _ok(ev, url, good))
+        served = await _greedy(url, model)
+
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, changed, altered))
+        events = await _applied(kafka_settings, topics, lambda ev: any(
+            e.replica == url and e.version == changed and not e.ok for e in ev))
+        [failed] = [e for e in events if e.replica == url and e.version == changed]
+        assert "model.embed_tokens.weight" in (failed.error or "") and f"reloaded the weights of v{good}" in (
+            failed.error or ""), failed.error
+        # Still labelled and serving exactly what it verified before, and serving (not paused).
+        assert await _engine_state(url) == (str(good), False)
+        assert await _greedy(url, model) == served
+        assert not publisher.replicas[url].out_of_rotation
+
+
+async def test_a_replica_that_fails_verification_with_nothing_to_roll_back_to_leaves_rotation(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int], tmp_path: Path,
+) -> None:
+    """A publisher that does not know the folder of the version a replica serves (it restarted) cannot
+    roll back: the replica stays paused rather than serve weights under a label they do not match,
+    and the next checkpoint that verifies brings it back."""
+    url = engines[0].url
+    changed, fine = next(versions), next(versions)
+    before, _ = await _engine_state(url)
+    recorded = write_scaled_copy(checkpoints.base, tmp_path / "recorded", 4.0)
+    write_manifest(recorded)
+    altered = write_scaled_copy(recorded, tmp_path / "altered", 0.5)
+    async with CheckpointPublisher(_settings(kafka_settings, engines[:1]), registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, changed, altered))
+        events = await _applied(kafka_settings, topics, lambda ev: any(
+            e.replica == url and e.version == changed and not e.ok for e in ev))
+        [failed] = [e for e in events if e.replica == url and e.version == changed]
+        assert "out of rotation" in (failed.error or ""), failed.error
+        assert await _engine_state(url) == (before, True), "paused, its label unchanged"
+        assert publisher.replicas[url].out_of_rotation
+
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, fine, recorded))
+        await _applied(kafka_settings, topics, lambda ev: _ok(ev, url, fine))
+        assert await _engine_state(url) == (str(fine), False)
+        assert not publisher.replicas[url].out_of_rotation
+        assert await _served_exactly(url, str(checkpoints.base), recorded) < 1e-3
+
+
 async def test_reload_the_engine_rejects_still_resumes_the_replica(
     kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
     versions: itertools.count[int],
@@ -250,7 +317,8 @@ async def test_reload_the_engine_rejects_still_resumes_the_replica(
     engine = engines[1]
     version = next(versions)
     before, _ = await _engine_state(engine.url)
-    settings = _settings(kafka_settings, [engine], validate_checkpoints=False, max_reload_failures=1)
+    settings = _settings(kafka_settings, [engine], validate_checkpoints=False, verify_weights=False,
+                         max_reload_failures=1)
     async with CheckpointPublisher(settings, registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
         await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.base.parent / "no-such-ckpt"))

@@ -7,18 +7,22 @@ asked for in the right order, not what a given disk does with it.
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from pathlib import Path
 
 import pytest
 
+from consumers.weight_digests import MANIFEST, expected_digests, folder_digests
 from learner.checkpoint import LearnerState, checkpoint_folder, write_checkpoint_folder
 
 
 def _save(folder: Path) -> None:
     # What a worker's save writes: weight and config files, here with a nested folder as well.
     folder.mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(b"\0" * 1024)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [256], "data_offsets": [0, 1024]}}).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 1024)
     (folder / "config.json").write_text("{}")
     (folder / "extra").mkdir()
     (folder / "extra" / "optimizer.pt").write_bytes(b"\1" * 64)
@@ -42,7 +46,8 @@ def test_write_checkpoint_folder_fsyncs_every_file_and_both_folders_observed_as_
     assert folder == final
     written = {p.relative_to(final) for p in final.rglob("*")}
     assert {Path("model.safetensors"), Path("config.json"), Path("extra/optimizer.pt"),
-            Path("learner_state.json")} <= written
+            Path("learner_state.json"), Path(MANIFEST)} <= written
+    assert expected_digests(final) == (folder_digests(final), True)  # the learner's own, equal to the folder's
     temporary = {p for p, _ in synced if p.parent == root and p.name.startswith(".tmp-")}
     assert len(temporary) == 1, f"the folder was not synced under its temporary name: {synced}"
     tmp = temporary.pop()
