@@ -291,27 +291,19 @@ class CheckpointPublisher(Managed):
             return False
         if checkpoint.version in self._rejected:
             return False
-        if self.settings.validate_checkpoints:
-            try:
-                layout = await asyncio.to_thread(read_layout, local_path(checkpoint.uri), self._layout)
-            except (CheckpointError, OSError) as exc:
-                self._rejected.add(checkpoint.version)
-                logger.error("checkpoint %s v%d at %s refused: %s", checkpoint.model, checkpoint.version,
-                             checkpoint.uri, exc)
-                for url in self.replicas:
-                    await self._report(url, checkpoint, 0.0, f"checkpoint refused before loading: {exc}")
-                return False
-            self._layout = layout
-        if self.settings.verify_weights:
-            try:
+        try:
+            if self.settings.validate_checkpoints:
+                self._layout = await asyncio.to_thread(read_layout, local_path(checkpoint.uri), self._layout)
+            if self.settings.verify_weights:
                 digests, own = await asyncio.to_thread(expected_digests, local_path(checkpoint.uri))
-            except (CheckpointError, OSError) as exc:
-                self._rejected.add(checkpoint.version)
-                logger.error("checkpoint %s v%d at %s refused: %s", checkpoint.model, checkpoint.version,
-                             checkpoint.uri, exc)
-                for url in self.replicas:
-                    await self._report(url, checkpoint, 0.0, f"checkpoint refused before loading: {exc}")
-                return False
+        except (CheckpointError, OSError) as exc:
+            self._rejected.add(checkpoint.version)
+            logger.error("checkpoint %s v%d at %s refused: %s", checkpoint.model, checkpoint.version,
+                         checkpoint.uri, exc)
+            for url in self.replicas:
+                await self._report(url, checkpoint, 0.0, f"checkpoint refused before loading: {exc}")
+            return False
+        if self.settings.verify_weights:
             if not own:
                 logger.warning("checkpoint %s v%d has no digest manifest: replicas are verified against the "
                                "folder as it is now", checkpoint.model, checkpoint.version)
