@@ -28,13 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.proxy import GOAL_CAPTURE_RATIO, PYTHON_CLIENT
+from bench.proxy import GOAL_CAPTURE_RATIO
 
 _COLOURS = {
     "direct": "#7f7f7f",
     "openforge": "#1f77b4",
     "openforge-inline": "#17becf",
-    "openforge-ack": "#9467bd",
     "openforge-nocap": "#2ca02c",
     "litellm": "#d62728",
 }
@@ -55,14 +54,11 @@ class PlotError(ValueError):
 
 def _label(summary: dict[str, Any], key: str) -> str:
     labels: dict[str, str] = summary.get("targets") or {}
-    if key.endswith(PYTHON_CLIENT):
-        base = key[: -len(PYTHON_CLIENT)]
-        return f"{labels.get(base, base)} [python]"
     return labels.get(key, key)
 
 
 def _colour(key: str) -> str:
-    return _COLOURS.get(key.removesuffix(PYTHON_CLIENT), "#8c564b")
+    return _COLOURS.get(key, "#8c564b")
 
 
 def cpu_parts(row: dict[str, float]) -> list[float]:
@@ -108,9 +104,8 @@ def _throughput(ax: Any, summary: dict[str, Any]) -> None:
 
 def _capture_ratio(ax: Any, summary: dict[str, Any]) -> None:
     goals: dict[str, Any] = summary["goals"]
-    series = [(key, goals[key], label) for key, label in
-              (("capture_on_vs_off", "compiled client"), ("capture_on_vs_off_python_client", "python client"))
-              if goals.get(key) and goals[key].get("rounds")]
+    capture = goals.get("capture_on_vs_off") or {}
+    series = [("capture_on_vs_off", capture, "capture on / off")] if capture.get("rounds") else []
     goal = next((g["goal"] for _, g, _ in series), GOAL_CAPTURE_RATIO)
     if not series:
         ax.text(0.5, 0.5, "capture off not measured", ha="center", va="center", transform=ax.transAxes)
@@ -172,7 +167,7 @@ def _latency(ax: Any, summary: dict[str, Any]) -> None:
 def _equal_load(ax: Any, summary: dict[str, Any]) -> None:
     equal = summary.get("equal_load")
     targets = (equal or {}).get("targets") or {}
-    names = [n for n in ("openforge-nocap", "openforge", "openforge-inline", "openforge-ack") if n in targets]
+    names = [n for n in ("openforge-nocap", "openforge", "openforge-inline") if n in targets]
     if not names:
         ax.text(0.5, 0.5, "equal-load cells not run", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()

@@ -9,8 +9,6 @@ Kafka. Two journals are shipped side by side, alternating, to a private local br
 
 * **whole answers**: raw exchange records of one benchmark call (``--prompt-tokens`` and
   ``--completion-tokens``, the shape ``bench.proxy`` uses), as the proxy writes them;
-* **whole, Python path**: the same records, with the worker told to make each event in Python
-  rather than with the compiled fast path (``native/``), as it does where that is not installed;
 * **built events** (the baseline): the same calls already made into their events, so the worker
   only reads and sends them. The difference is what building an event costs.
 
@@ -48,7 +46,7 @@ from bench.fast_upstream import Canned
 from bench.proxy import SYSTEM_PROMPT, progress
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request
 from producers.journal import Journal
-from producers.raw_calls import NATIVE, EngineExchange, Record, pack_raw_exchange, ship_record
+from producers.raw_calls import EngineExchange, Record, pack_raw_exchange, ship_record
 from producers.ship_worker import WorkerSpec
 from proxy.settings import ProxySettings
 from schemas.call.v1 import ApiProtocol
@@ -105,10 +103,9 @@ def _cpu(pid: int) -> tuple[float, float]:
 class Worker:
     """The shipping worker on one journal folder, started the way the proxy starts it."""
 
-    def __init__(self, directory: Path, kafka: KafkaSettings, *, native: bool = True) -> None:
+    def __init__(self, directory: Path, kafka: KafkaSettings) -> None:
         self.directory = directory
         self.kafka = kafka
-        self.native = native
         self.shipped = -1
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -119,7 +116,7 @@ class Worker:
             sys.executable, "-m", "producers.ship_worker", str(self.directory),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         assert self._process.stdin is not None
-        spec = WorkerSpec(self.kafka.worker_json(), native=self.native,
+        spec = WorkerSpec(self.kafka.worker_json(),
                           linger_s=ProxySettings.model_fields["journal_linger_ms"].default / 1000)
         self._process.stdin.write(orjson.dumps(asdict(spec)) + b"\n")
         self._reader = asyncio.create_task(self._follow())
@@ -157,7 +154,7 @@ class Worker:
 
 
 async def ship(kafka: KafkaSettings, folder: Path, records: list[Record], *, bulk: int, rate: float,
-               seconds: float, native: bool = True) -> tuple[float, float]:
+               seconds: float) -> tuple[float, float]:
     """Worker CPU (user, system) µs per record for one journal, bulk (``bulk`` > 0) or paced."""
     journal = Journal(folder, 1 << 40, shipped_elsewhere=True)
     journal.open()
@@ -165,7 +162,7 @@ async def ship(kafka: KafkaSettings, folder: Path, records: list[Record], *, bul
     def append(n: int) -> None:
         journal.append(*records[n % len(records)])
 
-    worker = Worker(folder, kafka, native=native)
+    worker = Worker(folder, kafka)
     try:
         if bulk:
             for n in range(bulk):
@@ -206,22 +203,18 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[t
         raw = whole_answers(args.prompt_tokens, args.completion_tokens)
         registry = TopicRegistry.from_settings(kafka)
         built = [ship_record(registry, *record, 0) for record in raw]
-        if not NATIVE:
-            raise SystemExit("the compiled fast path (openforge_native) is not installed: run `make install`")
-        # Name: (records, whether the worker may use the compiled path).
-        journals = {"whole answers": (raw, True), "whole, Python path": (raw, False), "built events": (built, True)}
+        journals = {"whole answers": raw, "built events": built}
         results: dict[str, dict[str, list[tuple[float, float]]]] = {
             mode: {name: [] for name in journals} for mode in ("bulk", "paced")}
         # A short first pass warms the broker's JIT; it is not counted.
-        await ship(kafka, tmp / "warm", raw, bulk=min(args.records, 2000), rate=0, seconds=0, native=False)
+        await ship(kafka, tmp / "warm", raw, bulk=min(args.records, 2000), rate=0, seconds=0)
         for round_ in range(args.rounds):
             order = list(journals) if round_ % 2 == 0 else list(reversed(journals))
             for mode in ("bulk", "paced"):
                 for name in order:
-                    records, native = journals[name]
-                    figures = await ship(kafka, tmp / uuid.uuid4().hex, records,
+                    figures = await ship(kafka, tmp / uuid.uuid4().hex, journals[name],
                                          bulk=args.records if mode == "bulk" else 0, rate=args.rate,
-                                         seconds=args.seconds, native=native)
+                                         seconds=args.seconds)
                     results[mode][name].append(figures)
                     progress(f"round {round_ + 1}/{args.rounds} {mode:5} {name:18}: "
                              f"{sum(figures):6.1f} us/record (user {figures[0]:.1f}, system {figures[1]:.1f})")
@@ -240,9 +233,8 @@ def report(results: dict[str, dict[str, list[tuple[float, float]]]], args: argpa
             total = statistics.median(sum(f) for f in figures)
             lines.append(f"{mode + ', ' + name:38} {user:8.1f} {system:8.1f} {total:8.1f}")
         baseline = statistics.median(sum(f) for f in by_journal["built events"])
-        for path, name in (("compiled", "whole answers"), ("Python", "whole, Python path")):
-            building = statistics.median(sum(f) for f in by_journal[name]) - baseline
-            lines.append(f"{mode + ', building the event, ' + path:38} {'':8} {'':8} {building:8.1f}")
+        building = statistics.median(sum(f) for f in by_journal["whole answers"]) - baseline
+        lines.append(f"{mode + ', building the event':38} {'':8} {'':8} {building:8.1f}")
     lines.append(f"(bulk: {args.records:,} records journalled first; paced: {args.rate:,.0f} records/s for "
                  f"{args.seconds:g} s; {args.prompt_tokens} prompt / {args.completion_tokens} completion tokens per "
                  f"call; medians of {args.rounds} rounds)")

@@ -4,8 +4,8 @@ The log's own bound (``spool_max_bytes``) counts only its bytes; a volume shared
 files, or smaller than the bound, fills first. A call is then served by the engine and only
 its record fails, with a 503 the harness retries while the pod stays in rotation. Asked before
 a call begins, the disk's free space refuses it before the engine's work, and readiness says so.
-Free inodes count too where the filesystem has a fixed number: the ``ack`` spool keeps one file
-per record, so a volume of small records runs out of inodes before bytes.
+Free inodes count too where the filesystem has a fixed number: a volume shared with other files
+can run out of them before bytes, and the journal then cannot start a segment.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class DiskRoom:
         self.directory = directory
         self.min_free_bytes = min_free_bytes
         self.min_free_inodes = min_free_inodes
-        """Inodes kept free with the bytes (with a floor of bytes only): a call's record may take a file."""
+        """Inodes kept free with the bytes (with a floor of bytes only): the journal's next segment takes one."""
         self.every_s = every_s
         self.free_bytes: int | None = None
         """Bytes free to this process at the last look (None: not looked, or the look failed)."""

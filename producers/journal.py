@@ -12,7 +12,7 @@ unset by default), so a crashed process loses nothing and the disk is flushed on
 Layout of the folder:
 
 * segments ``<first seq:020d>.log``, each a run of frames ``u32 body length | u32 crc32(body) |
-  u64 seq | body`` where the body is :func:`producers.spool.pack_record`'s encoding; sequence
+  u64 seq | body`` where the body is :func:`pack_record`'s encoding; sequence
   numbers increase by one across segments. A new segment starts at every open and when the active
   one passes ``segment_bytes``;
 * ``shipped``: the highest sequence number up to which every record is in Kafka, replaced
@@ -33,6 +33,7 @@ Not thread-safe: one event loop appends, reads and marks (``sync`` may run in a 
 from __future__ import annotations
 
 import collections
+import fcntl
 import logging
 import os
 import struct
@@ -43,20 +44,107 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.spool import lock_folder, record_head, sync_path, unpack_record
-
-try:
-    # The compiled frame writer (native/, built by `make install`); the Python path below
-    # writes the same bytes in more steps.
-    from openforge_native import append_frame as _native_append_frame
-except ImportError:  # pragma: no cover - `make install` builds it
-    _native_append_frame = None  # type: ignore[assignment]
-
 logger = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<IIQ")  # body length, crc32 of the body, sequence number
 _MARK = "shipped"
 _READ_CHUNK = 256 * 1024  # bytes read at once; larger records are read whole on their own
+_MAGIC = b"OFSPOOL1"  # first bytes of every record's encoding (the name is older than the journal)
+_U32 = struct.Struct("<I")
+
+Record = tuple[str, bytes | None, bytes, tuple[tuple[str, bytes], ...]]
+"""An encoded Kafka record as the journal keeps it: topic, key, value, headers."""
+
+
+def pack_record(topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> bytes:
+    """One Kafka record as the bytes of a journal frame's body."""
+    return record_head(topic, key, headers, len(value)) + value
+
+
+def record_head(topic: str, key: bytes | None, headers: tuple[tuple[str, bytes], ...], value_length: int) -> bytes:
+    """:func:`pack_record`'s encoding up to the value, which follows it: ``value_length`` bytes.
+
+    Apart so that a writer holding a value in parts (the journal's whole answers) can write them
+    as they are rather than join them first.
+    """
+    parts = [_MAGIC]
+
+    def field(data: bytes) -> None:
+        parts.append(_U32.pack(len(data)))
+        parts.append(data)
+
+    field(topic.encode())
+    parts.append(b"\x01" if key is not None else b"\x00")
+    field(key or b"")
+    parts.append(_U32.pack(len(headers)))
+    for name, data in headers:
+        field(name.encode())
+        field(data)
+    parts.append(_U32.pack(value_length))
+    return b"".join(parts)
+
+
+def unpack_record(where: object, blob: bytes) -> Record:
+    """The record :func:`pack_record` encoded; ``where`` names its place in errors.
+
+    Straight-line rather than a helper per field: the shipper reads every call's record through here.
+
+    Raises:
+        ValueError: not a record, or truncated.
+    """
+    if not blob.startswith(_MAGIC):
+        raise ValueError(f"{where} holds no journal record")
+    try:
+        pos = len(_MAGIC)
+        (size,) = _U32.unpack_from(blob, pos)
+        topic = blob[pos + 4:pos + 4 + size].decode()
+        pos += 4 + size
+        has_key = blob[pos:pos + 1] == b"\x01"
+        (size,) = _U32.unpack_from(blob, pos + 1)
+        key = blob[pos + 5:pos + 5 + size]
+        pos += 5 + size
+        (count,) = _U32.unpack_from(blob, pos)
+        pos += 4
+        headers = []
+        for _ in range(count):
+            (size,) = _U32.unpack_from(blob, pos)
+            name = blob[pos + 4:pos + 4 + size].decode()
+            pos += 4 + size
+            (size,) = _U32.unpack_from(blob, pos)
+            headers.append((name, blob[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        (size,) = _U32.unpack_from(blob, pos)
+        value = blob[pos + 4:pos + 4 + size]
+    except struct.error:
+        raise ValueError(f"{where} holds a truncated record") from None
+    if len(value) != size:
+        raise ValueError(f"{where} holds a truncated record")
+    return topic, key if has_key else None, value, tuple(headers)
+
+
+def sync_path(path: Path) -> None:
+    """Flush a file, or a folder's entries (a new file in it), to disk, through a descriptor of its own."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lock_folder(path: Path, refusal: str) -> int:
+    """An exclusive lock on ``path`` (created), held until its descriptor is closed.
+
+    Raises:
+        JournalLockedError: another process holds it (with ``refusal`` as its message).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalLockedError(f"{refusal}: give each proxy a spool folder of its own "
+                                 "(OPENFORGE_PROXY_SPOOL_DIR)") from None
+    return fd
 
 
 def _write_frame(fd: int, seq: int, topic: str, key: bytes | None, parts: Sequence[bytes],
@@ -162,11 +250,11 @@ def frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, se
     if len(body) != length or zlib.crc32(body) != crc or seq != expected_seq:
         raise JournalCorruptError(f"{path} is damaged at byte {offset:,}")
     try:
-        record = unpack_record(path, bytes(body))
+        topic, key, value, headers = unpack_record(path, bytes(body))
     except ValueError as exc:  # whole and checked, but not a record this version writes
         raise JournalCorruptError(f"{path} holds a frame at byte {offset:,} that is not a journal record: "
                                   f"{exc}") from exc
-    return JournalRecord(seq, record.topic, record.key, record.value, record.headers, _FRAME.size + length)
+    return JournalRecord(seq, topic, key, value, headers, _FRAME.size + length)
 
 
 @dataclass
@@ -304,8 +392,7 @@ class Journal:
         self._new_segment()
         salvaged = [*self._unfinished_salvages(unfinished), *salvaged]
         for _, body in salvaged:  # written again, in their order, as the newest records
-            record = unpack_record(self.directory, body)
-            self.append(record.topic, record.key, record.value, record.headers)
+            self.append(*unpack_record(self.directory, body))
         if salvaged:
             self.sync()
         for marker in self.directory.glob("*" + SALVAGING):
@@ -330,7 +417,7 @@ class Journal:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_folder(self.directory / WRITER_LOCK,
-                                    f"another process is writing the journal at {self.directory}", JournalLockedError)
+                                    f"another process is writing the journal at {self.directory}")
 
     def close(self) -> None:
         """Flush to disk, write the mark, release the file and the folder. Idempotent."""
@@ -480,10 +567,7 @@ class Journal:
 
         The proxy writes every whole answer this way (a little metadata, then the request and the
         answer it holds anyway): one ``writev`` of the parts as they are, the checksum carried from
-        part to part, where joining would copy each answer twice more on the event loop. A record
-        with a key and no headers (every call's) is framed and written by the compiled fast path
-        when it is installed (:func:`openforge_native.append_frame`), in one call; the bytes are
-        the same.
+        part to part, where joining would copy each answer twice more on the event loop.
         """
         if self._fd is None:
             raise RuntimeError("the journal is not open")
@@ -492,10 +576,7 @@ class Journal:
         seq = self._next_seq
         active = self._segments[-1]
         try:
-            if _native_append_frame is not None and key is not None and not headers:
-                size = _native_append_frame(self._fd, seq, topic, key, parts)
-            else:
-                size = _write_frame(self._fd, seq, topic, key, parts, headers)
+            size = _write_frame(self._fd, seq, topic, key, parts, headers)
         except OSError as exc:
             self._cut_failed_append(active, exc)
             raise
@@ -769,4 +850,5 @@ def _remove_shipped(path: Path) -> bool:
     return True
 
 
-__all__ = ["Journal", "JournalCorruptError", "JournalRecord", "ShippedMark", "frame_record"]
+__all__ = ["Journal", "JournalCorruptError", "JournalLockedError", "JournalRecord", "Record", "ShippedMark",
+           "frame_record", "pack_record", "sync_path", "unpack_record"]

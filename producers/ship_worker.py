@@ -53,9 +53,6 @@ class WorkerSpec:
     batch_records: int = 1024
     batch_bytes: int = 4 * 1024 * 1024
     linger_s: float = 0.02
-    native: bool = True
-    """Make whole answers' events in compiled code where it is installed; False for the Python
-    path (the benchmark's baseline)."""
 
 
 @dataclass
@@ -248,7 +245,7 @@ async def _work(directory: Path) -> int:
         shipper = Shipper(lambda: EventProducer(kafka, registry=registry, client_id=spec.client_id), tail,
                           registry, ack_timeout_s=spec.ack_timeout_s, batch_records=spec.batch_records,
                           batch_bytes=spec.batch_bytes, linger_s=spec.linger_s,
-                          idle_wait_s=max(spec.linger_s, 0.01), native=spec.native,
+                          idle_wait_s=max(spec.linger_s, 0.01),
                           on_progress=lambda: report(tail.shipped, shipper.kafka_ok, shipper.publish_errors,
                                                      shipper.failed))
         await shipper.connect()

@@ -25,31 +25,42 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import aiokafka.errors as kafka_errors
 from aiokafka.errors import ClusterAuthorizationFailedError as ClusterDenied
 
 from producers.capture import CallCapture
 from producers.disk_room import DiskRoom
-from producers.durable import REFUSED, LetterRefusedError, Outcome, connect_producer, first_reward_after_a_call
-from producers.journal import Journal, JournalCorruptError, JournalRecord
+from producers.journal import (
+    Journal,
+    JournalCorruptError,
+    JournalRecord,
+    Record,
+    lock_folder,
+    unpack_record,
+)
 from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
 from producers.raw_calls import (
-    NATIVE,
     EngineExchange,
-    Record,
     dead_letter,
     pack_raw_call,
     raw_exchange_parts,
     ship_record,
 )
 from producers.ship_worker import ShipperProcess, WorkerSpec
-from producers.spool import DiskSpool
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
-from stream import REWARDS, EventProducer, MissingTopicsError, NotAuthorizedError, TopicRegistry, TopicSpec
+from stream import (
+    REWARDS,
+    EventProducer,
+    EventTooLargeError,
+    MissingTopicsError,
+    NotAuthorizedError,
+    TopicRegistry,
+    TopicSpec,
+)
 from stream.producer import encode_record
 from stream.topics import unauthorized_topics
 
@@ -57,6 +68,84 @@ logger = logging.getLogger(__name__)
 
 # A shipping loop that ran this long before failing starts again after the shortest pause.
 _HEALTHY_RUN_S = 60.0
+
+Outcome = Literal["kafka", "journal"]
+"""Where a published event is known to be: in Kafka, or (durably) in the journal."""
+
+REFUSED: tuple[type[Exception], ...] = (
+    kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
+    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError,
+    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError, EventTooLargeError,
+)
+"""Kafka's ways of refusing a record itself rather than the connection: sending it again cannot
+help, and every record behind it would wait for ever. Such a record goes to the dead-letter topic.
+The broker's answer and the client's own checks while queueing (its size limit) alike.
+
+Not among them: a topic this client may not write (``TopicAuthorizationFailedError``). That is
+the cluster's ACLs, an operator's to fix; until then the events wait in the journal
+(:class:`stream.NotAuthorizedError` says what to grant) instead of every one going to the
+dead-letter topic."""
+
+
+class LetterRefusedError(RuntimeError):
+    """Kafka refused a record and its dead letter too: a topic's limit to raise, not a record to drop.
+
+    Topics made outside ``openforge topics create`` keep the broker's default ``max.message.bytes``
+    (about 1 MiB), below a long conversation's event; the record waits, with those after it.
+    """
+
+    @classmethod
+    def of(cls, record: str, topic: str, size: int, refusal: Exception, letters: str, letter_size: int,
+           letter_refusal: Exception, folder: Path) -> LetterRefusedError:
+        """The error for ``record`` (as the log names it), with the remedy: the two limits to raise."""
+        return cls(f"Kafka refused {record} for {topic} ({refusal!r}) and its dead letter for {letters} too "
+                   f"({letter_refusal!r}); it and the records after it wait in {folder} and are sent once either "
+                   f"topic takes it: raise max.message.bytes of {topic} above {size} bytes, or of {letters} above "
+                   f"{letter_size} (`openforge topics describe` shows what the broker has)")
+
+
+def first_reward_after_a_call(topics: list[str], rewards_topic: str) -> int | None:
+    """In a batch of records to these ``topics``, the index of the first reward after another record.
+
+    A batch is cut there: the reward goes only once the calls before it are acknowledged. Within
+    one batch, a reward's partition may have a leader that answers while a call's does not (it
+    moves, or is down), and a reward in Kafka ahead of its rollout's last call ends the rollout in
+    the assembler without that call. Rewards in a row still share a batch: what each must follow
+    is its rollout's calls, not the other rewards.
+    """
+    calls = False
+    for index, topic in enumerate(topics):
+        if topic != rewards_topic:
+            calls = True
+        elif calls:
+            return index
+    return None
+
+
+_refused_start: str | None = None
+"""The last refusal of a producer's start by the cluster's ACLs that was logged (see ``connect_producer``)."""
+
+
+async def connect_producer(factory: Callable[[], EventProducer], timeout_s: float,
+                           meanwhile: str) -> EventProducer | None:
+    """A started producer, or None (logged, saying what happens ``meanwhile``) when Kafka is unreachable."""
+    global _refused_start
+    producer = factory()
+    try:
+        await asyncio.wait_for(producer.start(), timeout_s)
+    except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
+        if (topics := unauthorized_topics(exc, ())) is not None:
+            # Said loudly once; every later try (each few seconds) quietly, until it changes.
+            said = str(NotAuthorizedError.of(topics, producer.settings, cluster=True))
+            logger.log(logging.INFO if said == _refused_start else logging.ERROR, "%s; %s", said, meanwhile)
+            _refused_start = said
+        else:
+            logger.warning("Kafka unreachable (%r); %s", exc, meanwhile)
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        return None
+    _refused_start = None
+    return producer
 
 
 class JournalSource(Protocol):
@@ -102,7 +191,6 @@ class Shipper:
         linger_s: float = 0.02,
         idle_wait_s: float = 1.0,
         on_progress: Callable[[], object] | None = None,
-        native: bool = True,
     ) -> None:
         self._factory = producer_factory
         self._producer: EventProducer | None = None
@@ -114,11 +202,6 @@ class Shipper:
         self.linger_s = linger_s
         self.idle_wait_s = idle_wait_s
         self._on_progress = on_progress
-        self.native = native
-        """Whole answers become events in compiled code where it is installed (:func:`ship_record`)."""
-        if native and not NATIVE:
-            logger.warning("the compiled fast path (openforge_native) is not installed: events are made in "
-                           "Python, at several times the CPU per call (`make install` builds it)")
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()
         self._stop_requested = asyncio.Event()
@@ -266,7 +349,7 @@ class Shipper:
             try:
                 if not await self.connect():
                     raise _UnreachableError  # connect_producer said why
-                outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq, native=self.native)
+                outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq)
                             for r in records]
                 await self._send(outgoing)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
@@ -621,7 +704,7 @@ class JournalPublisher:
     async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = False) -> Outcome:
         """Write ``event`` into the journal; with ``wait_for_kafka``, also wait until it is shipped.
 
-        Admission is the caller's job (:attr:`accepting`), as with the spool.
+        Admission is the caller's job (:attr:`accepting`).
 
         Returns:
             ``"kafka"`` when the event is known to be in Kafka, else ``"journal"``.
@@ -709,32 +792,33 @@ class JournalPublisher:
             self._inline_lock = None
 
 
-def import_spool(spool: DiskSpool, journal: Journal) -> int:
-    """Move records an acknowledgement-mode proxy left in its spool into the journal, in order.
+def take_over_spool(folder: Path, journal: Journal) -> int:
+    """Move the records a proxy of an earlier version left in ``folder`` (its ``ack`` spool) into the journal.
 
-    Switching a proxy from ``ack`` to ``journal`` durability must not strand what its spool
-    holds. Returns how many records moved.
+    That proxy kept one file per record (``<number>.rec``, named in arrival order) while Kafka was
+    away; nothing else reads them any more, so they would wait unseen. Moved in order, flushed
+    before their files go: a crash in between journals them again (consumers drop the copies by
+    event id) rather than losing them. Returns how many moved.
 
     Raises:
-        SpoolLockedError: another process spools into that folder.
+        JournalLockedError: a proxy of that version still spools into the folder.
     """
-    moved = 0
-    spool.claim()  # an ack-mode proxy still draining this folder would send them a second time
+    files = sorted(folder.glob("*.rec"))
+    if not files:
+        return 0
+    lock = lock_folder(folder / "writer.lock", f"another process is spooling events in {folder}")
     try:
-        while batch := spool.oldest(256):
-            for record in batch:
-                journal.append(record.topic, record.key, record.value, record.headers)
-            # On disk in the journal before they leave the spool: a crash in between re-sends
-            # them (consumers drop the copies by event id) rather than losing them.
-            journal.sync()
-            for record in batch:
-                spool.remove(record)
-            moved += len(batch)
+        for path in files:
+            journal.append(*unpack_record(path, path.read_bytes()))
+        journal.sync()
+        for path in files:
+            path.unlink()
+        for leftover in folder.glob("*.tmp"):  # a record whose call was never answered
+            leftover.unlink()
     finally:
-        spool.release()
-    if moved:
-        logger.info("moved %d records from the spool at %s into the journal", moved, spool.directory)
-    return moved
+        os.close(lock)
+    logger.info("moved %d records an earlier proxy left in %s into the journal", len(files), folder)
+    return len(files)
 
 
 def spool_path(directory: Path) -> Path:
@@ -742,4 +826,5 @@ def spool_path(directory: Path) -> Path:
     return directory / "journal"
 
 
-__all__ = ["JournalPublisher", "JournalSource", "Shipper", "import_spool", "spool_path"]
+__all__ = ["JournalPublisher", "JournalSource", "LetterRefusedError", "Outcome", "Shipper", "connect_producer",
+           "spool_path", "take_over_spool"]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from pydantic import ValidationError
 
 from schemas.credentials import Role, mint_token, signing_key_from
 
@@ -41,7 +42,10 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
         updates["port"] = port
     if upstreams:
         updates["upstreams"] = [u.rstrip("/") for u in upstreams]
-    settings = ProxySettings().model_copy(update=updates)
+    try:
+        settings = ProxySettings().model_copy(update=updates)
+    except ValidationError as exc:
+        raise click.ClickException(settings_error(exc)) from None
     try:
         app = build_app(settings, own_process=True)
     except ValueError as exc:
@@ -59,6 +63,17 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
             raise SystemExit(3)
     finally:
         shutdown_telemetry()
+
+
+def settings_error(exc: ValidationError) -> str:
+    """Pydantic's errors about the proxy's settings, one line each, named as the operator sets them."""
+    prefix = "OPENFORGE_KAFKA_" if exc.title == "KafkaSettings" else "OPENFORGE_PROXY_"
+    lines = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ")
+        name = prefix + "_".join(str(part) for part in error["loc"]).upper()
+        lines.append(f"{name}: {message}" if error["loc"] else message)
+    return "\n".join(lines)
 
 
 async def _check_topics(settings: ProxySettings) -> None:

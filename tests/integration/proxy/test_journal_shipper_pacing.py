@@ -7,7 +7,7 @@ calls), and a reward waiting out the pause before its rollout's calls reach Kafk
 
 The linger here is far longer than any of the waits, so a pause taken where none is due shows
 as a wait that runs out, not as a slightly slower run. A batch also ends before a reward that
-follows calls, in the journal and in ``ack`` durability's spool.
+follows calls.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ import pytest
 from factories import reward
 from proxy_helpers import stored, until
 
-from producers.durable import DurablePublisher
 from producers.journal import Journal
 from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, Shipper
-from producers.spool import DiskSpool
 from stream import EventProducer, KafkaSettings, TopicRegistry
 from stream.topics import REWARDS, ROLLOUTS
 
@@ -154,31 +152,4 @@ async def test_a_reward_is_sent_only_after_the_calls_before_it_are_acknowledged(
         await shipper.close()
         journal.close()
     assert _BatchesSeen.batches == [[calls, calls], [rewards, rewards, calls], [rewards]]
-    assert await _stored(kafka_settings, topics) == 3
-
-
-async def test_the_ack_spool_drains_a_reward_only_after_the_calls_before_it(
-        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
-    # The same rule for ``ack`` durability's spool, drained after Kafka was away.
-    spool = DiskSpool(tmp_path, 64 << 20)
-    calls, rewards = topics[ROLLOUTS].name, topics[REWARDS].name
-    for topic in (calls, calls, rewards, rewards, calls, rewards):
-        spool.append(topic, b"r-1", b"{}", ())
-    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=topics), spool, topics,
-                                 ack_timeout_s=5.0, drain_interval_s=0.05)
-    drained: list[int] = []
-    drain_once = publisher._drain_once
-
-    async def noted() -> int:
-        count = await drain_once()
-        drained.append(count)
-        return count
-
-    publisher._drain_once = noted  # type: ignore[method-assign]
-    await publisher.start()
-    try:
-        assert await until(lambda: publisher.direct, 20.0)
-    finally:
-        await publisher.stop()
-    assert [count for count in drained if count] == [2, 3, 1]
     assert await _stored(kafka_settings, topics) == 3

@@ -27,12 +27,10 @@ from proxy_helpers import KEY, RunningProxy, calls_of, read_events, rewards_of, 
 
 from producers.journal import Journal
 from producers.shipper import spool_path
-from producers.spool import DiskSpool
 from proxy.auth import ROLLOUT_HEADER
 from schemas import ModelCallV1, RewardV1
 from schemas.call.v1 import CallStatus
 from schemas.credentials import Role, mint_token
-from schemas.registry import decode
 from stream import BrokerSettings, KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
 
 pytestmark = pytest.mark.kafka
@@ -622,10 +620,8 @@ async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_
     assert (second.status, second.retry_of, second.attempt) == (CallStatus.OK, event.call_id, 1)
 
 
-def _waiting_on_disk(spool: Path, durability: str) -> int:
-    """Events a stopped proxy left for Kafka: spool files, or unshipped journal records."""
-    if durability == "ack":
-        return len(list(spool.glob("*.rec")))
+def _waiting_on_disk(spool: Path) -> int:
+    """Events a stopped proxy left for Kafka: unshipped journal records."""
     journal = Journal(spool_path(spool), 1 << 30)
     journal.open()
     try:
@@ -698,16 +694,15 @@ async def _distinct_calls(kafka: KafkaSettings, registry: TopicRegistry, count: 
     return list({e.event_id: e for e in read}.values())
 
 
-@pytest.mark.parametrize("durability", ["journal", "journal-inline", "ack"])
+@pytest.mark.parametrize("shipper", ["process", "inline"])
 async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_refuses(
-    vllm_url: str, tmp_path: Path, durability: str, own_broker: LocalBroker
+    vllm_url: str, tmp_path: Path, shipper: str, own_broker: LocalBroker
 ) -> None:
     broker, kafka, registry = await _private_broker(own_broker)
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
                              spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=2.0,
-                             durability=durability.removesuffix("-inline"),
-                             journal_shipper="inline" if durability.endswith("-inline") else "process")
+                             journal_shipper=shipper)
     server, task = await serve(settings)
     url = f"http://127.0.0.1:{settings.port}/rollouts/r-k/v1/chat/completions"
     token = mint_token(KEY, "r-k", Role.AGENT, 600)
@@ -733,7 +728,7 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
         await _ready_until(settings.port, lambda r: r["spooled"] == 2)
     finally:
         await shutdown(server, task)  # the proxy stops with events still on disk
-    assert _waiting_on_disk(tmp_path / "spool", durability) == 2
+    assert _waiting_on_disk(tmp_path / "spool") == 2
     broker.start()
     server, task = await serve(settings)  # a restarted proxy delivers what was left
     try:
@@ -757,7 +752,7 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
         assert refused_reward.status_code == 503
     finally:
         await shutdown(server, task)
-    assert _waiting_on_disk(tmp_path / "spool", durability) == 1
+    assert _waiting_on_disk(tmp_path / "spool") == 1
 
 
 
@@ -777,7 +772,7 @@ async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, 
     finally:
         process.send_signal(signal.SIGKILL)
         await process.wait()
-    assert _waiting_on_disk(tmp_path / "spool", "journal") == 4
+    assert _waiting_on_disk(tmp_path / "spool") == 4
     broker.start()
     from proxy.settings import ProxySettings
     settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
@@ -887,43 +882,6 @@ async def _up(port: int, process: asyncio.subprocess.Process) -> bool:
             return False
         await asyncio.sleep(0.1)
     return False
-
-
-async def test_ack_mode_keeps_the_event_of_a_harness_that_left_while_its_answer_waited_for_kafka(
-        vllm_url: str, tmp_path: Path, own_broker: LocalBroker) -> None:
-    """With ``ack`` durability a stream's closing events wait for Kafka's acknowledgement. A harness
-    that leaves during that wait cancels the wait; the event must still land in the spool, and
-    the retry tracker must hear of its end (the attempt stayed in flight for good)."""
-    broker, kafka, _ = await _private_broker(own_broker)
-    from proxy.settings import ProxySettings
-    settings = ProxySettings(port=free_port(), upstreams=[vllm_url], credential_key=KEY.decode(),
-                             spool_dir=tmp_path / "spool", kafka=kafka, publish_timeout_s=3.0, durability="ack")
-    server, task = await serve(settings)
-    url = f"http://127.0.0.1:{settings.port}/rollouts/r-left/v1/chat/completions"
-    token = mint_token(KEY, "r-left", Role.AGENT, 600)
-    try:
-        assert (await post(url, json=CHAT, token=token)).status_code == 200  # Kafka took it directly
-        assert (await _ready_until(settings.port, lambda r: r["kafka"] is True))["spooled"] == 0
-        broker.stop()
-        received = b""
-        async with httpx.AsyncClient(timeout=60) as client, client.stream(
-                "POST", url, headers=auth(token), json={**CHAT, "seed": 7, "stream": True}) as stream:
-            chunks = stream.aiter_raw()
-            with contextlib.suppress(TimeoutError):
-                while True:  # until the answer stalls: its closing events wait for Kafka
-                    received += await asyncio.wait_for(anext(chunks), 1.0)
-        assert b"data: " in received and b"[DONE]" not in received  # left before the end
-        ready = await _ready_until(settings.port, lambda r: r["spooled"] == 1, timeout_s=15.0)
-        assert ready["spooled"] == 1, ready
-        assert len(server.config.app.state.openforge.calls.retries) == 0, "the attempt was left in flight"
-    finally:
-        await shutdown(server, task)
-    [record] = DiskSpool(tmp_path / "spool", 1 << 30).oldest(10)
-    event = decode(list(record.headers), record.value)
-    # The answer was whole (the harness left while its closing events waited), so the call is ok:
-    # a harness that left mid-generation would be recorded as disconnected, by another path.
-    assert isinstance(event, ModelCallV1) and event.status is CallStatus.OK, event
-    assert event.request.sampling["seed"] == 7
 
 
 async def test_a_disk_that_refuses_a_call_record_gets_503_and_loses_no_other_call(

@@ -53,7 +53,7 @@ def test_a_look_that_fails_is_no_reason_to_refuse_nor_to_take_calls_again(tmp_pa
 
 def test_free_inodes_count_where_the_filesystem_has_a_fixed_number(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    # The ack spool keeps one file per record: a volume of small records runs out of inodes first.
+    # A volume shared with other files can run out of inodes before bytes.
     stat = os.statvfs(tmp_path)
     assert stat.f_files > 0, f"the filesystem under {tmp_path} has no fixed number of inodes to test against"
     caplog.set_level(logging.INFO, logger="producers.disk_room")
