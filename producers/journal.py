@@ -32,7 +32,6 @@ Not thread-safe: one event loop appends, reads and marks (``sync`` may run in a 
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import logging
 import os
@@ -170,11 +169,8 @@ def _write_frame(fd: int, seq: int, topic: str, key: bytes | None, parts: Sequen
     return size
 
 
-class ShippedMark:
-    """The ``shipped`` file: how far Kafka has the journal, written atomically and not too often.
-
-    One writer per folder: the journal itself, or the shipping process's tail of it.
-    """
+class _ShippedMark:
+    """The ``shipped`` file: how far Kafka has the journal, written atomically and not too often."""
 
     def __init__(self, directory: Path, interval_s: float) -> None:
         self.directory = directory
@@ -237,12 +233,9 @@ class JournalRecord:
     """Bytes the record takes on disk (frame header included)."""
 
 
-def frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, seq: int,
-                 expected_seq: int) -> JournalRecord:
+def _frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, seq: int,
+                  expected_seq: int) -> JournalRecord:
     """The record a frame's body holds, after the frame's checks (length, checksum, numbering).
-
-    One place for what makes a frame good, for the journal's own reader and the shipping
-    process's tail of it.
 
     Raises:
         JournalCorruptError: the frame at ``offset`` of ``path`` fails a check.
@@ -268,7 +261,7 @@ class Journal:
     """Append-only segments plus a ``shipped`` mark, bounded by the bytes not yet shipped."""
 
     def __init__(self, directory: Path, max_bytes: int, *, segment_bytes: int = 64 * 1024 * 1024,
-                 mark_interval_s: float = 0.05, shipped_elsewhere: bool = False) -> None:
+                 mark_interval_s: float = 0.05) -> None:
         """Open with :meth:`open`.
 
         Args:
@@ -276,13 +269,8 @@ class Journal:
             max_bytes: Bound on the bytes not yet shipped (:attr:`full`).
             segment_bytes: Size at which a new segment starts.
             mark_interval_s: Least time between writes of the ``shipped`` mark.
-            shipped_elsewhere: Another process ships the journal (:mod:`producers.journal_tail`):
-                this object only appends, learns progress through :meth:`note_shipped`, and
-                never reads, marks or deletes.
         """
         self.directory = directory
-        self.shipped_elsewhere = shipped_elsewhere
-        self._unshipped: collections.deque[tuple[int, int]] = collections.deque()  # (seq, bytes), shipped elsewhere
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.mark_interval_s = mark_interval_s
@@ -300,7 +288,7 @@ class Journal:
         # thread appends, rolls segments and closes: the lock keeps a descriptor from being
         # closed (and its number reused by the next segment) between reading it and flushing it.
         self._fd_lock = threading.Lock()
-        self._mark = ShippedMark(directory, mark_interval_s)
+        self._mark = _ShippedMark(directory, mark_interval_s)
         # Read cursor: the next record to hand to the shipper.
         self._read_index = 0
         self._read_offset = 0
@@ -431,8 +419,7 @@ class Journal:
         except OSError as exc:
             logger.error("flushing the journal at %s on close failed: %s", self.directory, exc)
         else:
-            if not self.shipped_elsewhere:
-                self.write_mark(force=True)
+            self.write_mark(force=True)
         self._close_active()
         if self._read_fd is not None:
             os.close(self._read_fd)
@@ -450,8 +437,6 @@ class Journal:
             records += 1
             if seq > self._shipped:
                 unshipped += size
-                if self.shipped_elsewhere:
-                    self._unshipped.append((seq, size))
         return offset, records, unshipped, seq
 
     def _cut_damage(self, path: Path, size: int, last_seq: int) -> list[tuple[int, bytes]]:
@@ -583,8 +568,6 @@ class Journal:
         self._next_seq += 1
         self._pending += 1
         self._pending_bytes += size
-        if self.shipped_elsewhere:
-            self._unshipped.append((seq, size))
         self._unsynced = True
         active.size += size
         if active.size >= self.segment_bytes:
@@ -652,7 +635,7 @@ class Journal:
                         end = _FRAME.size + length
                     else:
                         break
-                out.append(frame_record(segment.path, self._read_offset + position, body, length, crc, seq,
+                out.append(_frame_record(segment.path, self._read_offset + position, body, length, crc, seq,
                                         self._read_seq))
                 taken += _FRAME.size + length
                 self._read_seq = seq + 1
@@ -707,23 +690,12 @@ class Journal:
         self._drop_shipped_segments()
         self.write_mark()
 
-    def note_shipped(self, seq: int) -> None:
-        """The shipping process has every record up to ``seq`` in Kafka (``shipped_elsewhere``)."""
-        if seq <= self._shipped:
-            return
-        self._shipped = seq
-        while self._unshipped and self._unshipped[0][0] <= seq:
-            self._pending -= 1
-            self._pending_bytes -= self._unshipped.popleft()[1]
-        if len(self._segments) > 1:
-            # The shipper deletes the files; forget all but the active one here.
-            del self._segments[:-1]
-
     def write_mark(self, *, force: bool = False) -> None:
-        """Persist the ``shipped`` mark (:class:`ShippedMark`), if the disk lets it.
+        """Persist the ``shipped`` mark, if the disk lets it.
 
-        As in :meth:`producers.journal_tail.JournalTail.write_mark`: a mark the disk refuses
-        must not stop shipping, nor the deletion of shipped segments that frees the disk.
+        A mark the disk refuses (a full disk) must not stop shipping, nor the deletion of shipped
+        segments, which is what frees the disk: a restart reads an older mark, moves it up to the
+        first segment left, and sends again at most what that segment held.
         """
         try:
             self._mark.write(self._shipped, force=force)
@@ -850,5 +822,5 @@ def _remove_shipped(path: Path) -> bool:
     return True
 
 
-__all__ = ["Journal", "JournalCorruptError", "JournalLockedError", "JournalRecord", "Record", "ShippedMark",
-           "frame_record", "pack_record", "sync_path", "unpack_record"]
+__all__ = ["Journal", "JournalCorruptError", "JournalLockedError", "JournalRecord", "Record", "lock_folder",
+           "pack_record", "sync_path", "unpack_record"]

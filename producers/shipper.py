@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 import aiokafka.errors as kafka_errors
 from aiokafka.errors import ClusterAuthorizationFailedError as ClusterDenied
@@ -40,7 +40,6 @@ from producers.journal import (
     lock_folder,
     unpack_record,
 )
-from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
 from producers.raw_calls import (
     EngineExchange,
     dead_letter,
@@ -48,7 +47,6 @@ from producers.raw_calls import (
     raw_exchange_parts,
     ship_record,
 )
-from producers.ship_worker import ShipperProcess, WorkerSpec
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
@@ -68,6 +66,9 @@ logger = logging.getLogger(__name__)
 
 # A shipping loop that ran this long before failing starts again after the shortest pause.
 _HEALTHY_RUN_S = 60.0
+
+_BUILD_CHUNK = 64
+"""Records whose events are made between two yields to the event loop (a few milliseconds' work)."""
 
 Outcome = Literal["kafka", "journal"]
 """Where a published event is known to be: in Kafka, or (durably) in the journal."""
@@ -148,21 +149,6 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
     return producer
 
 
-class JournalSource(Protocol):
-    """What the shipper reads: the journal itself, or its tail in another process."""
-
-    directory: Path
-
-    def read(self, max_records: int, max_bytes: int) -> list[JournalRecord]:
-        """The next records after the cursor, oldest first."""
-
-    def rewind(self) -> None:
-        """Cursor back on the first record not shipped."""
-
-    def mark_shipped(self, records: list[JournalRecord]) -> None:
-        """Kafka acknowledged ``records``."""
-
-
 class _UnreachableError(ConnectionError):
     """No producer: Kafka did not answer (already logged, with the reason, by ``connect_producer``)."""
 
@@ -176,13 +162,13 @@ class Shipper:
     Each batch is everything that arrived while the previous one was in flight, so under load many
     events share a produce request (the broker's CPU per event falls with batch size), and at low
     load an event leaves at once. Raw call records (:mod:`producers.raw_calls`) become their events
-    here. Runs inside the proxy (``inline``) or in the shipping process (:mod:`producers.ship_worker`).
+    here, on the proxy's event loop.
     """
 
     def __init__(
         self,
         producer_factory: Callable[[], EventProducer],
-        source: JournalSource,
+        source: Journal,
         registry: TopicRegistry,
         *,
         ack_timeout_s: float,
@@ -336,8 +322,8 @@ class Shipper:
                 try:
                     await asyncio.wait_for(self._wake.wait(), self.idle_wait_s)
                 except TimeoutError:
-                    # A poll (the shipping process is not woken per append): what arrived has
-                    # gathered for the idle wait already; a linger now would only double the delay.
+                    # A poll: what was appended without a wake (journalled at start) has waited
+                    # the idle wait already; a linger now would only double the delay.
                     continue
                 await self._linger()
                 continue
@@ -349,8 +335,7 @@ class Shipper:
             try:
                 if not await self.connect():
                     raise _UnreachableError  # connect_producer said why
-                outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq)
-                            for r in records]
+                outgoing = await self._build(records)
                 await self._send(outgoing)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
                 refused = isinstance(exc, REFUSED)
@@ -412,6 +397,20 @@ class Shipper:
             if (len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes
                     and not one_by_one):
                 await self._linger()
+
+    async def _build(self, records: list[JournalRecord]) -> list[Record]:
+        """What to send for ``records`` (:func:`ship_record`), yielding to the calls now and then.
+
+        The shipper shares the proxy's event loop, and making a call's event takes tens of
+        microseconds: a backlog's batch of a thousand, made in one go, would hold every call in
+        flight for a tenth of a second.
+        """
+        outgoing: list[Record] = []
+        for n, r in enumerate(records):
+            if n and n % _BUILD_CHUNK == 0:
+                await asyncio.sleep(0)
+            outgoing.append(ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq))
+        return outgoing
 
     async def _rewind(self) -> bool:
         """Put the cursor back on the first record not shipped; False when shipping must end.
@@ -556,7 +555,7 @@ class Shipper:
 
 
 class JournalPublisher:
-    """The journal in front, one in-order shipper to Kafka behind it (in this process or its own)."""
+    """The journal in front, one in-order shipper to Kafka behind it, both on the proxy's event loop."""
 
     def __init__(
         self,
@@ -570,42 +569,33 @@ class JournalPublisher:
         batch_bytes: int = 4 * 1024 * 1024,
         linger_s: float = 0.02,
         before_start: Callable[[], object] | None = None,
-        worker: WorkerSpec | None = None,
         min_free_bytes: int = 0,
     ) -> None:
         """Start with :meth:`start`.
 
         Args:
-            producer_factory: Makes the Kafka producer (shipping here only).
+            producer_factory: Makes the Kafka producer.
             journal: The journal, not yet opened.
             registry: Topics, for encoding.
             ack_timeout_s: Per shipped batch, and for a reward waiting for Kafka.
             fsync_interval_s: How often the journal is flushed to disk (0: at every append).
-            batch_records: Most records per batch (shipping here only).
-            batch_bytes: Most bytes per batch (shipping here only).
-            linger_s: Pause after a batch to let the next one gather (shipping here only).
+            batch_records: Most records per batch.
+            batch_bytes: Most bytes per batch.
+            linger_s: Pause after a batch to let the next one gather.
             before_start: Run once the journal is open, before shipping starts.
-            worker: Ship from a process of its own (:mod:`producers.ship_worker`), configured so;
-                the journal must then be opened ``shipped_elsewhere``. None ships here, on this
-                event loop.
             min_free_bytes: Take no calls while less is free on the journal's disk (0: no floor).
         """
-        if (worker is not None) != journal.shipped_elsewhere:
-            raise ValueError("a shipping process needs a journal opened with shipped_elsewhere, and only it")
         self.journal = journal
         self.registry = registry
         self.ack_timeout_s = ack_timeout_s
         self.fsync_interval_s = fsync_interval_s
         self.disk = DiskRoom(journal.directory, min_free_bytes)
         self._before_start = before_start
-        self._worker_spec = worker
-        self._worker: ShipperProcess | None = None
-        self._shipper = None if worker is not None else Shipper(
-            producer_factory, journal, registry, ack_timeout_s=ack_timeout_s, batch_records=batch_records,
-            batch_bytes=batch_bytes, linger_s=linger_s, on_progress=self._on_progress)
+        self._shipper = Shipper(producer_factory, journal, registry, ack_timeout_s=ack_timeout_s,
+                                batch_records=batch_records, batch_bytes=batch_bytes, linger_s=linger_s,
+                                on_progress=self._on_progress)
         self._progress = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._inline_lock: int | None = None  # the shipper lock, held while shipping inline
         self._stopped = False
         self.flush_errors = 0
         """Flushes of the journal to the disk that failed (each is logged; readiness and a metric count them)."""
@@ -613,23 +603,17 @@ class JournalPublisher:
     @property
     def kafka_ok(self) -> bool:
         """True while the last batch reached Kafka (or nothing needed sending since connecting)."""
-        if self._worker is not None:
-            return self._worker.kafka_ok
-        return self._shipper is not None and self._shipper.kafka_ok
+        return self._shipper.kafka_ok
 
     @property
     def failed(self) -> bool:
         """The journal could not be read back; nothing more is accepted."""
-        if self._worker is not None:
-            return self._worker.failed
-        return self._shipper is not None and self._shipper.failed
+        return self._shipper.failed
 
     @property
     def publish_errors(self) -> int:
         """Batches that failed or timed out and were sent again."""
-        if self._worker is not None:
-            return self._worker.publish_errors
-        return self._shipper.publish_errors if self._shipper is not None else 0
+        return self._shipper.publish_errors
 
     @property
     def backlog(self) -> int:
@@ -642,54 +626,22 @@ class JournalPublisher:
         return not self.failed and not self.journal.full and self.disk.ok
 
     def _on_progress(self) -> None:
-        if self._worker is not None:
-            self.journal.note_shipped(self._worker.shipped)
         self._progress.set()
         self._progress = asyncio.Event()
 
     async def start(self) -> None:
         """Recover the journal, connect to Kafka if it is there, start shipping."""
-        if self._worker_spec is not None:
-            self._worker = ShipperProcess(self.journal.directory, self._worker_spec, on_progress=self._on_progress)
-            # Another proxy on the folder is refused at once (its worker would otherwise hold
-            # the shipper's lock below for as long as it runs).
-            await asyncio.to_thread(self.journal.lock)
-            # No shipper of an earlier proxy may read while the journal is recovered.
-            async with self._worker.exclusive():
-                await self._open()
-            await self._worker.start()
-        else:
-            # As a shipping process does: a worker of an earlier proxy (in process mode) may still
-            # drain this folder, and two shippers would both send and delete segments.
-            await asyncio.to_thread(self.journal.lock)
-            self._inline_lock = await lock_shipping_async(self.journal.directory, LOCK_WAIT_S)
-            try:
-                await self._open()
-            except BaseException:
-                os.close(self._inline_lock)
-                self._inline_lock = None
-                raise
-            assert self._shipper is not None
-            await self._shipper.connect()
-            self._tasks.append(asyncio.create_task(self._shipper.run(), name="journal-shipper"))
-        if self.fsync_interval_s > 0:
-            self._tasks.append(asyncio.create_task(self._sync_forever(), name="journal-sync"))
-
-    async def _open(self) -> None:
         await asyncio.to_thread(self.journal.open)
         if self._before_start is not None:  # e.g. taking over an old spool, once the journal is open
             await asyncio.to_thread(self._before_start)
+        await self._shipper.connect()
+        self._tasks.append(asyncio.create_task(self._shipper.run(), name="journal-shipper"))
+        if self.fsync_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._sync_forever(), name="journal-sync"))
 
     def wake(self) -> None:
-        """Have the shipper look at the journal now rather than at its next poll.
-
-        Inline this ends only an idle wait; the shipping process has a single signal, so there
-        it also cuts a linger short, as a reward's wait does.
-        """
-        if self._shipper is not None:
-            self._shipper.wake()
-        if self._worker is not None:
-            self._worker.wake()
+        """Have the shipper look at the journal now rather than at its next poll (it ends an idle wait)."""
+        self._shipper.wake()
 
     async def _appended(self) -> None:
         if self.fsync_interval_s == 0:
@@ -698,8 +650,7 @@ class JournalPublisher:
             except OSError as exc:  # the record is in the journal; only its flush failed, as in _sync_forever
                 self.flush_errors += 1
                 logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
-        if self._shipper is not None:
-            self._shipper.wake()
+        self._shipper.wake()
 
     async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = False) -> Outcome:
         """Write ``event`` into the journal; with ``wait_for_kafka``, also wait until it is shipped.
@@ -718,10 +669,7 @@ class JournalPublisher:
         await self._appended()
         if not wait_for_kafka:
             return "journal"
-        if self._shipper is not None:
-            self._shipper.hurry()
-        if self._worker is not None:
-            self._worker.wake()
+        self._shipper.hurry()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.ack_timeout_s):
                 while self.journal.shipped < seq:
@@ -767,9 +715,7 @@ class JournalPublisher:
         self._stopped = True
         deadline = self.ack_timeout_s * 2
         started = time.monotonic()
-        if self._worker is not None:
-            await self._worker.stop(deadline)
-        elif self._shipper is not None and self._tasks:
+        if self._tasks:
             self._shipper.stop_when_done()
             done, _ = await asyncio.wait({self._tasks[0]}, timeout=deadline)
             if not done:
@@ -784,12 +730,8 @@ class JournalPublisher:
                 pass
             except Exception:
                 logger.exception("journal task %s had failed", task.get_name())
-        if self._shipper is not None:
-            await self._shipper.close()
+        await self._shipper.close()
         self.journal.close()
-        if self._inline_lock is not None:
-            os.close(self._inline_lock)
-            self._inline_lock = None
 
 
 def take_over_spool(folder: Path, journal: Journal) -> int:
@@ -826,5 +768,5 @@ def spool_path(directory: Path) -> Path:
     return directory / "journal"
 
 
-__all__ = ["JournalPublisher", "JournalSource", "LetterRefusedError", "Outcome", "Shipper", "connect_producer",
+__all__ = ["JournalPublisher", "LetterRefusedError", "Outcome", "Shipper", "connect_producer",
            "spool_path", "take_over_spool"]

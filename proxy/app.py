@@ -19,7 +19,6 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from producers.journal import Journal
-from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, spool_path, take_over_spool
 from proxy import telemetry
 from proxy.adapters import Adapter, ChatAdapter
@@ -58,15 +57,11 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
     def producer() -> EventProducer:
         return EventProducer(kafka, registry=registry, client_id="openforge-proxy")
 
-    process = settings.journal_shipper == "process"
-    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes, shipped_elsewhere=process)
-    worker = WorkerSpec(kafka.worker_json(), client_id="openforge-proxy",
-                        ack_timeout_s=settings.publish_timeout_s,
-                        linger_s=settings.journal_linger_ms / 1000) if process else None
+    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes)
     return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,
                             fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
                             linger_s=settings.journal_linger_ms / 1000,
-                            before_start=lambda: take_over_spool(settings.spool_dir, journal), worker=worker,
+                            before_start=lambda: take_over_spool(settings.spool_dir, journal),
                             min_free_bytes=settings.min_free_disk_bytes)
 
 

@@ -54,10 +54,9 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
     shutdown_telemetry = configure_telemetry("openforge-proxy")
     try:
         server = uvicorn.Server(server_config(app, settings))
-        logger.info("proxy on http://%s:%d in front of %s (chat completions); journal in %s, shipped by %s",
+        logger.info("proxy on http://%s:%d in front of %s (chat completions); journal in %s",
                     settings.host, settings.port, ", ".join(settings.upstreams) or "no engine",
-                    spool_path(settings.spool_dir), "a worker process" if settings.journal_shipper == "process"
-                    else "the proxy's own event loop")
+                    spool_path(settings.spool_dir))
         server.run()
         if not server.started:  # as uvicorn.run: a start-up that failed (the lifespan's errors are logged)
             raise SystemExit(3)

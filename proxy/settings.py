@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, SecretStr, StrictFloat, StrictInt, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -42,6 +42,9 @@ REMOVED_SETTINGS: dict[str, str] = {
     "capture_linger_ms": "OPENFORGE_PROXY_CAPTURE_LINGER_MS is gone with `ack` durability: the journal's shipper "
                          "batches events itself; OPENFORGE_PROXY_JOURNAL_LINGER_MS sets how long they gather. "
                          "Remove the setting.",
+    "journal_shipper": "OPENFORGE_PROXY_JOURNAL_SHIPPER is gone: the proxy ships its journal from its own event "
+                       "loop, one process and about one core per proxy (run more replicas for more calls). "
+                       "Remove the setting.",
 }
 """Settings the proxy no longer has, each with what to use instead: a start with one set fails."""
 
@@ -141,13 +144,6 @@ class ProxySettings(BaseSettings):
     its rollout's calls to reach Kafka. 100 ms rather than 20: at 16 connections on two shared
     cores the broker spent 37 to 42 µs per call instead of 47 to 48 (250 ms saved no more)."""
 
-    journal_shipper: Literal["process", "inline"] = "process"
-    """Where the journal is shipped from. ``process`` (default): a
-    worker process beside the proxy builds each call's event from its journalled capture and
-    sends it, so the proxy's event loop keeps only a JSON dump and a ``write`` per call.
-    ``inline``: the same work on the proxy's own event loop (one process fewer, less throughput
-    where a spare core exists); see docs/proxy.md."""
-
     images: ImagePolicy = "refuse"
     """Whether images reach the engine (``refuse``, ``inline`` or ``placeholder``; see
     :mod:`proxy.media`). Off by default: the learner trains on token ids alone. ``inline`` passes
@@ -195,6 +191,9 @@ class ProxySettings(BaseSettings):
     """Removed (see :data:`REMOVED_SETTINGS`): set, the proxy refuses to start and says what to do."""
 
     capture_linger_ms: str | None = Field(default=None, exclude=True, repr=False)
+    """Removed (see :data:`REMOVED_SETTINGS`): set, the proxy refuses to start and says what to do."""
+
+    journal_shipper: str | None = Field(default=None, exclude=True, repr=False)
     """Removed (see :data:`REMOVED_SETTINGS`): set, the proxy refuses to start and says what to do."""
 
     @model_validator(mode="after")

@@ -197,8 +197,8 @@ def test_capture_on_and_off_run_back_to_back_in_alternating_order() -> None:
 
 
 def _cells(*rps: float, cpu_us: float = 1) -> dict[int, list[Cell]]:
-    return {16: [Cell(rps=r, requests=100, errors=0, server_cpu_us=cpu_us, server_own_cpu_us=cpu_us,
-                      upstream_cpu_us=1, broker_cpu_us=1, client_cpu_us=1) for r in rps]}
+    return {16: [Cell(rps=r, requests=100, errors=0, server_cpu_us=cpu_us, upstream_cpu_us=1, broker_cpu_us=1,
+                      client_cpu_us=1) for r in rps]}
 
 
 def test_the_verdict_reads_the_paired_rounds() -> None:
@@ -218,4 +218,20 @@ def test_the_verdict_reads_the_paired_rounds() -> None:
     assert goal["met"] is True
     by_key["openforge"][16][:] = _cells(2300, 2300, 2300, 3900, 3900)[16]
     assert summarize(targets, Results(samples, samples, by_key, None, {}), args)["goals"]["capture_on_vs_off"][
+        "met"] is False
+
+
+def test_the_goal_against_litellm_reads_requests_per_second_per_core() -> None:
+    """Per core: how much less CPU a call costs, whatever share of the machine each server had."""
+    targets = [Target("openforge", "openforge, capture on", 2, lambda _r: None),
+               Target("litellm", "litellm", 3, lambda _r: None)]
+    args = parse_args(["--concurrency", "16"])
+    samples = {"openforge": [0.6] * 5, "litellm": [20.0] * 5}
+    # LiteLLM served a fifth of the requests/s but spent 12 times the CPU on each.
+    by_key = {"openforge": _cells(1000, 1000, cpu_us=300), "litellm": _cells(200, 200, cpu_us=3600)}
+    goal = summarize(targets, Results(samples, samples, by_key, None, {}), args)["goals"]["vs_litellm_per_core"]
+    assert goal["ratios"]["16"] == pytest.approx(12.0) and goal["rps_ratios"]["16"] == pytest.approx(5.0)
+    assert goal["met"] is True
+    by_key["litellm"] = _cells(200, 200, cpu_us=2400)
+    assert summarize(targets, Results(samples, samples, by_key, None, {}), args)["goals"]["vs_litellm_per_core"][
         "met"] is False

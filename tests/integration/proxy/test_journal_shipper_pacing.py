@@ -22,7 +22,6 @@ from factories import reward
 from proxy_helpers import stored, until
 
 from producers.journal import Journal
-from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, Shipper
 from stream import EventProducer, KafkaSettings, TopicRegistry
 from stream.topics import REWARDS, ROLLOUTS
@@ -94,19 +93,16 @@ async def test_a_record_a_poll_finds_leaves_without_a_linger(
     # has gathered for that wait already; a linger on top would double the delay of each event.
     async with _shipping(tmp_path, kafka_settings, topics, batch_bytes=1 << 20) as (journal, shipper):
         await asyncio.sleep(0.3)  # idle: several polls found nothing
-        last = _append(journal, topics, 2, 100)  # no wake, as in the shipping process
+        last = _append(journal, topics, 2, 100)  # no wake, as for records journalled at start
         assert await until(lambda: shipper.shipped >= last, 10.0), "a record found by a poll sat out a linger"
     assert await _stored(kafka_settings, topics) == 2
 
 
-@pytest.mark.parametrize("place", ["inline", "process"])
 async def test_a_reward_waiting_for_kafka_does_not_sit_out_the_linger(
-        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, place: str) -> None:
-    journal = Journal(tmp_path, 64 << 20, shipped_elsewhere=place == "process")
-    worker = WorkerSpec(kafka_settings.model_dump(mode="json"), ack_timeout_s=10.0, linger_s=LINGER_S) \
-        if place == "process" else None
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    journal = Journal(tmp_path, 64 << 20)
     publisher = JournalPublisher(lambda: EventProducer(kafka_settings, registry=topics), journal, topics,
-                                 ack_timeout_s=10.0, linger_s=LINGER_S, worker=worker)
+                                 ack_timeout_s=10.0, linger_s=LINGER_S)
     await publisher.start()
     try:
         # The first event leaves at once (nothing was waiting); the shipper lingers after it.

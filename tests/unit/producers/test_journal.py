@@ -479,13 +479,13 @@ def test_a_second_writer_on_the_same_folder_is_refused_while_the_first_runs(tmp_
     second.close()
 
 
-def test_a_disk_too_full_for_the_mark_still_frees_shipped_segments_when_shipping_inline(tmp_path: Path) -> None:
+def test_a_disk_too_full_for_the_mark_still_frees_shipped_segments(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 1 << 30, segment_bytes=2000, mark_interval_s=0)
     journal.open()
     _fill(journal, 20, size=500)
     records = journal.read(15, 1 << 20)
     with file_size_limit(0):  # no file may grow: the mark cannot be written
-        journal.mark_shipped(records)  # before, the OSError ended the inline shipper
+        journal.mark_shipped(records)  # before, the OSError ended the shipper
     assert len(journal) == 5 and min(int(p.stem) for p in tmp_path.glob("*.log")) > 0
     journal.close()
 

@@ -16,6 +16,8 @@ from proxy.settings import REMOVED_SETTINGS, ProxySettings
     # A value that named what the proxy does now is refused as well: the setting does nothing.
     ("OPENFORGE_PROXY_DURABILITY", "journal", "Remove the setting"),
     ("OPENFORGE_PROXY_CAPTURE_LINGER_MS", "5", "OPENFORGE_PROXY_JOURNAL_LINGER_MS"),
+    # One shipper placement: on the proxy's event loop.
+    ("OPENFORGE_PROXY_JOURNAL_SHIPPER", "process", "ships its journal from its own event loop"),
 ])
 def test_the_proxy_refuses_to_start_with_a_removed_setting_and_says_what_to_use(
         monkeypatch: pytest.MonkeyPatch, variable: str, value: str, instead: str) -> None:
