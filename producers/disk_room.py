@@ -13,9 +13,66 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+_MiB = 1 << 20
+
+SMALLEST_VOLUME = 16 * _MiB
+"""The least a journal's volume may hold: a sixteenth of it is a segment of 1 MiB, and as much
+again is kept free, which still leaves room for calls of a few hundred KiB each."""
+
+_LARGEST_SHARE = 64 * _MiB
+"""Segment size and free-space floor on a volume of 1 GiB and more."""
+
+
+@dataclass(frozen=True)
+class JournalSpace:
+    """How the journal shares its volume: the size of its segments, and the space kept free.
+
+    A segment is deleted only once every record in it is in Kafka and a newer one is written to,
+    so the active segment, shipped or not, holds its space until it is full: its size is what the
+    journal may hold on the volume beyond what waits for Kafka. Both scale with the volume (a
+    sixteenth of it each, at most 64 MiB). Fixed at 64 MiB, they blocked an 80 MiB volume for good:
+    a 64 MiB floor left 16 MiB for the journal, the first segment never filled to be deleted, and
+    every call got 503 while Kafka had every event.
+    """
+
+    volume_bytes: int
+    """The size of the filesystem the journal is on."""
+    segment_bytes: int
+    """Size at which the journal starts a new segment."""
+    min_free_bytes: int
+    """Free space below which calls are refused (0: no floor)."""
+
+    @classmethod
+    def of(cls, directory: Path, min_free_bytes: int | None) -> JournalSpace:
+        """The shares for the volume under ``directory`` (made if missing).
+
+        Args:
+            directory: The journal's folder.
+            min_free_bytes: The floor asked for, or None for the volume's share.
+
+        Raises:
+            ValueError: the volume is too small for a journal, or the floor asked for leaves the
+                journal no room; the message says what to change.
+            OSError: the folder cannot be made or its filesystem read.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        stat = os.statvfs(directory)
+        volume = stat.f_blocks * stat.f_frsize
+        if volume < SMALLEST_VOLUME:
+            raise ValueError(f"the volume under {directory} holds {volume / _MiB:.1f} MiB; the journal needs at least "
+                             f"{SMALLEST_VOLUME >> 20} MiB (OPENFORGE_PROXY_SPOOL_DIR on a larger volume)")
+        share = min(_LARGEST_SHARE, volume // 16)
+        floor = share if min_free_bytes is None else min_free_bytes
+        if volume - floor < 4 * share:
+            raise ValueError(f"OPENFORGE_PROXY_MIN_FREE_DISK_BYTES={floor} leaves the journal less than "
+                             f"{4 * share >> 20} MiB of the {volume >> 20} MiB volume under {directory}: lower it "
+                             f"(unset, it keeps {share >> 20} MiB free there) or give the journal a larger volume")
+        return cls(volume, share, floor)
 
 
 class DiskRoom:
@@ -81,4 +138,4 @@ class DiskRoom:
         self._ok = ok
 
 
-__all__ = ["DiskRoom"]
+__all__ = ["SMALLEST_VOLUME", "DiskRoom", "JournalSpace"]

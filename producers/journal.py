@@ -378,6 +378,10 @@ class Journal:
             except OSError as exc:  # as any failed flush: said, and the start goes on (the disk is the operator's)
                 logger.error("flushing journal segment %s left by an earlier run failed: %s", segment.path, exc)
         self._new_segment()
+        # The newest segment of the run before is now an older one: shipped whole, it goes like
+        # any other. Kept, it held its space until this run's segment filled, which on a volume
+        # too small for a second segment was never.
+        self._drop_shipped_segments()
         salvaged = [*self._unfinished_salvages(unfinished), *salvaged]
         for _, body in salvaged:  # written again, in their order, as the newest records
             self.append(*unpack_record(self.directory, body))

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from producers.disk_room import JournalSpace
 from producers.journal import Journal
 from producers.shipper import JournalPublisher, spool_path, take_over_spool
 from proxy import telemetry
@@ -52,17 +53,18 @@ class AppState:
     adapters: dict[str, Adapter]
 
 
-def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSettings) -> JournalPublisher:
-    """The journal in ``spool_dir`` and its shipper to Kafka, as the settings ask."""
+def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSettings,
+               space: JournalSpace) -> JournalPublisher:
+    """The journal in ``spool_dir`` and its shipper to Kafka, as the settings and its volume ask."""
     def producer() -> EventProducer:
         return EventProducer(kafka, registry=registry, client_id="openforge-proxy")
 
-    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes)
+    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes, segment_bytes=space.segment_bytes)
     return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,
                             fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
                             linger_s=settings.journal_linger_ms / 1000,
                             before_start=lambda: take_over_spool(settings.spool_dir, journal),
-                            min_free_bytes=settings.min_free_disk_bytes)
+                            min_free_bytes=space.min_free_bytes)
 
 
 def _refusal(publisher: JournalPublisher, what: str) -> str:
@@ -87,6 +89,12 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     """
     settings = settings or ProxySettings()
     auth = Authenticator(settings)  # fails fast on a missing key
+    try:  # so does a volume too small for the journal
+        space = JournalSpace.of(spool_path(settings.spool_dir), settings.min_free_disk_bytes)
+    except OSError as exc:
+        raise ValueError(f"the journal's folder {spool_path(settings.spool_dir)} cannot be used: {exc}") from exc
+    logger.info("the journal's volume holds %d MiB: segments of %d MiB, %d MiB kept free for calls",
+                space.volume_bytes >> 20, space.segment_bytes >> 20, space.min_free_bytes >> 20)
     registry = TopicRegistry.from_settings(settings.kafka)
 
     @contextlib.asynccontextmanager
@@ -96,7 +104,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         # The shipper makes its own batches (what gathered while the last was in flight, and its
         # linger): the client adding a linger of its own to each would only delay them.
         kafka = settings.kafka.model_copy(update={"linger_ms": 0})
-        publisher = _publisher(settings, registry, kafka)
+        publisher = _publisher(settings, registry, kafka, space)
         await publisher.start()
         telemetry.observe_publisher(lambda: publisher.backlog, lambda: publisher.publish_errors,
                                     lambda: publisher.flush_errors)

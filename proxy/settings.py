@@ -125,11 +125,13 @@ class ProxySettings(BaseSettings):
     """Bound on what waits for Kafka; when reached the proxy answers 503 with Retry-After
     instead of taking calls."""
 
-    min_free_disk_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    min_free_disk_bytes: int | None = Field(default=None, ge=0)
     """Free space kept on the disk of ``spool_dir`` for the calls in flight: below it calls and
     rewards get 503 with Retry-After (a call before the engine's work), and the proxy is not
     ready, until a margin above it is free again (a volume shared with other files, or smaller
-    than ``spool_max_bytes``, fills before the bound). Looked at once a second; 0 turns it off."""
+    than ``spool_max_bytes``, fills before the bound). Looked at once a second; 0 turns it off.
+    Unset, a sixteenth of the volume, at most 64 MiB (the journal's segments are as large); a
+    floor that leaves the journal less than four segments' room is refused at start."""
 
     journal_fsync_interval_ms: int = Field(default=100, ge=0, le=60_000)
     """How often the journal is flushed to disk. A crashed proxy loses nothing either way (its

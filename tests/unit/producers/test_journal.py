@@ -262,6 +262,31 @@ def test_segments_roll_and_shipped_ones_are_deleted(tmp_path: Path) -> None:
     assert reopened.shipped == 19 and _values(reopened.read(10, 1 << 20)) == [20, 21]
 
 
+def test_a_start_deletes_the_last_runs_segment_once_it_is_shipped_whole(tmp_path: Path) -> None:
+    # The active segment is deleted only once a newer one is written to. A start used to look for
+    # shipped segments before it made its own, so the last run's segment, shipped whole, stayed
+    # until this run's filled: on a small volume it held the space the journal needed, for good.
+    journal = Journal(tmp_path, 1 << 30, segment_bytes=1 << 20, mark_interval_s=0)
+    journal.open()
+    _fill(journal, 20, size=500)
+    journal.mark_shipped(journal.read(100, 1 << 20))
+    journal.close()
+    [left] = tmp_path.glob("*.log")
+    assert left.stat().st_size > 10_000
+    again = Journal(tmp_path, 1 << 30, segment_bytes=1 << 20)
+    again.open()
+    assert [p.stat().st_size for p in tmp_path.glob("*.log")] == [0]  # only this run's, empty
+    assert again.shipped == 19 and len(again) == 0 and again.next_seq == 20
+    _fill(again, 1, start=20)
+    assert _values(again.read(10, 1 << 20)) == [20]
+    again.close()
+    # Not shipped whole, it stays, and what is left of it is sent.
+    third = Journal(tmp_path, 1 << 30, segment_bytes=1 << 20)
+    third.open()
+    assert len(list(tmp_path.glob("*.log"))) == 2 and _values(third.read(10, 1 << 20)) == [20]
+    third.close()
+
+
 def test_the_bound_counts_unshipped_bytes_only(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 3000)
     journal.open()
