@@ -32,9 +32,9 @@ _LARGEST_SHARE = 64 * _MiB
 class JournalSpace:
     """How the journal shares its volume: the size of its segments, and the space kept free.
 
-    A segment is deleted only once every record in it is in Kafka and a newer one is written to,
-    so the active segment, shipped or not, holds its space until it is full: its size is what the
-    journal may hold on the volume beyond what waits for Kafka. Both scale with the volume (a
+    A segment is deleted once every record in it is in Kafka; the active one, while not shipped
+    whole, holds its space until it is full: its size is what the journal may hold on the volume
+    beyond what waits for Kafka. Both scale with the volume (a
     sixteenth of it each, at most 64 MiB). Fixed at 64 MiB, they blocked an 80 MiB volume for good:
     a 64 MiB floor left 16 MiB for the journal, the first segment never filled to be deleted, and
     every call got 503 while Kafka had every event.

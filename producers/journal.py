@@ -13,8 +13,8 @@ Layout of the folder:
 
 * segments ``<first seq:020d>.log``, each a run of frames ``u32 body length | u32 crc32(body) |
   u64 seq | body`` where the body is :func:`pack_record`'s encoding; sequence
-  numbers increase by one across segments. A new segment starts at every open and when the active
-  one passes ``segment_bytes``;
+  numbers increase by one across segments. A new segment starts at every open, when the active
+  one passes ``segment_bytes``, and when it is shipped whole and holds an eighth of that;
 * ``shipped``: the highest sequence number up to which every record is in Kafka, replaced
   atomically. Segments wholly below it are deleted.
 
@@ -50,6 +50,7 @@ _MARK = "shipped"
 _READ_CHUNK = 256 * 1024  # bytes read at once; larger records are read whole on their own
 _MAGIC = b"OFSPOOL1"  # first bytes of every record's encoding (the name is older than the journal)
 _U32 = struct.Struct("<I")
+_SHIPPED_ROLL = 8  # a wholly shipped active segment of 1/8 of segment_bytes or more is rolled and deleted
 
 Record = tuple[str, bytes | None, bytes, tuple[tuple[str, bytes], ...]]
 """An encoded Kafka record as the journal keeps it: topic, key, value, headers."""
@@ -691,6 +692,13 @@ class Journal:
         self._shipped = records[-1].seq
         self._pending -= len(records)
         self._pending_bytes -= sum(r.size for r in records)
+        active = self._segments[-1]
+        if self._pending == 0 and active.size >= self.segment_bytes // _SHIPPED_ROLL:
+            # Shipped whole, the active segment would hold its space until it filled, which
+            # on an idle proxy is never: a new one starts, and this one goes like any other.
+            # Not at every batch (a new file and a flush of the folder each): once it holds
+            # a fraction of a segment, so an idle journal keeps at most that.
+            self._new_segment()
         self._drop_shipped_segments()
         self.write_mark()
 

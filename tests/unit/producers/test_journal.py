@@ -287,6 +287,30 @@ def test_a_start_deletes_the_last_runs_segment_once_it_is_shipped_whole(tmp_path
     third.close()
 
 
+def test_a_segment_shipped_whole_while_running_is_deleted_without_waiting_for_it_to_fill(tmp_path: Path) -> None:
+    # An idle proxy's active segment, every record in Kafka, held its space until it filled,
+    # which with no more calls was never. Once it holds an eighth of a segment and is shipped
+    # whole, a new one starts and it is deleted; less than that stays (a file per batch otherwise).
+    journal = Journal(tmp_path, 1 << 30, segment_bytes=80_000, mark_interval_s=0)
+    journal.open()
+    _fill(journal, 10, size=500)  # about 5 KB: under an eighth of a segment
+    journal.mark_shipped(journal.read(100, 1 << 20))
+    [small] = tmp_path.glob("*.log")
+    assert small.stat().st_size > 5000
+    _fill(journal, 10, size=500, start=10)  # over an eighth, not yet shipped: kept
+    assert len(list(tmp_path.glob("*.log"))) == 1
+    journal.mark_shipped(journal.read(100, 1 << 20))
+    assert [p.stat().st_size for p in tmp_path.glob("*.log")] == [0] and not small.exists()
+    assert journal.shipped == 19 and len(journal) == 0 and journal.pending_bytes == 0
+    _fill(journal, 2, start=20)  # the cursor reads on in the new segment
+    assert _values(journal.read(10, 1 << 20)) == [20, 21]
+    journal.close()
+    reopened = Journal(tmp_path, 1 << 30, segment_bytes=80_000)
+    reopened.open()
+    assert reopened.shipped == 19 and _values(reopened.read(10, 1 << 20)) == [20, 21]
+    reopened.close()
+
+
 def test_the_bound_counts_unshipped_bytes_only(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 3000)
     journal.open()
