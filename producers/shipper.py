@@ -40,6 +40,7 @@ from producers.journal import (
     lock_folder,
     unpack_record,
 )
+from producers.outage import PROBE_EVERY_S, STALL_S, OutageLog, broker_reachable
 from producers.raw_calls import (
     EngineExchange,
     dead_letter,
@@ -66,6 +67,9 @@ logger = logging.getLogger(__name__)
 
 # A shipping loop that ran this long before failing starts again after the shortest pause.
 _HEALTHY_RUN_S = 60.0
+
+_ABORT_S = 0.2
+"""How long a producer may go on delivering once no broker takes a connection."""
 
 _BUILD_CHUNK = 64
 """Records whose events are made between two yields to the event loop (a few milliseconds' work)."""
@@ -127,9 +131,13 @@ _refused_start: str | None = None
 """The last refusal of a producer's start by the cluster's ACLs that was logged (see ``connect_producer``)."""
 
 
-async def connect_producer(factory: Callable[[], EventProducer], timeout_s: float,
-                           meanwhile: str) -> EventProducer | None:
-    """A started producer, or None (logged, saying what happens ``meanwhile``) when Kafka is unreachable."""
+async def connect_producer(factory: Callable[[], EventProducer], timeout_s: float, meanwhile: str, *,
+                           on_unreachable: Callable[[Exception], object] | None = None) -> EventProducer | None:
+    """A started producer, or None when Kafka is unreachable.
+
+    That is logged, saying what happens ``meanwhile``, or handed to ``on_unreachable`` (which
+    then says it); a refusal by the cluster's ACLs is always logged here.
+    """
     global _refused_start
     producer = factory()
     try:
@@ -140,6 +148,8 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
             said = str(NotAuthorizedError.of(topics, producer.settings, cluster=True))
             logger.log(logging.INFO if said == _refused_start else logging.ERROR, "%s; %s", said, meanwhile)
             _refused_start = said
+        elif on_unreachable is not None:
+            on_unreachable(exc)
         else:
             logger.warning("Kafka unreachable (%r); %s", exc, meanwhile)
         with contextlib.suppress(Exception):
@@ -150,10 +160,7 @@ async def connect_producer(factory: Callable[[], EventProducer], timeout_s: floa
 
 
 class _UnreachableError(ConnectionError):
-    """No producer: Kafka did not answer (already logged, with the reason, by ``connect_producer``)."""
-
-    def __init__(self) -> None:
-        super().__init__("Kafka unreachable")
+    """Kafka did not answer: no producer could start, or no broker takes a connection while a batch waits."""
 
 
 class Shipper:
@@ -177,8 +184,11 @@ class Shipper:
         linger_s: float = 0.02,
         idle_wait_s: float = 1.0,
         on_progress: Callable[[], object] | None = None,
+        outage_report_s: float = 30.0,  # while Kafka is away, how often the log says so (OutageLog)
     ) -> None:
         self._factory = producer_factory
+        self._bootstrap = ""  # the producers' bootstrap servers, known from the first connect
+        self._unreachable = ""  # why the last producer did not start
         self._producer: EventProducer | None = None
         self.source = source
         self.registry = registry
@@ -207,6 +217,7 @@ class Shipper:
         self._missing_reported: list[str] = []  # the missing topics last logged, so a wait is logged once
         self._unauthorized_reported: list[str] = []  # likewise the topics last found not ours to write
         self._letter_refused: int | None = None  # the record whose dead letter Kafka refused too, once logged
+        self.outage = OutageLog(str(source.directory), outage_report_s)
 
     def wake(self) -> None:
         """Something was appended: look now instead of at the next poll."""
@@ -230,8 +241,15 @@ class Shipper:
     async def connect(self) -> bool:
         """Connect to Kafka if not connected; False while it is unreachable."""
         if self._producer is None:
-            self._producer = await connect_producer(self._factory, self.ack_timeout_s * 2,
-                                                    f"events wait in the journal at {self.source.directory}")
+            producer = self._factory()
+            self._bootstrap = producer.settings.bootstrap_servers
+
+            def unreachable(exc: Exception) -> None:
+                self._unreachable = repr(exc)  # said by the outage's line, not here
+
+            self._producer = await connect_producer(lambda: producer, self.ack_timeout_s * 2,
+                                                    f"events wait in the journal at {self.source.directory}",
+                                                    on_unreachable=unreachable)
         # A producer that starts is not yet a Kafka that takes the events: while the last batch
         # waits for a topic or a grant, readiness keeps saying so rather than true for each try.
         connected = self._producer is not None
@@ -239,12 +257,16 @@ class Shipper:
                                            or self._letter_refused is not None)
         return connected
 
-    async def close(self) -> None:
-        """Drop the Kafka connection; unacknowledged records are all still in the journal."""
-        self.kafka_ok = False
-        await self._drop_producer()
+    async def close(self, wait_s: float | None = None) -> None:
+        """Drop the Kafka connection; unacknowledged records are all still in the journal.
 
-    async def _drop_producer(self) -> None:
+        Args:
+            wait_s: How long the producer may go on delivering (default: the acknowledgement timeout).
+        """
+        self.kafka_ok = False
+        await self._drop_producer(wait_s)
+
+    async def _drop_producer(self, wait_s: float | None = None) -> None:
         """Stop the producer without waiting out its deliveries; the next :meth:`connect` starts a new one.
 
         Also after Kafka refused a batch, which is no lost connection: the refused batch took
@@ -254,7 +276,7 @@ class Shipper:
         producer, self._producer = self._producer, None
         if producer is not None:
             with contextlib.suppress(Exception):
-                await producer.abort(self.ack_timeout_s)
+                await producer.abort(self.ack_timeout_s if wait_s is None else wait_s)
 
     def _progress(self) -> None:
         if self._on_progress is not None:
@@ -269,6 +291,13 @@ class Shipper:
         filled and every call was refused, though nothing was wrong with Kafka or the journal.
         Records Kafka had taken before the failure are sent again; consumers drop copies by id.
         """
+        self.outage.gate.install()
+        try:
+            await self._run()
+        finally:
+            self.outage.gate.uninstall()
+
+    async def _run(self) -> None:
         backoff = 1.0
         while True:
             began = time.monotonic()
@@ -315,6 +344,7 @@ class Shipper:
                 if self.stopping or not await self._rewind():
                     return
                 continue
+            self.outage.tick(len(self.source))
             if not records:
                 if self.stopping:
                     return
@@ -334,10 +364,21 @@ class Shipper:
             outgoing: list[Record] = []
             try:
                 if not await self.connect():
-                    raise _UnreachableError  # connect_producer said why
+                    raise _UnreachableError(self._unreachable)
                 outgoing = await self._build(records)
                 await self._send(outgoing)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
+                if isinstance(exc, _UnreachableError):
+                    # An outage: said once (OutageLog), and over as soon as a broker takes connections.
+                    self.publish_errors += 1
+                    self.outage.went(self._bootstrap, str(exc), len(self.source))
+                    await self.close(_ABORT_S)  # nothing to wait for: no broker takes a connection
+                    self._progress()
+                    if self.stopping or not await self._rewind():
+                        return
+                    await self._until_reachable(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
                 refused = isinstance(exc, REFUSED)
                 if refused and len(records) == 1 and outgoing and await self._dead_letter(records[0], outgoing[0], exc):
                     await self._drop_producer()
@@ -368,7 +409,7 @@ class Shipper:
                     self._one_by_one_to = max(self._one_by_one_to, records[-1].seq)
                 elif missing:
                     self._report_missing(missing, len(records))
-                elif not isinstance(exc, _UnreachableError) and not (refused and self._letter_refused is not None):
+                elif not (refused and self._letter_refused is not None):
                     # Also a failure to make the producer (its settings, say): never a silent retry loop.
                     logger.warning("shipping %d journalled events failed (%r); will retry", len(records), exc)
                 await self.close()
@@ -380,6 +421,7 @@ class Shipper:
                 backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
                 continue
             backoff = 0.5
+            self.outage.back(len(self.source))
             if self._unauthorized_reported:
                 logger.info("topics %s take this client's events again", ", ".join(self._unauthorized_reported))
             self._missing_reported, self._unauthorized_reported, self._letter_refused = [], [], None
@@ -483,11 +525,49 @@ class Shipper:
                      records, self.source.directory)
 
     async def _send(self, outgoing: list[Record]) -> None:
-        """Send ``outgoing`` and wait until Kafka has acknowledged all of it."""
-        assert self._producer is not None
-        async with asyncio.timeout(self.ack_timeout_s):
-            futures = await self._producer.send_many_raw(outgoing)
+        """Send ``outgoing`` and wait until Kafka has acknowledged all of it.
+
+        Raises:
+            _UnreachableError: unacknowledged after :data:`STALL_S`, and no broker takes a
+                connection: an outage, found long before the acknowledgement timeout.
+        """
+        producer = self._producer
+        assert producer is not None
+
+        async def deliver() -> None:
+            futures = await producer.send_many_raw(outgoing)
             await asyncio.gather(*futures)
+
+        delivery = asyncio.ensure_future(deliver())
+        try:
+            async with asyncio.timeout(self.ack_timeout_s):
+                done, _ = await asyncio.wait({delivery}, timeout=min(STALL_S, self.ack_timeout_s))
+                if not done and not await broker_reachable(self._bootstrap):
+                    raise _UnreachableError(f"no broker took a connection while a batch waited {STALL_S:.0f} s")
+                await delivery
+        finally:
+            if not delivery.done():
+                delivery.cancel()
+                with contextlib.suppress(BaseException):
+                    await delivery
+
+    async def _until_reachable(self, backoff: float) -> None:
+        """Wait until a broker takes connections again; ``backoff`` where one did all along.
+
+        Probed every :data:`PROBE_EVERY_S`: a broker that was away is tried as soon as it is
+        back. One that takes connections but does not serve (still starting, credentials it
+        refuses) is tried after ``backoff`` instead, so that is no loop of producers.
+        """
+        deadline = time.monotonic() + backoff
+        was_away = False
+        while not self.stopping:
+            if await broker_reachable(self._bootstrap):
+                if was_away or time.monotonic() >= deadline:
+                    return
+            else:
+                was_away = True
+            self.outage.tick(len(self.source))
+            await self._pause(PROBE_EVERY_S)
 
     async def _dead_letter(self, record: JournalRecord, sent: Record, exc: Exception) -> bool:
         """Put a record Kafka refused on the dead-letter topic instead, and move on; False if that failed too.
@@ -570,6 +650,7 @@ class JournalPublisher:
         linger_s: float = 0.02,
         before_start: Callable[[], object] | None = None,
         min_free_bytes: int = 0,
+        outage_report_s: float = 30.0,
     ) -> None:
         """Start with :meth:`start`.
 
@@ -584,6 +665,7 @@ class JournalPublisher:
             linger_s: Pause after a batch to let the next one gather.
             before_start: Run once the journal is open, before shipping starts.
             min_free_bytes: Take no calls while less is free on the journal's disk (0: no floor).
+            outage_report_s: While Kafka is away, how often the log says so.
         """
         self.journal = journal
         self.registry = registry
@@ -593,7 +675,7 @@ class JournalPublisher:
         self._before_start = before_start
         self._shipper = Shipper(producer_factory, journal, registry, ack_timeout_s=ack_timeout_s,
                                 batch_records=batch_records, batch_bytes=batch_bytes, linger_s=linger_s,
-                                on_progress=self._on_progress)
+                                on_progress=self._on_progress, outage_report_s=outage_report_s)
         self._progress = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False

@@ -64,7 +64,8 @@ def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSet
                             fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
                             linger_s=settings.journal_linger_ms / 1000,
                             before_start=lambda: take_over_spool(settings.spool_dir, journal),
-                            min_free_bytes=space.min_free_bytes)
+                            min_free_bytes=space.min_free_bytes,
+                            outage_report_s=settings.kafka_outage_report_s)
 
 
 def _refusal(publisher: JournalPublisher, what: str) -> str:

@@ -158,6 +158,11 @@ class ProxySettings(BaseSettings):
     """How long to wait for Kafka's acknowledgement: per shipped batch, and for a reward to reach
     Kafka before answering its verifier."""
 
+    kafka_outage_report_s: float = Field(default=30.0, gt=0)
+    """While Kafka is away, how often the log says so: one line when it goes, a summary (how long,
+    what waits in the journal) every this many seconds, one line when it is back. The Kafka
+    client's own messages are held back to one per interval, and counted in those lines."""
+
     drain_s: int = Field(default=30, ge=1, le=3600)
     """How long a stopping proxy lets the calls in flight finish (streams included). Recording
     the calls of harnesses that left takes up to 10 s more, and shipping what the journal still

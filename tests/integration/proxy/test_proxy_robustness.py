@@ -664,16 +664,20 @@ async def _private_broker(broker: LocalBroker) -> tuple[LocalBroker, KafkaSettin
     return broker, kafka, registry
 
 
-async def _proxy_process(vllm_url: str, spool: Path, bootstrap: str, port: int,
+async def _proxy_process(vllm_url: str, spool: Path, bootstrap: str, port: int, *, log: Path | None = None,
                          **env: str) -> asyncio.subprocess.Process:
-    """``openforge proxy`` as a process of its own (a test may kill it, or limit it), once healthy."""
+    """``openforge proxy`` as a process of its own (a test may kill it, or limit it), once healthy.
+
+    Its output goes to ``log`` if given, else nowhere.
+    """
     environment = {**{k: v for k, v in os.environ.items() if not k.startswith("OPENFORGE_")},
                    "OPENFORGE_PROXY_CREDENTIAL_KEY": KEY.decode(), "OPENFORGE_PROXY_SPOOL_DIR": str(spool),
                    "OPENFORGE_KAFKA_BOOTSTRAP_SERVERS": bootstrap, **env}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "openforge", "proxy", "--host", "127.0.0.1", "--port", str(port),
-        "--upstream", vllm_url, env=environment, stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL)
+    with contextlib.ExitStack() as files:  # the child has its own copy of the log's descriptor
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "openforge", "proxy", "--host", "127.0.0.1", "--port", str(port),
+            "--upstream", vllm_url, env=environment, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL if log is None else files.enter_context(log.open("ab")))
     for _ in range(300):
         with contextlib.suppress(httpx.HTTPError):
             if (await get(f"http://127.0.0.1:{port}/health")).status_code == 200:
@@ -752,6 +756,74 @@ async def test_kafka_outage_keeps_events_on_disk_then_delivers_and_a_full_disk_r
         await shutdown(server, task)
     assert _waiting_on_disk(tmp_path / "spool") == 1
 
+
+
+async def test_a_broker_outage_is_told_in_a_few_lines_and_readiness_and_sending_follow_the_broker(
+        vllm_url: str, tmp_path: Path, own_broker: LocalBroker) -> None:
+    """Broker SIGKILLed under load and started again: what the log, /ready and Kafka show.
+
+    The client logged about 40 lines a second while the broker was away, /ready said Kafka was
+    fine until a batch's acknowledgement timed out, and sending resumed after a retry backoff of
+    up to 10 s. The acknowledgement timeout here is long (30 s), so a readiness that flips or a
+    sending that resumes well within it is the probing's doing, not a timeout's.
+    """
+    from producers.outage import PROBE_EVERY_S, PROBE_TIMEOUT_S, STALL_S
+
+    broker, kafka, registry = await _private_broker(own_broker)
+    port, log, report_s = free_port(), tmp_path / "proxy.log", 2.0
+    process = await _proxy_process(vllm_url, tmp_path / "spool", broker.bootstrap, port, log=log,
+                                   OPENFORGE_PROXY_PUBLISH_TIMEOUT_S="30",
+                                   OPENFORGE_PROXY_KAFKA_OUTAGE_REPORT_S=str(report_s))
+    token = mint_token(KEY, "r-out", Role.AGENT, 600)
+    url = f"http://127.0.0.1:{port}/rollouts/r-out/v1/chat/completions"
+    answered: list[int] = []
+    stop = asyncio.Event()
+
+    async def load() -> None:  # calls one after another for the whole test, as a harness makes them
+        while not stop.is_set():
+            seed = len(answered)
+            if (await post(url, json={**CHAT, "seed": seed}, token=token)).status_code == 200:
+                answered.append(seed)
+
+    calls = asyncio.create_task(load())
+    try:
+        await _ready_until(port, lambda r: r["kafka"] is True and len(answered) >= 3)
+        broker.kill()
+        killed = time.monotonic()
+        # Found by the first batch that waits STALL_S, and a probe: far inside the 30 s timeout.
+        bound = STALL_S + PROBE_TIMEOUT_S + 5.0
+        ready = await _ready_until(port, lambda r: r["kafka"] is False, timeout_s=bound)
+        assert ready["kafka"] is False, f"/ready still said Kafka was fine {bound} s after the broker was killed"
+        during = len(answered)
+        await asyncio.sleep(3 * report_s)  # an outage of several intervals, calls answered meanwhile
+        assert len(answered) > during and (await get(f"http://127.0.0.1:{port}/ready")).json()["spooled"] > 0
+        broker.start()  # returns once the broker answers
+        back = time.monotonic()
+        bound = PROBE_EVERY_S + PROBE_TIMEOUT_S + 5.0
+        ready = await _ready_until(port, lambda r: r["kafka"] is True, timeout_s=bound)
+        assert ready["kafka"] is True, f"/ready did not say Kafka was back {bound} s after it answered"
+        stop.set()
+        await calls
+        await _ready_until(port, lambda r: r["spooled"] == 0)
+        events = await _distinct_calls(kafka, registry, len(answered))
+        assert sorted(e.request.sampling["seed"] for e in events) == answered
+    finally:
+        stop.set()
+        await asyncio.gather(calls, return_exceptions=True)
+        process.send_signal(signal.SIGTERM)
+        await process.wait()
+        broker.stop()
+    lines = log.read_text().splitlines()
+    went = [n for n, line in enumerate(lines) if "producers.outage: Kafka at" in line and "is unreachable" in line]
+    summaries = [n for n, line in enumerate(lines) if "Kafka still unreachable" in line]
+    returned = [n for n, line in enumerate(lines) if "Kafka is back" in line]
+    assert len(went) == 1 and len(returned) == 1, lines
+    outage_s = back - killed
+    assert 1 <= len(summaries) <= outage_s / report_s + 1, (outage_s, lines)
+    # Nothing else about Kafka between: the client's own lines are held back, and counted.
+    between = lines[went[0]:returned[0] + 1]
+    assert all(n in (*went, *summaries, *returned) for n in range(went[0], returned[0] + 1)), between
+    assert not [line for line in lines if " aiokafka" in line and ("ERROR" in line or "WARNING" in line)], lines
 
 
 async def test_a_killed_journalling_proxy_loses_no_answered_call(vllm_url: str, tmp_path: Path,
