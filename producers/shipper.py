@@ -243,6 +243,7 @@ class Shipper:
         if self._producer is None:
             producer = self._factory()
             self._bootstrap = producer.settings.bootstrap_servers
+            self._unreachable = "the producer did not start"
 
             def unreachable(exc: Exception) -> None:
                 self._unreachable = repr(exc)  # said by the outage's line, not here
