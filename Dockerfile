@@ -4,8 +4,7 @@
 #   make image                      # docker build -t ghcr.io/openforge/openforge:<version> .
 #
 # The build installs into /opt/openforge with scripts/image/install.sh, the same script the test
-# suite runs (tests/integration/processes/test_image_install.py), so what is checked is what ships. Rust's
-# toolchain is needed to compile the proxy's fast path (native/) and stays in the build stage.
+# suite runs (tests/integration/processes/test_image_install.py), so what is checked is what ships.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -13,9 +12,7 @@ FROM ${PYTHON_IMAGE} AS build
 RUN apt-get update \
     && apt-get install --yes --no-install-recommends build-essential ca-certificates curl \
     && rm -rf /var/lib/apt/lists/*
-RUN curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-ENV PATH=/root/.cargo/bin:$PATH \
-    PIP_NO_CACHE_DIR=1 \
+ENV PIP_NO_CACHE_DIR=1 \
     OPENFORGE_IMAGE_PYTHON=python3
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -26,7 +23,6 @@ COPY producers ./producers
 COPY proxy ./proxy
 COPY consumers ./consumers
 COPY learner ./learner
-COPY native ./native
 COPY scripts/image ./scripts/image
 COPY scripts/learner ./scripts/learner
 RUN bash scripts/image/install.sh /opt/openforge

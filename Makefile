@@ -10,20 +10,11 @@ STAMP  := $(VENV)/.installed
 .PHONY: install test test-fast lint demo bench image kafka-jars engine harnesses browser learner helm kube parts \
         python-parts clean
 
-# The compiled fast path of the proxy's journal and its shipping worker (native/, Rust); its build output is
-# cached beside the other downloads, so a fresh clone compiles only the crate itself again.
-NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/openforge_native.pyi \
-                  $(wildcard native/src/*.rs)
-CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/openforge
-
-$(STAMP): pyproject.toml $(NATIVE_SOURCES)
+$(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade "pip>=25.1"
 	@$(PY) -m pip install --quiet -e . --group test --group lint
-	@command -v cargo >/dev/null || { echo "building native/ needs Rust's cargo (https://rustup.rs)" >&2; exit 1; }
-	@echo "==> building the shipping worker's compiled fast path (native/)"
-	@CARGO_TARGET_DIR="$(CACHE)/native-target" $(PY) -m pip install --quiet ./native
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -60,7 +51,7 @@ kube:
 	@bash scripts/kube/install.sh >/dev/null
 
 # Everything the suite needs, installed side by side: unpacking wheels keeps about one core busy while the
-# Go and Rust builds can use both, so on a fresh machine the overlap saves minutes. The learner waits for
+# Go builds can use both, so on a fresh machine the overlap saves minutes. The learner waits for
 # the engine because it reuses the torch wheels the engine's install downloads, and Kafka's jars are
 # fetched by .venv's own Python only once nothing installs into .venv any more. Output is not held back
 # per job (a cold kube-apiserver build takes minutes), so the jobs' lines interleave; the install
@@ -91,7 +82,6 @@ bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy --json out/bench/proxy.json --plot out/bench/proxy.png
 	@$(PY) -m bench.shipper
-	@$(PY) -m bench.journal
 	@$(PY) -m bench.learner
 	@$(PY) -m bench.publisher
 
@@ -103,4 +93,4 @@ image:
 	$(DOCKER) build -t $(IMAGE) .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache native/target
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

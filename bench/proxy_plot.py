@@ -10,9 +10,9 @@ results.json PATH`` draws it again from a run's ``--json``. Four panels:
   a table of medians hides;
 * **added latency**: p50 and p99 over direct, whole answers and time to first token, with the
   1 ms goal;
-* **CPU per call at equal load**: where each call's CPU goes with capture on and off (the proxy's
-  main process, its shipping worker, the upstream, the broker, the load generator and the rest of
-  the machine), and how much capture may cost to keep 80 %.
+* **CPU per call at equal load**: where each call's CPU goes with capture on and off (the proxy,
+  the upstream, the broker, the load generator and the rest of the machine), and how much capture
+  may cost to keep 80 %.
 
 Drawn from the summary alone (the ``--json`` file), so an old run can be drawn again and
 compared with a new one.
@@ -28,20 +28,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.proxy import GOAL_CAPTURE_RATIO, PYTHON_CLIENT
+from bench.proxy import GOAL_CAPTURE_RATIO
 
 _COLOURS = {
     "direct": "#7f7f7f",
     "openforge": "#1f77b4",
-    "openforge-inline": "#17becf",
-    "openforge-ack": "#9467bd",
     "openforge-nocap": "#2ca02c",
     "litellm": "#d62728",
 }
 
 _CPU_PARTS = (
-    ("main process", "#1f77b4"),
-    ("shipping worker", "#aec7e8"),
+    ("proxy", "#1f77b4"),
     ("upstream", "#7f7f7f"),
     ("broker", "#ff7f0e"),
     ("load generator", "#bcbd22"),
@@ -55,14 +52,11 @@ class PlotError(ValueError):
 
 def _label(summary: dict[str, Any], key: str) -> str:
     labels: dict[str, str] = summary.get("targets") or {}
-    if key.endswith(PYTHON_CLIENT):
-        base = key[: -len(PYTHON_CLIENT)]
-        return f"{labels.get(base, base)} [python]"
     return labels.get(key, key)
 
 
 def _colour(key: str) -> str:
-    return _COLOURS.get(key.removesuffix(PYTHON_CLIENT), "#8c564b")
+    return _COLOURS.get(key, "#8c564b")
 
 
 def cpu_parts(row: dict[str, float]) -> list[float]:
@@ -72,9 +66,7 @@ def cpu_parts(row: dict[str, float]) -> list[float]:
     account for is the rest. Noise can make the named parts add to more than the machine's
     figure, so the rest is never drawn below zero.
     """
-    main = row["server_own_cpu_us"]
-    worker = max(row["server_cpu_us"] - main, 0.0)
-    named = [main, worker, row["upstream_cpu_us"], row["broker_cpu_us"], row["client_cpu_us"]]
+    named = [row["server_cpu_us"], row["upstream_cpu_us"], row["broker_cpu_us"], row["client_cpu_us"]]
     machine = row.get("machine_cpu_us", math.nan)
     rest = machine - sum(named) if isinstance(machine, int | float) and math.isfinite(machine) else 0.0
     return [max(part, 0.0) for part in [*named, rest]]
@@ -108,9 +100,8 @@ def _throughput(ax: Any, summary: dict[str, Any]) -> None:
 
 def _capture_ratio(ax: Any, summary: dict[str, Any]) -> None:
     goals: dict[str, Any] = summary["goals"]
-    series = [(key, goals[key], label) for key, label in
-              (("capture_on_vs_off", "compiled client"), ("capture_on_vs_off_python_client", "python client"))
-              if goals.get(key) and goals[key].get("rounds")]
+    capture = goals.get("capture_on_vs_off") or {}
+    series = [("capture_on_vs_off", capture, "capture on / off")] if capture.get("rounds") else []
     goal = next((g["goal"] for _, g, _ in series), GOAL_CAPTURE_RATIO)
     if not series:
         ax.text(0.5, 0.5, "capture off not measured", ha="center", va="center", transform=ax.transAxes)
@@ -158,7 +149,7 @@ def _latency(ax: Any, summary: dict[str, Any]) -> None:
             ax.plot(x, max(p99, p50), "_", color="black", markersize=8)
     goal = (summary.get("goals") or {}).get("added_p50_ms", {}).get("goal")
     if goal:
-        ax.axhline(goal, color="black", linestyle="--", linewidth=1, label=f"goal p50 < {goal:g} ms")
+        ax.axhline(goal, color="black", linestyle="--", linewidth=1, label=f"goal p50 <= {goal:g} ms")
     ax.set_xticks(range(len(rows)), ["whole answer", "time to first token (streamed)"])
     ax.set_yscale("log")
     ax.set_ylim(top=ax.get_ylim()[1] * 6)
@@ -172,7 +163,7 @@ def _latency(ax: Any, summary: dict[str, Any]) -> None:
 def _equal_load(ax: Any, summary: dict[str, Any]) -> None:
     equal = summary.get("equal_load")
     targets = (equal or {}).get("targets") or {}
-    names = [n for n in ("openforge-nocap", "openforge", "openforge-inline", "openforge-ack") if n in targets]
+    names = [n for n in ("openforge-nocap", "openforge") if n in targets]
     if not names:
         ax.text(0.5, 0.5, "equal-load cells not run", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()

@@ -1,30 +1,30 @@
-"""The proxy's shipping worker: CPU per call it ships, against shipping alone.
+"""The proxy's journal shipper: CPU per call it ships, against shipping alone.
 
 Run from the repository root with ``python -m bench.shipper``.
 
 The proxy journals each whole answer as its raw engine exchange (the request it sent, the
-engine's answer, a little metadata) and its shipping worker (``producers.ship_worker``, the real
-process, started as the proxy starts it) turns each record into the call's event and sends it to
-Kafka. Two journals are shipped side by side, alternating, to a private local broker:
+engine's answer, a little metadata) and its shipper (``producers.shipper.Shipper``, on the proxy's
+event loop) turns each record into the call's event and sends it to Kafka. Here the real shipper
+runs in this process, as in the proxy, on journals of its own, sent to a private local broker,
+the journals alternating round by round:
 
 * **whole answers**: raw exchange records of one benchmark call (``--prompt-tokens`` and
   ``--completion-tokens``, the shape ``bench.proxy`` uses), as the proxy writes them;
-* **whole, Python path**: the same records, with the worker told to make each event in Python
-  rather than with the compiled fast path (``native/``), as it does where that is not installed;
-* **built events** (the baseline): the same calls already made into their events, so the worker
+* **built events** (the baseline): the same calls already made into their events, so the shipper
   only reads and sends them. The difference is what building an event costs.
 
 Each is shipped two ways:
 
-* **bulk**: ``--records`` records are journalled first, then the worker ships them in batches
+* **bulk**: ``--records`` records are journalled first, then the shipper ships them in batches
   of up to 1,024, as after a Kafka outage;
-* **paced**: records are journalled at ``--rate`` per second for ``--seconds`` while the worker
-  ships them, as under steady load (the proxy's default linger between batches).
+* **paced**: records are journalled at ``--rate`` per second for ``--seconds`` while the shipper
+  ships them, as under steady load (the proxy's default linger between batches); the appends'
+  own CPU is included, alike for both journals.
 
-The figure is the worker process's CPU time (user and system, from /proc) per record, from its
-first report to the report that has the last record shipped. The journals cycle through 97 calls,
-each of its own rollout and with its own token ids. Medians over ``--rounds``. On a shared
-machine the absolute numbers move from run to run; compare the two journals of one run.
+The figure is this process's CPU time (user and system) per record, from the start of shipping
+to the last record's acknowledgement. The journals cycle through 97 calls, each of its own rollout
+and with its own token ids. Medians over ``--rounds``. On a shared machine the absolute numbers
+move from run to run; compare the two journals of one run.
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import orjson
@@ -48,13 +46,12 @@ from bench.fast_upstream import Canned
 from bench.proxy import SYSTEM_PROMPT, progress
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request
 from producers.journal import Journal
-from producers.raw_calls import NATIVE, EngineExchange, Record, pack_raw_exchange, ship_record
-from producers.ship_worker import WorkerSpec
+from producers.raw_calls import EngineExchange, Record, pack_raw_exchange, ship_record
+from producers.shipper import Shipper
 from proxy.settings import ProxySettings
 from schemas.call.v1 import ApiProtocol
-from stream import KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
+from stream import EventProducer, KafkaAdmin, KafkaSettings, LocalBroker, TopicRegistry
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 KEYS = 97
 
 
@@ -97,83 +94,32 @@ def whole_answer_calls(prompt_tokens: int, completion_tokens: int,
     return calls
 
 
-def _cpu(pid: int) -> tuple[float, float]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK
+def _cpu() -> tuple[float, float]:
+    times = os.times()
+    return times.user, times.system
 
 
-class Worker:
-    """The shipping worker on one journal folder, started the way the proxy starts it."""
-
-    def __init__(self, directory: Path, kafka: KafkaSettings, *, native: bool = True) -> None:
-        self.directory = directory
-        self.kafka = kafka
-        self.native = native
-        self.shipped = -1
-        self._process: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._progress = asyncio.Event()
-
-    async def start(self) -> None:
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "producers.ship_worker", str(self.directory),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-        assert self._process.stdin is not None
-        spec = WorkerSpec(self.kafka.worker_json(), native=self.native,
-                          linger_s=ProxySettings.model_fields["journal_linger_ms"].default / 1000)
-        self._process.stdin.write(orjson.dumps(asdict(spec)) + b"\n")
-        self._reader = asyncio.create_task(self._follow())
-        await self.until(-1)
-
-    async def _follow(self) -> None:
-        assert self._process is not None
-        assert self._process.stdout is not None
-        while line := await self._process.stdout.readline():
-            report = orjson.loads(line)
-            if report["failed"]:
-                raise RuntimeError("the shipping worker found the journal damaged")
-            self.shipped = int(report["shipped"])
-            self._progress.set()
-
-    async def until(self, seq: int, timeout_s: float = 120.0) -> None:
-        """Wait for a report (the first one), then until ``seq`` is shipped."""
-        async with asyncio.timeout(timeout_s):
-            await self._progress.wait()
-            while self.shipped < seq:
-                self._progress.clear()
-                await self._progress.wait()
-
-    def cpu(self) -> tuple[float, float]:
-        assert self._process is not None
-        return _cpu(self._process.pid)
-
-    async def stop(self) -> None:
-        if self._process is not None and self._process.returncode is None:
-            assert self._process.stdin is not None
-            self._process.stdin.close()
-            await asyncio.wait_for(self._process.wait(), 30)
-        if self._reader is not None:
-            self._reader.cancel()
-
-
-async def ship(kafka: KafkaSettings, folder: Path, records: list[Record], *, bulk: int, rate: float,
-               seconds: float, native: bool = True) -> tuple[float, float]:
-    """Worker CPU (user, system) µs per record for one journal, bulk (``bulk`` > 0) or paced."""
-    journal = Journal(folder, 1 << 40, shipped_elsewhere=True)
+async def ship(kafka: KafkaSettings, registry: TopicRegistry, folder: Path, records: list[Record], *, bulk: int,
+               rate: float, seconds: float) -> tuple[float, float]:
+    """This process's CPU (user, system) µs per record shipping one journal, bulk (``bulk`` > 0) or paced."""
+    journal = Journal(folder, 1 << 40)
     journal.open()
+    shipper = Shipper(lambda: EventProducer(kafka, registry=registry, client_id="openforge-proxy"), journal,
+                      registry, ack_timeout_s=10.0,
+                      linger_s=ProxySettings.model_fields["journal_linger_ms"].default / 1000)
 
     def append(n: int) -> None:
         journal.append(*records[n % len(records)])
+        shipper.wake()
 
-    worker = Worker(folder, kafka, native=native)
     try:
-        if bulk:
-            for n in range(bulk):
-                append(n)
-            journal.sync()
-        await worker.start()
-        before = worker.cpu()
         count = bulk
+        for n in range(bulk):
+            append(n)
+        if not await shipper.connect():
+            raise RuntimeError("the shipper could not reach Kafka")
+        before = _cpu()
+        runner = asyncio.create_task(shipper.run())
         if not bulk:
             started = time.perf_counter()
             while (elapsed := time.perf_counter() - started) < seconds:
@@ -181,10 +127,16 @@ async def ship(kafka: KafkaSettings, folder: Path, records: list[Record], *, bul
                     append(count)
                     count += 1
                 await asyncio.sleep(0.001)
-        await worker.until(count - 1)
-        after = worker.cpu()
+        async with asyncio.timeout(120):
+            while shipper.shipped < count - 1:
+                if shipper.failed or runner.done():
+                    raise RuntimeError("the shipper stopped before the journal was shipped")
+                await asyncio.sleep(0.005)
+        after = _cpu()
+        shipper.stop_when_done()
+        await runner
     finally:
-        await worker.stop()
+        await shipper.close()
         journal.close()
     return (after[0] - before[0]) / count * 1e6, (after[1] - before[1]) / count * 1e6
 
@@ -206,22 +158,18 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[t
         raw = whole_answers(args.prompt_tokens, args.completion_tokens)
         registry = TopicRegistry.from_settings(kafka)
         built = [ship_record(registry, *record, 0) for record in raw]
-        if not NATIVE:
-            raise SystemExit("the compiled fast path (openforge_native) is not installed: run `make install`")
-        # Name: (records, whether the worker may use the compiled path).
-        journals = {"whole answers": (raw, True), "whole, Python path": (raw, False), "built events": (built, True)}
+        journals = {"whole answers": raw, "built events": built}
         results: dict[str, dict[str, list[tuple[float, float]]]] = {
             mode: {name: [] for name in journals} for mode in ("bulk", "paced")}
         # A short first pass warms the broker's JIT; it is not counted.
-        await ship(kafka, tmp / "warm", raw, bulk=min(args.records, 2000), rate=0, seconds=0, native=False)
+        await ship(kafka, registry, tmp / "warm", raw, bulk=min(args.records, 2000), rate=0, seconds=0)
         for round_ in range(args.rounds):
             order = list(journals) if round_ % 2 == 0 else list(reversed(journals))
             for mode in ("bulk", "paced"):
                 for name in order:
-                    records, native = journals[name]
-                    figures = await ship(kafka, tmp / uuid.uuid4().hex, records,
+                    figures = await ship(kafka, registry, tmp / uuid.uuid4().hex, journals[name],
                                          bulk=args.records if mode == "bulk" else 0, rate=args.rate,
-                                         seconds=args.seconds, native=native)
+                                         seconds=args.seconds)
                     results[mode][name].append(figures)
                     progress(f"round {round_ + 1}/{args.rounds} {mode:5} {name:18}: "
                              f"{sum(figures):6.1f} us/record (user {figures[0]:.1f}, system {figures[1]:.1f})")
@@ -232,7 +180,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, dict[str, list[t
 
 
 def report(results: dict[str, dict[str, list[tuple[float, float]]]], args: argparse.Namespace) -> str:
-    lines = [f"{'shipping worker CPU, us/record':38} {'user':>8} {'system':>8} {'total':>8}", "-" * 66]
+    lines = [f"{'shipper CPU, us/record':38} {'user':>8} {'system':>8} {'total':>8}", "-" * 66]
     for mode, by_journal in results.items():
         for name, figures in by_journal.items():
             user = statistics.median(f[0] for f in figures)
@@ -240,9 +188,8 @@ def report(results: dict[str, dict[str, list[tuple[float, float]]]], args: argpa
             total = statistics.median(sum(f) for f in figures)
             lines.append(f"{mode + ', ' + name:38} {user:8.1f} {system:8.1f} {total:8.1f}")
         baseline = statistics.median(sum(f) for f in by_journal["built events"])
-        for path, name in (("compiled", "whole answers"), ("Python", "whole, Python path")):
-            building = statistics.median(sum(f) for f in by_journal[name]) - baseline
-            lines.append(f"{mode + ', building the event, ' + path:38} {'':8} {'':8} {building:8.1f}")
+        building = statistics.median(sum(f) for f in by_journal["whole answers"]) - baseline
+        lines.append(f"{mode + ', building the event':38} {'':8} {'':8} {building:8.1f}")
     lines.append(f"(bulk: {args.records:,} records journalled first; paced: {args.rate:,.0f} records/s for "
                  f"{args.seconds:g} s; {args.prompt_tokens} prompt / {args.completion_tokens} completion tokens per "
                  f"call; medians of {args.rounds} rounds)")

@@ -4,8 +4,8 @@ The log's own bound (``spool_max_bytes``) counts only its bytes; a volume shared
 files, or smaller than the bound, fills first. A call is then served by the engine and only
 its record fails, with a 503 the harness retries while the pod stays in rotation. Asked before
 a call begins, the disk's free space refuses it before the engine's work, and readiness says so.
-Free inodes count too where the filesystem has a fixed number: the ``ack`` spool keeps one file
-per record, so a volume of small records runs out of inodes before bytes.
+Free inodes count too where the filesystem has a fixed number: a volume shared with other files
+can run out of them before bytes, and the journal then cannot start a segment.
 """
 
 from __future__ import annotations
@@ -13,9 +13,66 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+_MiB = 1 << 20
+
+SMALLEST_VOLUME = 16 * _MiB
+"""The least a journal's volume may hold: a sixteenth of it is a segment of 1 MiB, and as much
+again is kept free, which still leaves room for calls of a few hundred KiB each."""
+
+_LARGEST_SHARE = 64 * _MiB
+"""Segment size and free-space floor on a volume of 1 GiB and more."""
+
+
+@dataclass(frozen=True)
+class JournalSpace:
+    """How the journal shares its volume: the size of its segments, and the space kept free.
+
+    A segment is deleted once every record in it is in Kafka; the active one, while not shipped
+    whole, holds its space until it is full: its size is what the journal may hold on the volume
+    beyond what waits for Kafka. Both scale with the volume (a
+    sixteenth of it each, at most 64 MiB). Fixed at 64 MiB, they blocked an 80 MiB volume for good:
+    a 64 MiB floor left 16 MiB for the journal, the first segment never filled to be deleted, and
+    every call got 503 while Kafka had every event.
+    """
+
+    volume_bytes: int
+    """The size of the filesystem the journal is on."""
+    segment_bytes: int
+    """Size at which the journal starts a new segment."""
+    min_free_bytes: int
+    """Free space below which calls are refused (0: no floor)."""
+
+    @classmethod
+    def of(cls, directory: Path, min_free_bytes: int | None) -> JournalSpace:
+        """The shares for the volume under ``directory`` (made if missing).
+
+        Args:
+            directory: The journal's folder.
+            min_free_bytes: The floor asked for, or None for the volume's share.
+
+        Raises:
+            ValueError: the volume is too small for a journal, or the floor asked for leaves the
+                journal no room; the message says what to change.
+            OSError: the folder cannot be made or its filesystem read.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        stat = os.statvfs(directory)
+        volume = stat.f_blocks * stat.f_frsize
+        if volume < SMALLEST_VOLUME:
+            raise ValueError(f"the volume under {directory} holds {volume / _MiB:.1f} MiB; the journal needs at least "
+                             f"{SMALLEST_VOLUME >> 20} MiB (OPENFORGE_PROXY_SPOOL_DIR on a larger volume)")
+        share = min(_LARGEST_SHARE, volume // 16)
+        floor = share if min_free_bytes is None else min_free_bytes
+        if volume - floor < 4 * share:
+            raise ValueError(f"OPENFORGE_PROXY_MIN_FREE_DISK_BYTES={floor} leaves the journal less than "
+                             f"{4 * share >> 20} MiB of the {volume >> 20} MiB volume under {directory}: lower it "
+                             f"(unset, it keeps {share >> 20} MiB free there) or give the journal a larger volume")
+        return cls(volume, share, floor)
 
 
 class DiskRoom:
@@ -33,7 +90,7 @@ class DiskRoom:
         self.directory = directory
         self.min_free_bytes = min_free_bytes
         self.min_free_inodes = min_free_inodes
-        """Inodes kept free with the bytes (with a floor of bytes only): a call's record may take a file."""
+        """Inodes kept free with the bytes (with a floor of bytes only): the journal's next segment takes one."""
         self.every_s = every_s
         self.free_bytes: int | None = None
         """Bytes free to this process at the last look (None: not looked, or the look failed)."""
@@ -81,4 +138,4 @@ class DiskRoom:
         self._ok = ok
 
 
-__all__ = ["DiskRoom"]
+__all__ = ["SMALLEST_VOLUME", "DiskRoom", "JournalSpace"]

@@ -12,9 +12,9 @@ unset by default), so a crashed process loses nothing and the disk is flushed on
 Layout of the folder:
 
 * segments ``<first seq:020d>.log``, each a run of frames ``u32 body length | u32 crc32(body) |
-  u64 seq | body`` where the body is :func:`producers.spool.pack_record`'s encoding; sequence
-  numbers increase by one across segments. A new segment starts at every open and when the active
-  one passes ``segment_bytes``;
+  u64 seq | body`` where the body is :func:`pack_record`'s encoding; sequence
+  numbers increase by one across segments. A new segment starts at every open, when the active
+  one passes ``segment_bytes``, and when it is shipped whole and holds an eighth of that;
 * ``shipped``: the highest sequence number up to which every record is in Kafka, replaced
   atomically. Segments wholly below it are deleted.
 
@@ -32,7 +32,7 @@ Not thread-safe: one event loop appends, reads and marks (``sync`` may run in a 
 
 from __future__ import annotations
 
-import collections
+import fcntl
 import logging
 import os
 import struct
@@ -43,20 +43,108 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.spool import lock_folder, record_head, sync_path, unpack_record
-
-try:
-    # The compiled frame writer (native/, built by `make install`); the Python path below
-    # writes the same bytes in more steps.
-    from openforge_native import append_frame as _native_append_frame
-except ImportError:  # pragma: no cover - `make install` builds it
-    _native_append_frame = None  # type: ignore[assignment]
-
 logger = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<IIQ")  # body length, crc32 of the body, sequence number
 _MARK = "shipped"
 _READ_CHUNK = 256 * 1024  # bytes read at once; larger records are read whole on their own
+_MAGIC = b"OFSPOOL1"  # first bytes of every record's encoding (the name is older than the journal)
+_U32 = struct.Struct("<I")
+_SHIPPED_ROLL = 8  # a wholly shipped active segment of 1/8 of segment_bytes or more is rolled and deleted
+
+Record = tuple[str, bytes | None, bytes, tuple[tuple[str, bytes], ...]]
+"""An encoded Kafka record as the journal keeps it: topic, key, value, headers."""
+
+
+def pack_record(topic: str, key: bytes | None, value: bytes, headers: tuple[tuple[str, bytes], ...]) -> bytes:
+    """One Kafka record as the bytes of a journal frame's body."""
+    return record_head(topic, key, headers, len(value)) + value
+
+
+def record_head(topic: str, key: bytes | None, headers: tuple[tuple[str, bytes], ...], value_length: int) -> bytes:
+    """:func:`pack_record`'s encoding up to the value, which follows it: ``value_length`` bytes.
+
+    Apart so that a writer holding a value in parts (the journal's whole answers) can write them
+    as they are rather than join them first.
+    """
+    parts = [_MAGIC]
+
+    def field(data: bytes) -> None:
+        parts.append(_U32.pack(len(data)))
+        parts.append(data)
+
+    field(topic.encode())
+    parts.append(b"\x01" if key is not None else b"\x00")
+    field(key or b"")
+    parts.append(_U32.pack(len(headers)))
+    for name, data in headers:
+        field(name.encode())
+        field(data)
+    parts.append(_U32.pack(value_length))
+    return b"".join(parts)
+
+
+def unpack_record(where: object, blob: bytes) -> Record:
+    """The record :func:`pack_record` encoded; ``where`` names its place in errors.
+
+    Straight-line rather than a helper per field: the shipper reads every call's record through here.
+
+    Raises:
+        ValueError: not a record, or truncated.
+    """
+    if not blob.startswith(_MAGIC):
+        raise ValueError(f"{where} holds no journal record")
+    try:
+        pos = len(_MAGIC)
+        (size,) = _U32.unpack_from(blob, pos)
+        topic = blob[pos + 4:pos + 4 + size].decode()
+        pos += 4 + size
+        has_key = blob[pos:pos + 1] == b"\x01"
+        (size,) = _U32.unpack_from(blob, pos + 1)
+        key = blob[pos + 5:pos + 5 + size]
+        pos += 5 + size
+        (count,) = _U32.unpack_from(blob, pos)
+        pos += 4
+        headers = []
+        for _ in range(count):
+            (size,) = _U32.unpack_from(blob, pos)
+            name = blob[pos + 4:pos + 4 + size].decode()
+            pos += 4 + size
+            (size,) = _U32.unpack_from(blob, pos)
+            headers.append((name, blob[pos + 4:pos + 4 + size]))
+            pos += 4 + size
+        (size,) = _U32.unpack_from(blob, pos)
+        value = blob[pos + 4:pos + 4 + size]
+    except struct.error:
+        raise ValueError(f"{where} holds a truncated record") from None
+    if len(value) != size:
+        raise ValueError(f"{where} holds a truncated record")
+    return topic, key if has_key else None, value, tuple(headers)
+
+
+def sync_path(path: Path) -> None:
+    """Flush a file, or a folder's entries (a new file in it), to disk, through a descriptor of its own."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lock_folder(path: Path, refusal: str) -> int:
+    """An exclusive lock on ``path`` (created), held until its descriptor is closed.
+
+    Raises:
+        JournalLockedError: another process holds it (with ``refusal`` as its message).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalLockedError(f"{refusal}: give each proxy a spool folder of its own "
+                                 "(OPENFORGE_PROXY_SPOOL_DIR)") from None
+    return fd
 
 
 def _write_frame(fd: int, seq: int, topic: str, key: bytes | None, parts: Sequence[bytes],
@@ -82,11 +170,8 @@ def _write_frame(fd: int, seq: int, topic: str, key: bytes | None, parts: Sequen
     return size
 
 
-class ShippedMark:
-    """The ``shipped`` file: how far Kafka has the journal, written atomically and not too often.
-
-    One writer per folder: the journal itself, or the shipping process's tail of it.
-    """
+class _ShippedMark:
+    """The ``shipped`` file: how far Kafka has the journal, written atomically and not too often."""
 
     def __init__(self, directory: Path, interval_s: float) -> None:
         self.directory = directory
@@ -149,12 +234,9 @@ class JournalRecord:
     """Bytes the record takes on disk (frame header included)."""
 
 
-def frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, seq: int,
-                 expected_seq: int) -> JournalRecord:
+def _frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, seq: int,
+                  expected_seq: int) -> JournalRecord:
     """The record a frame's body holds, after the frame's checks (length, checksum, numbering).
-
-    One place for what makes a frame good, for the journal's own reader and the shipping
-    process's tail of it.
 
     Raises:
         JournalCorruptError: the frame at ``offset`` of ``path`` fails a check.
@@ -162,11 +244,11 @@ def frame_record(path: Path, offset: int, body: bytes, length: int, crc: int, se
     if len(body) != length or zlib.crc32(body) != crc or seq != expected_seq:
         raise JournalCorruptError(f"{path} is damaged at byte {offset:,}")
     try:
-        record = unpack_record(path, bytes(body))
+        topic, key, value, headers = unpack_record(path, bytes(body))
     except ValueError as exc:  # whole and checked, but not a record this version writes
         raise JournalCorruptError(f"{path} holds a frame at byte {offset:,} that is not a journal record: "
                                   f"{exc}") from exc
-    return JournalRecord(seq, record.topic, record.key, record.value, record.headers, _FRAME.size + length)
+    return JournalRecord(seq, topic, key, value, headers, _FRAME.size + length)
 
 
 @dataclass
@@ -180,7 +262,7 @@ class Journal:
     """Append-only segments plus a ``shipped`` mark, bounded by the bytes not yet shipped."""
 
     def __init__(self, directory: Path, max_bytes: int, *, segment_bytes: int = 64 * 1024 * 1024,
-                 mark_interval_s: float = 0.05, shipped_elsewhere: bool = False) -> None:
+                 mark_interval_s: float = 0.05) -> None:
         """Open with :meth:`open`.
 
         Args:
@@ -188,13 +270,8 @@ class Journal:
             max_bytes: Bound on the bytes not yet shipped (:attr:`full`).
             segment_bytes: Size at which a new segment starts.
             mark_interval_s: Least time between writes of the ``shipped`` mark.
-            shipped_elsewhere: Another process ships the journal (:mod:`producers.journal_tail`):
-                this object only appends, learns progress through :meth:`note_shipped`, and
-                never reads, marks or deletes.
         """
         self.directory = directory
-        self.shipped_elsewhere = shipped_elsewhere
-        self._unshipped: collections.deque[tuple[int, int]] = collections.deque()  # (seq, bytes), shipped elsewhere
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.mark_interval_s = mark_interval_s
@@ -212,7 +289,7 @@ class Journal:
         # thread appends, rolls segments and closes: the lock keeps a descriptor from being
         # closed (and its number reused by the next segment) between reading it and flushing it.
         self._fd_lock = threading.Lock()
-        self._mark = ShippedMark(directory, mark_interval_s)
+        self._mark = _ShippedMark(directory, mark_interval_s)
         # Read cursor: the next record to hand to the shipper.
         self._read_index = 0
         self._read_offset = 0
@@ -302,10 +379,13 @@ class Journal:
             except OSError as exc:  # as any failed flush: said, and the start goes on (the disk is the operator's)
                 logger.error("flushing journal segment %s left by an earlier run failed: %s", segment.path, exc)
         self._new_segment()
+        # The newest segment of the run before is now an older one: shipped whole, it goes like
+        # any other. Kept, it held its space until this run's segment filled, which on a volume
+        # too small for a second segment was never.
+        self._drop_shipped_segments()
         salvaged = [*self._unfinished_salvages(unfinished), *salvaged]
         for _, body in salvaged:  # written again, in their order, as the newest records
-            record = unpack_record(self.directory, body)
-            self.append(record.topic, record.key, record.value, record.headers)
+            self.append(*unpack_record(self.directory, body))
         if salvaged:
             self.sync()
         for marker in self.directory.glob("*" + SALVAGING):
@@ -330,7 +410,7 @@ class Journal:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_folder(self.directory / WRITER_LOCK,
-                                    f"another process is writing the journal at {self.directory}", JournalLockedError)
+                                    f"another process is writing the journal at {self.directory}")
 
     def close(self) -> None:
         """Flush to disk, write the mark, release the file and the folder. Idempotent."""
@@ -344,8 +424,7 @@ class Journal:
         except OSError as exc:
             logger.error("flushing the journal at %s on close failed: %s", self.directory, exc)
         else:
-            if not self.shipped_elsewhere:
-                self.write_mark(force=True)
+            self.write_mark(force=True)
         self._close_active()
         if self._read_fd is not None:
             os.close(self._read_fd)
@@ -363,8 +442,6 @@ class Journal:
             records += 1
             if seq > self._shipped:
                 unshipped += size
-                if self.shipped_elsewhere:
-                    self._unshipped.append((seq, size))
         return offset, records, unshipped, seq
 
     def _cut_damage(self, path: Path, size: int, last_seq: int) -> list[tuple[int, bytes]]:
@@ -480,10 +557,7 @@ class Journal:
 
         The proxy writes every whole answer this way (a little metadata, then the request and the
         answer it holds anyway): one ``writev`` of the parts as they are, the checksum carried from
-        part to part, where joining would copy each answer twice more on the event loop. A record
-        with a key and no headers (every call's) is framed and written by the compiled fast path
-        when it is installed (:func:`openforge_native.append_frame`), in one call; the bytes are
-        the same.
+        part to part, where joining would copy each answer twice more on the event loop.
         """
         if self._fd is None:
             raise RuntimeError("the journal is not open")
@@ -492,18 +566,13 @@ class Journal:
         seq = self._next_seq
         active = self._segments[-1]
         try:
-            if _native_append_frame is not None and key is not None and not headers:
-                size = _native_append_frame(self._fd, seq, topic, key, parts)
-            else:
-                size = _write_frame(self._fd, seq, topic, key, parts, headers)
+            size = _write_frame(self._fd, seq, topic, key, parts, headers)
         except OSError as exc:
             self._cut_failed_append(active, exc)
             raise
         self._next_seq += 1
         self._pending += 1
         self._pending_bytes += size
-        if self.shipped_elsewhere:
-            self._unshipped.append((seq, size))
         self._unsynced = True
         active.size += size
         if active.size >= self.segment_bytes:
@@ -571,7 +640,7 @@ class Journal:
                         end = _FRAME.size + length
                     else:
                         break
-                out.append(frame_record(segment.path, self._read_offset + position, body, length, crc, seq,
+                out.append(_frame_record(segment.path, self._read_offset + position, body, length, crc, seq,
                                         self._read_seq))
                 taken += _FRAME.size + length
                 self._read_seq = seq + 1
@@ -623,26 +692,22 @@ class Journal:
         self._shipped = records[-1].seq
         self._pending -= len(records)
         self._pending_bytes -= sum(r.size for r in records)
+        active = self._segments[-1]
+        if self._pending == 0 and active.size >= self.segment_bytes // _SHIPPED_ROLL:
+            # Shipped whole, the active segment would hold its space until it filled, which
+            # on an idle proxy is never: a new one starts, and this one goes like any other.
+            # Not at every batch (a new file and a flush of the folder each): once it holds
+            # a fraction of a segment, so an idle journal keeps at most that.
+            self._new_segment()
         self._drop_shipped_segments()
         self.write_mark()
 
-    def note_shipped(self, seq: int) -> None:
-        """The shipping process has every record up to ``seq`` in Kafka (``shipped_elsewhere``)."""
-        if seq <= self._shipped:
-            return
-        self._shipped = seq
-        while self._unshipped and self._unshipped[0][0] <= seq:
-            self._pending -= 1
-            self._pending_bytes -= self._unshipped.popleft()[1]
-        if len(self._segments) > 1:
-            # The shipper deletes the files; forget all but the active one here.
-            del self._segments[:-1]
-
     def write_mark(self, *, force: bool = False) -> None:
-        """Persist the ``shipped`` mark (:class:`ShippedMark`), if the disk lets it.
+        """Persist the ``shipped`` mark, if the disk lets it.
 
-        As in :meth:`producers.journal_tail.JournalTail.write_mark`: a mark the disk refuses
-        must not stop shipping, nor the deletion of shipped segments that frees the disk.
+        A mark the disk refuses (a full disk) must not stop shipping, nor the deletion of shipped
+        segments, which is what frees the disk: a restart reads an older mark, moves it up to the
+        first segment left, and sends again at most what that segment held.
         """
         try:
             self._mark.write(self._shipped, force=force)
@@ -769,4 +834,5 @@ def _remove_shipped(path: Path) -> bool:
     return True
 
 
-__all__ = ["Journal", "JournalCorruptError", "JournalRecord", "ShippedMark", "frame_record"]
+__all__ = ["Journal", "JournalCorruptError", "JournalLockedError", "JournalRecord", "Record", "lock_folder",
+           "pack_record", "sync_path", "unpack_record"]

@@ -45,6 +45,7 @@ from producers.capture import (
     normalize_request,
     reasoning_text,
 )
+from producers.journal import Record
 from schemas import DeadLetterV1, ModelCallV1
 from schemas._base import new_event_id
 from schemas._errors import DeadLetterErrorType
@@ -52,17 +53,6 @@ from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 from stream import CALLS, DEAD_LETTERS, TopicRegistry
 from stream.producer import encode_record, encoded_record
 from stream.tracing import inject_trace_context
-
-try:
-    # The compiled fast path for whole answers (native/, built by `make install`). Without it
-    # (an install that did not build it) the Python path below does the same work, at about
-    # four times the CPU; the shipper says so when it starts.
-    from openforge_native import exchange_event as _native_exchange_event
-except ImportError:  # pragma: no cover - `make install` builds it
-    _native_exchange_event = None  # type: ignore[assignment]
-
-NATIVE = _native_exchange_event is not None
-"""Whether the compiled fast path is installed."""
 
 RAW_CALLS = "openforge/raw-calls"
 """The topic name raw call records are journalled under. The ``/`` makes it an illegal Kafka
@@ -80,9 +70,6 @@ SHIPPER_GROUP = "openforge-proxy-shipper"
 
 #: Largest raw record copied whole into a dead letter (base64 grows it by a third; the topic takes 48 MiB).
 _MAX_LETTER_VALUE = 32 * 1024 * 1024
-
-Record = tuple[str, bytes | None, bytes, tuple[tuple[str, bytes], ...]]
-"""An encoded Kafka record as the journal keeps it: topic, key, value, headers."""
 
 
 def _json_default(value: object) -> Any:
@@ -342,36 +329,29 @@ def unpack_raw_call(value: bytes) -> tuple[ModelCallV1, list[tuple[str, bytes]]]
 
 
 def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: bytes,
-                headers: tuple[tuple[str, bytes], ...], seq: int, *, native: bool = True) -> Record:
+                headers: tuple[tuple[str, bytes], ...], seq: int) -> Record:
     """What to send to Kafka for one journal record: itself, or for a raw call its event.
 
-    A whole answer's event is written by the compiled fast path (``native``, when installed)
-    when it can vouch for the record; otherwise the event's JSON is written straight from the
-    record's fields when the checks of :func:`producers.capture.event_json` vouch for them, which
-    is most of the Python path's work saved; otherwise the event is built and validated. A raw
-    call that cannot be made an event is sent as a dead letter instead (``seq``, the journal's
-    sequence number, stands in for the offset it never had), so the journal moves on and the
-    call stays inspectable.
+    The event's JSON is written straight from the record's fields when the checks of
+    :func:`producers.capture.event_json` vouch for them, which is most of the work of building and
+    validating the event saved; otherwise the event is built and validated. A raw call that
+    cannot be made an event is sent as a dead letter instead (``seq``, the journal's sequence
+    number, stands in for the offset it never had), so the journal moves on and the call stays
+    inspectable.
     """
     if topic not in (RAW_CALLS, RAW_EXCHANGES):
         return topic, key, value, headers
     try:
         calls = registry[CALLS]
-        made = (_native_exchange_event(value) if native and topic == RAW_EXCHANGES
-                and _native_exchange_event is not None else None)
+        data, event_id, created_at, trace = (_call_fields if topic == RAW_CALLS else _exchange_fields)(value)
+        vouched = event_json(data, event_id=event_id, created_at=created_at)
         record_key: bytes | None
-        if made is not None:
-            written, rollout_id, trace = made
-            record_key, encoded, event_headers = encoded_record(calls, ModelCallV1, rollout_id.encode(), written)
+        if vouched is not None:
+            record_key, encoded, event_headers = encoded_record(calls, ModelCallV1, data["rollout_id"].encode(),
+                                                                vouched)
         else:
-            data, event_id, created_at, trace = (_call_fields if topic == RAW_CALLS else _exchange_fields)(value)
-            vouched = event_json(data, event_id=event_id, created_at=created_at)
-            if vouched is not None:
-                record_key, encoded, event_headers = encoded_record(calls, ModelCallV1,
-                                                                    data["rollout_id"].encode(), vouched)
-            else:
-                event = event_from_fields(data, event_id=event_id, created_at=created_at)
-                record_key, encoded, event_headers = encode_record(calls, event)
+            event = event_from_fields(data, event_id=event_id, created_at=created_at)
+            record_key, encoded, event_headers = encode_record(calls, event)
     except Exception as exc:  # noqa: BLE001 - whatever the record holds, the journal must move on
         return dead_letter(registry, (topic, key, value, ()), seq, DeadLetterErrorType.INVALID_EVENT,
                            f"call capture made no valid event: {exc}", exc)
@@ -381,5 +361,5 @@ def ship_record(registry: TopicRegistry, topic: str, key: bytes | None, value: b
     return calls.name, record_key, encoded, tuple(kept + trace)
 
 
-__all__ = ["NATIVE", "RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "dead_letter", "pack_raw_call",
+__all__ = ["RAW_CALLS", "RAW_EXCHANGES", "EngineExchange", "Record", "dead_letter", "pack_raw_call",
            "pack_raw_exchange", "raw_exchange_parts", "ship_record", "unpack_raw_call", "unpack_raw_exchange"]

@@ -25,31 +25,41 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal
 
 import aiokafka.errors as kafka_errors
 from aiokafka.errors import ClusterAuthorizationFailedError as ClusterDenied
 
 from producers.capture import CallCapture
 from producers.disk_room import DiskRoom
-from producers.durable import REFUSED, LetterRefusedError, Outcome, connect_producer, first_reward_after_a_call
-from producers.journal import Journal, JournalCorruptError, JournalRecord
-from producers.journal_tail import LOCK_WAIT_S, lock_shipping_async
-from producers.raw_calls import (
-    NATIVE,
-    EngineExchange,
+from producers.journal import (
+    Journal,
+    JournalCorruptError,
+    JournalRecord,
     Record,
+    lock_folder,
+    unpack_record,
+)
+from producers.outage import PROBE_EVERY_S, STALL_S, OutageLog, broker_reachable
+from producers.raw_calls import (
+    EngineExchange,
     dead_letter,
     pack_raw_call,
     raw_exchange_parts,
     ship_record,
 )
-from producers.ship_worker import ShipperProcess, WorkerSpec
-from producers.spool import DiskSpool
 from schemas import EventBase
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import CallStatus
-from stream import REWARDS, EventProducer, MissingTopicsError, NotAuthorizedError, TopicRegistry, TopicSpec
+from stream import (
+    REWARDS,
+    EventProducer,
+    EventTooLargeError,
+    MissingTopicsError,
+    NotAuthorizedError,
+    TopicRegistry,
+    TopicSpec,
+)
 from stream.producer import encode_record
 from stream.topics import unauthorized_topics
 
@@ -58,27 +68,99 @@ logger = logging.getLogger(__name__)
 # A shipping loop that ran this long before failing starts again after the shortest pause.
 _HEALTHY_RUN_S = 60.0
 
+_ABORT_S = 0.2
+"""How long a producer may go on delivering once no broker takes a connection."""
 
-class JournalSource(Protocol):
-    """What the shipper reads: the journal itself, or its tail in another process."""
+_BUILD_CHUNK = 64
+"""Records whose events are made between two yields to the event loop (a few milliseconds' work)."""
 
-    directory: Path
+Outcome = Literal["kafka", "journal"]
+"""Where a published event is known to be: in Kafka, or (durably) in the journal."""
 
-    def read(self, max_records: int, max_bytes: int) -> list[JournalRecord]:
-        """The next records after the cursor, oldest first."""
+REFUSED: tuple[type[Exception], ...] = (
+    kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError, kafka_errors.RecordTooLargeError,
+    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError,
+    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.PolicyViolationError, EventTooLargeError,
+)
+"""Kafka's ways of refusing a record itself rather than the connection: sending it again cannot
+help, and every record behind it would wait for ever. Such a record goes to the dead-letter topic.
+The broker's answer and the client's own checks while queueing (its size limit) alike.
 
-    def rewind(self) -> None:
-        """Cursor back on the first record not shipped."""
+Not among them: a topic this client may not write (``TopicAuthorizationFailedError``). That is
+the cluster's ACLs, an operator's to fix; until then the events wait in the journal
+(:class:`stream.NotAuthorizedError` says what to grant) instead of every one going to the
+dead-letter topic."""
 
-    def mark_shipped(self, records: list[JournalRecord]) -> None:
-        """Kafka acknowledged ``records``."""
+
+class LetterRefusedError(RuntimeError):
+    """Kafka refused a record and its dead letter too: a topic's limit to raise, not a record to drop.
+
+    Topics made outside ``openforge topics create`` keep the broker's default ``max.message.bytes``
+    (about 1 MiB), below a long conversation's event; the record waits, with those after it.
+    """
+
+    @classmethod
+    def of(cls, record: str, topic: str, size: int, refusal: Exception, letters: str, letter_size: int,
+           letter_refusal: Exception, folder: Path) -> LetterRefusedError:
+        """The error for ``record`` (as the log names it), with the remedy: the two limits to raise."""
+        return cls(f"Kafka refused {record} for {topic} ({refusal!r}) and its dead letter for {letters} too "
+                   f"({letter_refusal!r}); it and the records after it wait in {folder} and are sent once either "
+                   f"topic takes it: raise max.message.bytes of {topic} above {size} bytes, or of {letters} above "
+                   f"{letter_size} (`openforge topics describe` shows what the broker has)")
+
+
+def first_reward_after_a_call(topics: list[str], rewards_topic: str) -> int | None:
+    """In a batch of records to these ``topics``, the index of the first reward after another record.
+
+    A batch is cut there: the reward goes only once the calls before it are acknowledged. Within
+    one batch, a reward's partition may have a leader that answers while a call's does not (it
+    moves, or is down), and a reward in Kafka ahead of its rollout's last call ends the rollout in
+    the assembler without that call. Rewards in a row still share a batch: what each must follow
+    is its rollout's calls, not the other rewards.
+    """
+    calls = False
+    for index, topic in enumerate(topics):
+        if topic != rewards_topic:
+            calls = True
+        elif calls:
+            return index
+    return None
+
+
+_refused_start: str | None = None
+"""The last refusal of a producer's start by the cluster's ACLs that was logged (see ``connect_producer``)."""
+
+
+async def connect_producer(factory: Callable[[], EventProducer], timeout_s: float, meanwhile: str, *,
+                           on_unreachable: Callable[[Exception], object] | None = None) -> EventProducer | None:
+    """A started producer, or None when Kafka is unreachable.
+
+    That is logged, saying what happens ``meanwhile``, or handed to ``on_unreachable`` (which
+    then says it); a refusal by the cluster's ACLs is always logged here.
+    """
+    global _refused_start
+    producer = factory()
+    try:
+        await asyncio.wait_for(producer.start(), timeout_s)
+    except Exception as exc:  # noqa: BLE001 - unreachable Kafka is an expected state here
+        if (topics := unauthorized_topics(exc, ())) is not None:
+            # Said loudly once; every later try (each few seconds) quietly, until it changes.
+            said = str(NotAuthorizedError.of(topics, producer.settings, cluster=True))
+            logger.log(logging.INFO if said == _refused_start else logging.ERROR, "%s; %s", said, meanwhile)
+            _refused_start = said
+        elif on_unreachable is not None:
+            on_unreachable(exc)
+        else:
+            logger.warning("Kafka unreachable (%r); %s", exc, meanwhile)
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        return None
+    _refused_start = None
+    return producer
 
 
 class _UnreachableError(ConnectionError):
-    """No producer: Kafka did not answer (already logged, with the reason, by ``connect_producer``)."""
-
-    def __init__(self) -> None:
-        super().__init__("Kafka unreachable")
+    """Kafka did not answer: no producer could start, or no broker takes a connection while a batch waits."""
 
 
 class Shipper:
@@ -87,13 +169,13 @@ class Shipper:
     Each batch is everything that arrived while the previous one was in flight, so under load many
     events share a produce request (the broker's CPU per event falls with batch size), and at low
     load an event leaves at once. Raw call records (:mod:`producers.raw_calls`) become their events
-    here. Runs inside the proxy (``inline``) or in the shipping process (:mod:`producers.ship_worker`).
+    here, on the proxy's event loop.
     """
 
     def __init__(
         self,
         producer_factory: Callable[[], EventProducer],
-        source: JournalSource,
+        source: Journal,
         registry: TopicRegistry,
         *,
         ack_timeout_s: float,
@@ -102,9 +184,11 @@ class Shipper:
         linger_s: float = 0.02,
         idle_wait_s: float = 1.0,
         on_progress: Callable[[], object] | None = None,
-        native: bool = True,
+        outage_report_s: float = 30.0,  # while Kafka is away, how often the log says so (OutageLog)
     ) -> None:
         self._factory = producer_factory
+        self._bootstrap = ""  # the producers' bootstrap servers, known from the first connect
+        self._unreachable = ""  # why the last producer did not start
         self._producer: EventProducer | None = None
         self.source = source
         self.registry = registry
@@ -114,11 +198,6 @@ class Shipper:
         self.linger_s = linger_s
         self.idle_wait_s = idle_wait_s
         self._on_progress = on_progress
-        self.native = native
-        """Whole answers become events in compiled code where it is installed (:func:`ship_record`)."""
-        if native and not NATIVE:
-            logger.warning("the compiled fast path (openforge_native) is not installed: events are made in "
-                           "Python, at several times the CPU per call (`make install` builds it)")
         self._wake = asyncio.Event()
         self._hurry = asyncio.Event()
         self._stop_requested = asyncio.Event()
@@ -138,6 +217,7 @@ class Shipper:
         self._missing_reported: list[str] = []  # the missing topics last logged, so a wait is logged once
         self._unauthorized_reported: list[str] = []  # likewise the topics last found not ours to write
         self._letter_refused: int | None = None  # the record whose dead letter Kafka refused too, once logged
+        self.outage = OutageLog(str(source.directory), outage_report_s)
 
     def wake(self) -> None:
         """Something was appended: look now instead of at the next poll."""
@@ -161,8 +241,16 @@ class Shipper:
     async def connect(self) -> bool:
         """Connect to Kafka if not connected; False while it is unreachable."""
         if self._producer is None:
-            self._producer = await connect_producer(self._factory, self.ack_timeout_s * 2,
-                                                    f"events wait in the journal at {self.source.directory}")
+            producer = self._factory()
+            self._bootstrap = producer.settings.bootstrap_servers
+            self._unreachable = "the producer did not start"
+
+            def unreachable(exc: Exception) -> None:
+                self._unreachable = repr(exc)  # said by the outage's line, not here
+
+            self._producer = await connect_producer(lambda: producer, self.ack_timeout_s * 2,
+                                                    f"events wait in the journal at {self.source.directory}",
+                                                    on_unreachable=unreachable)
         # A producer that starts is not yet a Kafka that takes the events: while the last batch
         # waits for a topic or a grant, readiness keeps saying so rather than true for each try.
         connected = self._producer is not None
@@ -170,12 +258,16 @@ class Shipper:
                                            or self._letter_refused is not None)
         return connected
 
-    async def close(self) -> None:
-        """Drop the Kafka connection; unacknowledged records are all still in the journal."""
-        self.kafka_ok = False
-        await self._drop_producer()
+    async def close(self, wait_s: float | None = None) -> None:
+        """Drop the Kafka connection; unacknowledged records are all still in the journal.
 
-    async def _drop_producer(self) -> None:
+        Args:
+            wait_s: How long the producer may go on delivering (default: the acknowledgement timeout).
+        """
+        self.kafka_ok = False
+        await self._drop_producer(wait_s)
+
+    async def _drop_producer(self, wait_s: float | None = None) -> None:
         """Stop the producer without waiting out its deliveries; the next :meth:`connect` starts a new one.
 
         Also after Kafka refused a batch, which is no lost connection: the refused batch took
@@ -185,7 +277,7 @@ class Shipper:
         producer, self._producer = self._producer, None
         if producer is not None:
             with contextlib.suppress(Exception):
-                await producer.abort(self.ack_timeout_s)
+                await producer.abort(self.ack_timeout_s if wait_s is None else wait_s)
 
     def _progress(self) -> None:
         if self._on_progress is not None:
@@ -200,6 +292,13 @@ class Shipper:
         filled and every call was refused, though nothing was wrong with Kafka or the journal.
         Records Kafka had taken before the failure are sent again; consumers drop copies by id.
         """
+        self.outage.gate.install()
+        try:
+            await self._run()
+        finally:
+            self.outage.gate.uninstall()
+
+    async def _run(self) -> None:
         backoff = 1.0
         while True:
             began = time.monotonic()
@@ -246,6 +345,7 @@ class Shipper:
                 if self.stopping or not await self._rewind():
                     return
                 continue
+            self.outage.tick(len(self.source))
             if not records:
                 if self.stopping:
                     return
@@ -253,8 +353,8 @@ class Shipper:
                 try:
                     await asyncio.wait_for(self._wake.wait(), self.idle_wait_s)
                 except TimeoutError:
-                    # A poll (the shipping process is not woken per append): what arrived has
-                    # gathered for the idle wait already; a linger now would only double the delay.
+                    # A poll: what was appended without a wake (journalled at start) has waited
+                    # the idle wait already; a linger now would only double the delay.
                     continue
                 await self._linger()
                 continue
@@ -265,11 +365,21 @@ class Shipper:
             outgoing: list[Record] = []
             try:
                 if not await self.connect():
-                    raise _UnreachableError  # connect_producer said why
-                outgoing = [ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq, native=self.native)
-                            for r in records]
+                    raise _UnreachableError(self._unreachable)
+                outgoing = await self._build(records)
                 await self._send(outgoing)
             except Exception as exc:  # noqa: BLE001 - keep the records and try again; Kafka may be restarting
+                if isinstance(exc, _UnreachableError):
+                    # An outage: said once (OutageLog), and over as soon as a broker takes connections.
+                    self.publish_errors += 1
+                    self.outage.went(self._bootstrap, str(exc), len(self.source))
+                    await self.close(_ABORT_S)  # nothing to wait for: no broker takes a connection
+                    self._progress()
+                    if self.stopping or not await self._rewind():
+                        return
+                    await self._until_reachable(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
                 refused = isinstance(exc, REFUSED)
                 if refused and len(records) == 1 and outgoing and await self._dead_letter(records[0], outgoing[0], exc):
                     await self._drop_producer()
@@ -300,7 +410,7 @@ class Shipper:
                     self._one_by_one_to = max(self._one_by_one_to, records[-1].seq)
                 elif missing:
                     self._report_missing(missing, len(records))
-                elif not isinstance(exc, _UnreachableError) and not (refused and self._letter_refused is not None):
+                elif not (refused and self._letter_refused is not None):
                     # Also a failure to make the producer (its settings, say): never a silent retry loop.
                     logger.warning("shipping %d journalled events failed (%r); will retry", len(records), exc)
                 await self.close()
@@ -312,6 +422,7 @@ class Shipper:
                 backoff = min(backoff * 2, 10.0)  # a returning broker is found within 10 s
                 continue
             backoff = 0.5
+            self.outage.back(len(self.source))
             if self._unauthorized_reported:
                 logger.info("topics %s take this client's events again", ", ".join(self._unauthorized_reported))
             self._missing_reported, self._unauthorized_reported, self._letter_refused = [], [], None
@@ -329,6 +440,20 @@ class Shipper:
             if (len(records) < self.batch_records and sum(r.size for r in records) < self.batch_bytes
                     and not one_by_one):
                 await self._linger()
+
+    async def _build(self, records: list[JournalRecord]) -> list[Record]:
+        """What to send for ``records`` (:func:`ship_record`), yielding to the calls now and then.
+
+        The shipper shares the proxy's event loop, and making a call's event takes tens of
+        microseconds: a backlog's batch of a thousand, made in one go, would hold every call in
+        flight for a tenth of a second.
+        """
+        outgoing: list[Record] = []
+        for n, r in enumerate(records):
+            if n and n % _BUILD_CHUNK == 0:
+                await asyncio.sleep(0)
+            outgoing.append(ship_record(self.registry, r.topic, r.key, r.value, r.headers, r.seq))
+        return outgoing
 
     async def _rewind(self) -> bool:
         """Put the cursor back on the first record not shipped; False when shipping must end.
@@ -401,11 +526,49 @@ class Shipper:
                      records, self.source.directory)
 
     async def _send(self, outgoing: list[Record]) -> None:
-        """Send ``outgoing`` and wait until Kafka has acknowledged all of it."""
-        assert self._producer is not None
-        async with asyncio.timeout(self.ack_timeout_s):
-            futures = await self._producer.send_many_raw(outgoing)
+        """Send ``outgoing`` and wait until Kafka has acknowledged all of it.
+
+        Raises:
+            _UnreachableError: unacknowledged after :data:`STALL_S`, and no broker takes a
+                connection: an outage, found long before the acknowledgement timeout.
+        """
+        producer = self._producer
+        assert producer is not None
+
+        async def deliver() -> None:
+            futures = await producer.send_many_raw(outgoing)
             await asyncio.gather(*futures)
+
+        delivery = asyncio.ensure_future(deliver())
+        try:
+            async with asyncio.timeout(self.ack_timeout_s):
+                done, _ = await asyncio.wait({delivery}, timeout=min(STALL_S, self.ack_timeout_s))
+                if not done and not await broker_reachable(self._bootstrap):
+                    raise _UnreachableError(f"no broker took a connection while a batch waited {STALL_S:.0f} s")
+                await delivery
+        finally:
+            if not delivery.done():
+                delivery.cancel()
+                with contextlib.suppress(BaseException):
+                    await delivery
+
+    async def _until_reachable(self, backoff: float) -> None:
+        """Wait until a broker takes connections again; ``backoff`` where one did all along.
+
+        Probed every :data:`PROBE_EVERY_S`: a broker that was away is tried as soon as it is
+        back. One that takes connections but does not serve (still starting, credentials it
+        refuses) is tried after ``backoff`` instead, so that is no loop of producers.
+        """
+        deadline = time.monotonic() + backoff
+        was_away = False
+        while not self.stopping:
+            if await broker_reachable(self._bootstrap):
+                if was_away or time.monotonic() >= deadline:
+                    return
+            else:
+                was_away = True
+            self.outage.tick(len(self.source))
+            await self._pause(PROBE_EVERY_S)
 
     async def _dead_letter(self, record: JournalRecord, sent: Record, exc: Exception) -> bool:
         """Put a record Kafka refused on the dead-letter topic instead, and move on; False if that failed too.
@@ -473,7 +636,7 @@ class Shipper:
 
 
 class JournalPublisher:
-    """The journal in front, one in-order shipper to Kafka behind it (in this process or its own)."""
+    """The journal in front, one in-order shipper to Kafka behind it, both on the proxy's event loop."""
 
     def __init__(
         self,
@@ -487,42 +650,35 @@ class JournalPublisher:
         batch_bytes: int = 4 * 1024 * 1024,
         linger_s: float = 0.02,
         before_start: Callable[[], object] | None = None,
-        worker: WorkerSpec | None = None,
         min_free_bytes: int = 0,
+        outage_report_s: float = 30.0,
     ) -> None:
         """Start with :meth:`start`.
 
         Args:
-            producer_factory: Makes the Kafka producer (shipping here only).
+            producer_factory: Makes the Kafka producer.
             journal: The journal, not yet opened.
             registry: Topics, for encoding.
             ack_timeout_s: Per shipped batch, and for a reward waiting for Kafka.
             fsync_interval_s: How often the journal is flushed to disk (0: at every append).
-            batch_records: Most records per batch (shipping here only).
-            batch_bytes: Most bytes per batch (shipping here only).
-            linger_s: Pause after a batch to let the next one gather (shipping here only).
+            batch_records: Most records per batch.
+            batch_bytes: Most bytes per batch.
+            linger_s: Pause after a batch to let the next one gather.
             before_start: Run once the journal is open, before shipping starts.
-            worker: Ship from a process of its own (:mod:`producers.ship_worker`), configured so;
-                the journal must then be opened ``shipped_elsewhere``. None ships here, on this
-                event loop.
             min_free_bytes: Take no calls while less is free on the journal's disk (0: no floor).
+            outage_report_s: While Kafka is away, how often the log says so.
         """
-        if (worker is not None) != journal.shipped_elsewhere:
-            raise ValueError("a shipping process needs a journal opened with shipped_elsewhere, and only it")
         self.journal = journal
         self.registry = registry
         self.ack_timeout_s = ack_timeout_s
         self.fsync_interval_s = fsync_interval_s
         self.disk = DiskRoom(journal.directory, min_free_bytes)
         self._before_start = before_start
-        self._worker_spec = worker
-        self._worker: ShipperProcess | None = None
-        self._shipper = None if worker is not None else Shipper(
-            producer_factory, journal, registry, ack_timeout_s=ack_timeout_s, batch_records=batch_records,
-            batch_bytes=batch_bytes, linger_s=linger_s, on_progress=self._on_progress)
+        self._shipper = Shipper(producer_factory, journal, registry, ack_timeout_s=ack_timeout_s,
+                                batch_records=batch_records, batch_bytes=batch_bytes, linger_s=linger_s,
+                                on_progress=self._on_progress, outage_report_s=outage_report_s)
         self._progress = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._inline_lock: int | None = None  # the shipper lock, held while shipping inline
         self._stopped = False
         self.flush_errors = 0
         """Flushes of the journal to the disk that failed (each is logged; readiness and a metric count them)."""
@@ -530,23 +686,17 @@ class JournalPublisher:
     @property
     def kafka_ok(self) -> bool:
         """True while the last batch reached Kafka (or nothing needed sending since connecting)."""
-        if self._worker is not None:
-            return self._worker.kafka_ok
-        return self._shipper is not None and self._shipper.kafka_ok
+        return self._shipper.kafka_ok
 
     @property
     def failed(self) -> bool:
         """The journal could not be read back; nothing more is accepted."""
-        if self._worker is not None:
-            return self._worker.failed
-        return self._shipper is not None and self._shipper.failed
+        return self._shipper.failed
 
     @property
     def publish_errors(self) -> int:
         """Batches that failed or timed out and were sent again."""
-        if self._worker is not None:
-            return self._worker.publish_errors
-        return self._shipper.publish_errors if self._shipper is not None else 0
+        return self._shipper.publish_errors
 
     @property
     def backlog(self) -> int:
@@ -559,54 +709,22 @@ class JournalPublisher:
         return not self.failed and not self.journal.full and self.disk.ok
 
     def _on_progress(self) -> None:
-        if self._worker is not None:
-            self.journal.note_shipped(self._worker.shipped)
         self._progress.set()
         self._progress = asyncio.Event()
 
     async def start(self) -> None:
         """Recover the journal, connect to Kafka if it is there, start shipping."""
-        if self._worker_spec is not None:
-            self._worker = ShipperProcess(self.journal.directory, self._worker_spec, on_progress=self._on_progress)
-            # Another proxy on the folder is refused at once (its worker would otherwise hold
-            # the shipper's lock below for as long as it runs).
-            await asyncio.to_thread(self.journal.lock)
-            # No shipper of an earlier proxy may read while the journal is recovered.
-            async with self._worker.exclusive():
-                await self._open()
-            await self._worker.start()
-        else:
-            # As a shipping process does: a worker of an earlier proxy (in process mode) may still
-            # drain this folder, and two shippers would both send and delete segments.
-            await asyncio.to_thread(self.journal.lock)
-            self._inline_lock = await lock_shipping_async(self.journal.directory, LOCK_WAIT_S)
-            try:
-                await self._open()
-            except BaseException:
-                os.close(self._inline_lock)
-                self._inline_lock = None
-                raise
-            assert self._shipper is not None
-            await self._shipper.connect()
-            self._tasks.append(asyncio.create_task(self._shipper.run(), name="journal-shipper"))
-        if self.fsync_interval_s > 0:
-            self._tasks.append(asyncio.create_task(self._sync_forever(), name="journal-sync"))
-
-    async def _open(self) -> None:
         await asyncio.to_thread(self.journal.open)
         if self._before_start is not None:  # e.g. taking over an old spool, once the journal is open
             await asyncio.to_thread(self._before_start)
+        await self._shipper.connect()
+        self._tasks.append(asyncio.create_task(self._shipper.run(), name="journal-shipper"))
+        if self.fsync_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._sync_forever(), name="journal-sync"))
 
     def wake(self) -> None:
-        """Have the shipper look at the journal now rather than at its next poll.
-
-        Inline this ends only an idle wait; the shipping process has a single signal, so there
-        it also cuts a linger short, as a reward's wait does.
-        """
-        if self._shipper is not None:
-            self._shipper.wake()
-        if self._worker is not None:
-            self._worker.wake()
+        """Have the shipper look at the journal now rather than at its next poll (it ends an idle wait)."""
+        self._shipper.wake()
 
     async def _appended(self) -> None:
         if self.fsync_interval_s == 0:
@@ -615,13 +733,12 @@ class JournalPublisher:
             except OSError as exc:  # the record is in the journal; only its flush failed, as in _sync_forever
                 self.flush_errors += 1
                 logger.error("flushing the journal at %s failed: %s", self.journal.directory, exc)
-        if self._shipper is not None:
-            self._shipper.wake()
+        self._shipper.wake()
 
     async def publish(self, topic: TopicSpec, event: EventBase, *, wait_for_kafka: bool = False) -> Outcome:
         """Write ``event`` into the journal; with ``wait_for_kafka``, also wait until it is shipped.
 
-        Admission is the caller's job (:attr:`accepting`), as with the spool.
+        Admission is the caller's job (:attr:`accepting`).
 
         Returns:
             ``"kafka"`` when the event is known to be in Kafka, else ``"journal"``.
@@ -635,10 +752,7 @@ class JournalPublisher:
         await self._appended()
         if not wait_for_kafka:
             return "journal"
-        if self._shipper is not None:
-            self._shipper.hurry()
-        if self._worker is not None:
-            self._worker.wake()
+        self._shipper.hurry()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.ack_timeout_s):
                 while self.journal.shipped < seq:
@@ -684,9 +798,7 @@ class JournalPublisher:
         self._stopped = True
         deadline = self.ack_timeout_s * 2
         started = time.monotonic()
-        if self._worker is not None:
-            await self._worker.stop(deadline)
-        elif self._shipper is not None and self._tasks:
+        if self._tasks:
             self._shipper.stop_when_done()
             done, _ = await asyncio.wait({self._tasks[0]}, timeout=deadline)
             if not done:
@@ -701,40 +813,37 @@ class JournalPublisher:
                 pass
             except Exception:
                 logger.exception("journal task %s had failed", task.get_name())
-        if self._shipper is not None:
-            await self._shipper.close()
+        await self._shipper.close()
         self.journal.close()
-        if self._inline_lock is not None:
-            os.close(self._inline_lock)
-            self._inline_lock = None
 
 
-def import_spool(spool: DiskSpool, journal: Journal) -> int:
-    """Move records an acknowledgement-mode proxy left in its spool into the journal, in order.
+def take_over_spool(folder: Path, journal: Journal) -> int:
+    """Move the records a proxy of an earlier version left in ``folder`` (its ``ack`` spool) into the journal.
 
-    Switching a proxy from ``ack`` to ``journal`` durability must not strand what its spool
-    holds. Returns how many records moved.
+    That proxy kept one file per record (``<number>.rec``, named in arrival order) while Kafka was
+    away; nothing else reads them any more, so they would wait unseen. Moved in order, flushed
+    before their files go: a crash in between journals them again (consumers drop the copies by
+    event id) rather than losing them. Returns how many moved.
 
     Raises:
-        SpoolLockedError: another process spools into that folder.
+        JournalLockedError: a proxy of that version still spools into the folder.
     """
-    moved = 0
-    spool.claim()  # an ack-mode proxy still draining this folder would send them a second time
+    files = sorted(folder.glob("*.rec"))
+    if not files:
+        return 0
+    lock = lock_folder(folder / "writer.lock", f"another process is spooling events in {folder}")
     try:
-        while batch := spool.oldest(256):
-            for record in batch:
-                journal.append(record.topic, record.key, record.value, record.headers)
-            # On disk in the journal before they leave the spool: a crash in between re-sends
-            # them (consumers drop the copies by event id) rather than losing them.
-            journal.sync()
-            for record in batch:
-                spool.remove(record)
-            moved += len(batch)
+        for path in files:
+            journal.append(*unpack_record(path, path.read_bytes()))
+        journal.sync()
+        for path in files:
+            path.unlink()
+        for leftover in folder.glob("*.tmp"):  # a record whose call was never answered
+            leftover.unlink()
     finally:
-        spool.release()
-    if moved:
-        logger.info("moved %d records from the spool at %s into the journal", moved, spool.directory)
-    return moved
+        os.close(lock)
+    logger.info("moved %d records an earlier proxy left in %s into the journal", len(files), folder)
+    return len(files)
 
 
 def spool_path(directory: Path) -> Path:
@@ -742,4 +851,5 @@ def spool_path(directory: Path) -> Path:
     return directory / "journal"
 
 
-__all__ = ["JournalPublisher", "JournalSource", "Shipper", "import_spool", "spool_path"]
+__all__ = ["JournalPublisher", "LetterRefusedError", "Outcome", "Shipper", "connect_producer",
+           "spool_path", "take_over_spool"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,12 +18,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from producers.durable import DurablePublisher, EventLog
+from producers.disk_room import JournalSpace
 from producers.journal import Journal
-from producers.journal_tail import LOCK_WAIT_S, lock_shipping
-from producers.ship_worker import WorkerSpec
-from producers.shipper import JournalPublisher, import_spool, spool_path
-from producers.spool import DiskSpool
+from producers.shipper import JournalPublisher, spool_path, take_over_spool
 from proxy import telemetry
 from proxy.adapters import Adapter, ChatAdapter
 from proxy.anthropic.adapter import AnthropicAdapter
@@ -53,70 +48,31 @@ class AppState:
     settings: ProxySettings
     auth: Authenticator
     upstream: UpstreamPool
-    publisher: EventLog
+    publisher: JournalPublisher
     calls: CallService
     adapters: dict[str, Adapter]
 
 
-def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSettings) -> EventLog:
-    """The event log the settings ask for (see ``ProxySettings.durability``)."""
+def _publisher(settings: ProxySettings, registry: TopicRegistry, kafka: KafkaSettings,
+               space: JournalSpace) -> JournalPublisher:
+    """The journal in ``spool_dir`` and its shipper to Kafka, as the settings and its volume ask."""
     def producer() -> EventProducer:
         return EventProducer(kafka, registry=registry, client_id="openforge-proxy")
 
-    spool = DiskSpool(settings.spool_dir, settings.spool_max_bytes)
-    if settings.durability == "ack":
-        return DurablePublisher(producer, spool, registry, ack_timeout_s=settings.publish_timeout_s,
-                                min_free_bytes=settings.min_free_disk_bytes)
-    process = settings.journal_shipper == "process"
-    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes, shipped_elsewhere=process)
-    worker = WorkerSpec(kafka.worker_json(), client_id="openforge-proxy",
-                        ack_timeout_s=settings.publish_timeout_s,
-                        linger_s=settings.journal_linger_ms / 1000) if process else None
+    journal = Journal(spool_path(settings.spool_dir), settings.spool_max_bytes, segment_bytes=space.segment_bytes)
     return JournalPublisher(producer, journal, registry, ack_timeout_s=settings.publish_timeout_s,
                             fsync_interval_s=settings.journal_fsync_interval_ms / 1000,
                             linger_s=settings.journal_linger_ms / 1000,
-                            before_start=lambda: import_spool(spool, journal), worker=worker,
-                            min_free_bytes=settings.min_free_disk_bytes)
+                            before_start=lambda: take_over_spool(settings.spool_dir, journal),
+                            min_free_bytes=space.min_free_bytes,
+                            outage_report_s=settings.kafka_outage_report_s)
 
 
-def _refusal(publisher: EventLog, what: str) -> str:
+def _refusal(publisher: JournalPublisher, what: str) -> str:
     """Why a call or reward is refused (503): the disk under the log, or the log's own bound."""
     if not publisher.disk.ok:
         return f"the disk under the {what} log is nearly full; retry later"
     return f"{what} log is full; retry later"
-
-
-def _refuse_unshipped_journal(folder: Path) -> None:
-    """Refuse ``ack`` durability over a journal an earlier ``journal`` run left unshipped.
-
-    ``ack`` mode does not read the journal, so its records would wait on disk unseen for as
-    long as the setting stays. (The other way round, a spool is moved into the journal.)
-
-    The shipping lock is taken first, as a shipper takes it: the shipping process of the run
-    before may still be draining the folder as its proxy exits. Opened under it, the journal
-    would cut and start segments under that shipper and write back the shipped mark it read, an
-    older one; waited for, the shipper finishes, and what it shipped no longer counts.
-
-    Raises:
-        ValueError: the journal holds records not yet in Kafka.
-        TimeoutError: an earlier run's shipper still held the folder after :data:`LOCK_WAIT_S`.
-    """
-    if not any(folder.glob("*.log")):
-        return
-    lock = lock_shipping(folder, LOCK_WAIT_S)
-    try:
-        journal = Journal(folder, 1 << 62)
-        journal.open()
-        try:
-            waiting = len(journal)
-        finally:
-            journal.close()
-    finally:
-        os.close(lock)
-    if waiting:
-        raise ValueError(f"the journal at {folder} holds {waiting:,} events not yet in Kafka, left by a run with "
-                         "OPENFORGE_PROXY_DURABILITY=journal, which ack durability does not ship: start with "
-                         "journal durability until /ready reports spooled 0, then switch")
 
 
 def _adapters(images: ImagePolicy) -> dict[str, Adapter]:
@@ -134,16 +90,22 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     """
     settings = settings or ProxySettings()
     auth = Authenticator(settings)  # fails fast on a missing key
-    if settings.durability == "ack":
-        _refuse_unshipped_journal(spool_path(settings.spool_dir))
+    try:  # so does a volume too small for the journal
+        space = JournalSpace.of(spool_path(settings.spool_dir), settings.min_free_disk_bytes)
+    except OSError as exc:
+        raise ValueError(f"the journal's folder {spool_path(settings.spool_dir)} cannot be used: {exc}") from exc
+    logger.info("the journal's volume holds %d MiB: segments of %d MiB, %d MiB kept free for calls",
+                space.volume_bytes >> 20, space.segment_bytes >> 20, space.min_free_bytes >> 20)
     registry = TopicRegistry.from_settings(settings.kafka)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstream = UpstreamPool(settings.upstreams, timeout_s=settings.upstream_timeout_s)
         upstream.start_version_poll(settings.weight_poll_s)
-        kafka = settings.kafka.model_copy(update={"linger_ms": settings.capture_linger_ms})
-        publisher = _publisher(settings, registry, kafka)
+        # The shipper makes its own batches (what gathered while the last was in flight, and its
+        # linger): the client adding a linger of its own to each would only delay them.
+        kafka = settings.kafka.model_copy(update={"linger_ms": 0})
+        publisher = _publisher(settings, registry, kafka, space)
         await publisher.start()
         telemetry.observe_publisher(lambda: publisher.backlog, lambda: publisher.publish_errors,
                                     lambda: publisher.flush_errors)

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
 from schemas.credentials import Role, mint_token, signing_key_from
 
@@ -37,7 +38,10 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
         updates["port"] = port
     if upstreams:
         updates["upstreams"] = [u.rstrip("/") for u in upstreams]
-    settings = ProxySettings().model_copy(update=updates)
+    try:
+        settings = ProxySettings().model_copy(update=updates)
+    except ValidationError as exc:
+        raise click.ClickException(settings_error(exc)) from None
     try:
         app = build_app(settings, own_process=True)
     except ValueError as exc:
@@ -51,15 +55,25 @@ def proxy_command(host: str | None, port: int | None, upstreams: tuple[str, ...]
     shutdown_telemetry = configure_telemetry("openforge-proxy")
     try:
         server = uvicorn.Server(server_config(app, settings))
-        logger.info("proxy on http://%s:%d in front of %s (chat completions); journal in %s, shipped by %s",
+        logger.info("proxy on http://%s:%d in front of %s (chat completions); journal in %s",
                     settings.host, settings.port, ", ".join(settings.upstreams) or "no engine",
-                    spool_path(settings.spool_dir), "a worker process" if settings.journal_shipper == "process"
-                    else "the proxy's own event loop")
+                    spool_path(settings.spool_dir))
         server.run()
         if not server.started:  # as uvicorn.run: a start-up that failed (the lifespan's errors are logged)
             raise SystemExit(3)
     finally:
         shutdown_telemetry()
+
+
+def settings_error(exc: ValidationError) -> str:
+    """Pydantic's errors about the proxy's settings, one line each, named as the operator sets them."""
+    prefix = "OPENFORGE_KAFKA_" if exc.title == "KafkaSettings" else "OPENFORGE_PROXY_"
+    lines = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ")
+        name = prefix + "_".join(str(part) for part in error["loc"]).upper()
+        lines.append(f"{name}: {message}" if error["loc"] else message)
+    return "\n".join(lines)
 
 
 @click.command("token")

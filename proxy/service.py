@@ -2,8 +2,7 @@
 
 Admit, translate, call the engine, capture, make the event durable, answer.
 
-The event of a call is durable (in the local journal, or acknowledged by Kafka or
-fsynced to the spool, as ``durability`` says) before the harness sees the end of its
+The event of a call is durable (in the local journal) before the harness sees the end of its
 answer: for a whole answer, before the response is sent; for a stream, before the
 closing events. Content tokens stream through as the engine produces them.
 """
@@ -27,8 +26,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import TypeAdapter, ValidationError
 
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request, session_headers
-from producers.durable import EventLog
 from producers.raw_calls import EngineExchange
+from producers.shipper import JournalPublisher
 from proxy import exact_json, telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
@@ -74,7 +73,7 @@ class Caller:
 class CallService:
     """Runs calls for the routers; owns nothing it does not need per call."""
 
-    def __init__(self, settings: ProxySettings, upstream: UpstreamPool, publisher: EventLog) -> None:
+    def __init__(self, settings: ProxySettings, upstream: UpstreamPool, publisher: JournalPublisher) -> None:
         self.settings = settings
         self.upstream = upstream
         self.publisher = publisher
@@ -512,8 +511,8 @@ class CallService:
             client_span.end()
             upstream_s = time.perf_counter() - upstream_t0
             capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-            # Shielded: a harness that hangs up while the record is written (Kafka's acknowledgement
-            # under ack durability) cancelled this between the record and the retry tracker's end,
+            # Shielded: a harness that hangs up while the record is written (its flush to disk, with
+            # JOURNAL_FSYNC_INTERVAL_MS=0) cancelled this between the record and the retry tracker's end,
             # leaving the attempt in flight for good. The recording now runs to its end regardless.
             unrecorded = await asyncio.shield(
                 self._in_background(self._finish_stream(capture, status, error, replica, span, fingerprint)))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import Field, SecretStr, StrictFloat, StrictInt, field_validator
+from pydantic import Field, SecretStr, StrictFloat, StrictInt, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from proxy.media import ImagePolicy
@@ -31,6 +31,22 @@ POLICY_SAMPLING: dict[str, float | int] = {"temperature": 1.0, "top_p": 1.0, "to
 Helm chart set :attr:`ProxySettings.sampling` to. The penalties too, as vLLM takes them from a
 model's ``generation_config.json`` as well (Qwen2.5's instruct models ask ``repetition_penalty``
 1.05)."""
+
+
+REMOVED_SETTINGS: dict[str, str] = {
+    "durability": "OPENFORGE_PROXY_DURABILITY is gone: every call's event is kept in the local journal "
+                  "(OPENFORGE_PROXY_SPOOL_DIR/journal) and shipped to Kafka, which keeps what `ack` kept without a "
+                  "broker round trip in every answer, and a reward still waits until Kafka has it "
+                  "(OPENFORGE_PROXY_PUBLISH_TIMEOUT_S). Remove the setting; events an `ack` proxy left in its spool "
+                  "folder are moved into the journal at start.",
+    "capture_linger_ms": "OPENFORGE_PROXY_CAPTURE_LINGER_MS is gone with `ack` durability: the journal's shipper "
+                         "batches events itself; OPENFORGE_PROXY_JOURNAL_LINGER_MS sets how long they gather. "
+                         "Remove the setting.",
+    "journal_shipper": "OPENFORGE_PROXY_JOURNAL_SHIPPER is gone: the proxy ships its journal from its own event "
+                       "loop, one process and about one core per proxy (run more replicas for more calls). "
+                       "Remove the setting.",
+}
+"""Settings the proxy no longer has, each with what to use instead: a start with one set fails."""
 
 
 class ProxySettings(BaseSettings):
@@ -100,26 +116,22 @@ class ProxySettings(BaseSettings):
     is closed. The HTTP parser has no bound of its own: one 100 MB header, sent before any
     credential is looked at, was read whole into memory."""
 
-    durability: Literal["journal", "ack"] = "journal"
-    """When a call's event counts as kept, so its answer may complete. ``journal`` (default):
-    written to the local journal in ``spool_dir`` (page cache, flushed every
-    ``journal_fsync_interval_ms``), then shipped to Kafka in order and in batches. ``ack``: Kafka
-    acknowledged it (acks=all), or, while Kafka is unreachable, it is fsynced into the spool.
-    ``ack`` puts a broker round trip into every answer; see docs/proxy.md."""
-
     spool_dir: Path = Path("./.openforge-spool")
-    """Where events wait for Kafka: the journal (``journal/`` inside it), or the spool."""
+    """Where events wait for Kafka: the journal is ``journal/`` inside it. A call's event is kept
+    there (page cache, flushed every ``journal_fsync_interval_ms``) before its answer completes,
+    then shipped to Kafka in order and in batches."""
 
     spool_max_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
     """Bound on what waits for Kafka; when reached the proxy answers 503 with Retry-After
     instead of taking calls."""
 
-    min_free_disk_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    min_free_disk_bytes: int | None = Field(default=None, ge=0)
     """Free space kept on the disk of ``spool_dir`` for the calls in flight: below it calls and
     rewards get 503 with Retry-After (a call before the engine's work), and the proxy is not
     ready, until a margin above it is free again (a volume shared with other files, or smaller
     than ``spool_max_bytes``, fills before the bound). Looked at once a second; 0 turns it off.
-    With ``ack`` durability, only while spooling."""
+    Unset, a sixteenth of the volume, at most 64 MiB (the journal's segments are as large); a
+    floor that leaves the journal less than four segments' room is refused at start."""
 
     journal_fsync_interval_ms: int = Field(default=100, ge=0, le=60_000)
     """How often the journal is flushed to disk. A crashed proxy loses nothing either way (its
@@ -131,17 +143,8 @@ class ProxySettings(BaseSettings):
     waits for it, so it only delays when Kafka has an event; every produce request costs the
     broker and the proxy CPU, so fewer, larger ones leave more for calls. There is no linger
     after a batch that filled up (a backlog ships back to back), nor while a reward waits for
-    its rollout's calls to reach Kafka. 100 ms rather than 20: with events made in compiled
-    code, the produce requests became a large part of capture's cost, and at 16 connections on
-    two shared cores the broker spent 37 to 42 µs per call instead of 47 to 48 (250 ms saved no more;
-    docs/benchmarks.md)."""
-
-    journal_shipper: Literal["process", "inline"] = "process"
-    """Where the journal is shipped from (``journal`` durability). ``process`` (default): a
-    worker process beside the proxy builds each call's event from its journalled capture and
-    sends it, so the proxy's event loop keeps only a JSON dump and a ``write`` per call.
-    ``inline``: the same work on the proxy's own event loop (one process fewer, less throughput
-    where a spare core exists); see docs/proxy.md."""
+    its rollout's calls to reach Kafka. 100 ms rather than 20: at 16 connections on two shared
+    cores the broker spent 37 to 42 µs per call instead of 47 to 48 (250 ms saved no more)."""
 
     images: ImagePolicy = "refuse"
     """Whether images reach the engine (``refuse``, ``inline`` or ``placeholder``; see
@@ -152,8 +155,13 @@ class ProxySettings(BaseSettings):
     goes on with a text-only model."""
 
     publish_timeout_s: float = Field(default=5.0, gt=0)
-    """How long to wait for Kafka's acknowledgement: before spooling (``ack``), per shipped
-    batch (``journal``), and for a reward to reach Kafka before answering its verifier."""
+    """How long to wait for Kafka's acknowledgement: per shipped batch, and for a reward to reach
+    Kafka before answering its verifier."""
+
+    kafka_outage_report_s: float = Field(default=30.0, gt=0)
+    """While Kafka is away, how often the log says so: one line when it goes, a summary (how long,
+    what waits in the journal) every this many seconds, one line when it is back. The Kafka
+    client's own messages are held back to one per interval, and counted in those lines."""
 
     drain_s: int = Field(default=30, ge=1, le=3600)
     """How long a stopping proxy lets the calls in flight finish (streams included). Recording
@@ -180,17 +188,29 @@ class ProxySettings(BaseSettings):
     """Record every call on Kafka. Off only to measure what capture costs (benchmarks); the call
     metrics are kept either way."""
 
-    capture_linger_ms: int = Field(default=0, ge=0, le=1000)
-    """How long the producer holds a call event to batch it with others (Kafka's
-    ``linger.ms``). With ``ack`` durability a whole answer waits for its event's
-    acknowledgement, so this adds to every call's latency; with ``journal`` the shipper batches
-    anyway. 0 (the default) favours latency (see docs/benchmarks.md)."""
-
     weight_poll_s: float = Field(default=0.5, gt=0)
     """How often each engine's weight version is read, to label calls with it."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     """Kafka connection (``OPENFORGE_KAFKA_*``)."""
+
+    durability: str | None = Field(default=None, exclude=True, repr=False)
+    """Removed (see :data:`REMOVED_SETTINGS`): set, the proxy refuses to start and says what to do."""
+
+    capture_linger_ms: str | None = Field(default=None, exclude=True, repr=False)
+    """Removed (see :data:`REMOVED_SETTINGS`): set, the proxy refuses to start and says what to do."""
+
+    journal_shipper: str | None = Field(default=None, exclude=True, repr=False)
+    """Removed (see :data:`REMOVED_SETTINGS`): set, the proxy refuses to start and says what to do."""
+
+    @model_validator(mode="after")
+    def _no_removed_settings(self) -> ProxySettings:
+        # A setting that is gone would otherwise be ignored in silence, and an operator would
+        # believe the proxy kept calls the way it names.
+        said = [REMOVED_SETTINGS[name] for name in REMOVED_SETTINGS if getattr(self, name) is not None]
+        if said:
+            raise ValueError(" ".join(said))
+        return self
 
     @field_validator("sampling", mode="before")
     @classmethod

@@ -19,8 +19,8 @@ time_to_first_token = _meter.create_histogram("openforge.proxy.time_to_first_tok
 refused = _meter.create_counter("openforge.proxy.refused", unit="{request}",
                                description="Requests answered with an error before any engine work (no call event "
                                            "records them), by HTTP status: credentials (401, 403), bodies over the "
-                                           "limit (413), compressed bodies (415), a full spool (503), a malformed "
-                                           "reward (400).")
+                                           "limit (413), compressed bodies (415), a full journal or disk (503), a "
+                                           "malformed reward (400).")
 added_latency = _meter.create_histogram("openforge.proxy.added_latency", unit="s",
                                         description="Time spent in the proxy outside the engine call.")
 
@@ -54,21 +54,18 @@ _meter.create_observable_gauge("openforge.proxy.spool_depth", callbacks=[_spool_
                                description="Call events waiting on local disk for Kafka.")
 _meter.create_observable_counter(
     "openforge.proxy.publish_errors", callbacks=[_publish_errors], unit="{attempt}",
-    description="Hand-offs to Kafka that failed: batches of the journal sent again (journal durability), "
-                "or events that went to the spool (ack durability).")
+    description="Hand-offs to Kafka that failed: batches of the journal sent again.")
 
 _meter.create_observable_counter(
     "openforge.proxy.journal_flush_errors", callbacks=[_flush_errors], unit="{flush}",
-    description="Flushes of the journal to the disk that failed (journal durability). Records written since the "
+    description="Flushes of the journal to the disk that failed. Records written since the "
                 "last good flush may be only in memory until Kafka has them: a disk to look at.")
 
 
 def observe_publisher(backlog: Callable[[], int], errors: Callable[[], int], flush_errors: Callable[[], int]) -> None:
     """Report the publisher's backlog (a gauge), its failed hand-offs to Kafka and its failed flushes (counters).
 
-    All are read from the publisher when metrics are collected. The hand-offs happen where the
-    events are shipped, which with journal durability is the shipping worker, in a process of
-    its own; the publisher keeps their running count either way.
+    All are read from the publisher when metrics are collected.
     """
     _Publisher.backlog = backlog
     _Publisher.errors = errors

@@ -94,14 +94,9 @@ async def cli_names_the_refusal(env: dict[str, str], reason: str, secret: str, *
 
 
 async def shipped_call(kafka: KafkaSettings, vllm_url: str, tmp_path: Path, rollout: str) -> ModelCallV1:
-    """One chat call through a proxy publishing under ``kafka``; its event as read back from the topic.
-
-    The proxy's shipping worker is a child process: it reaches the cluster only if the proxy
-    handed it every credential.
-    """
+    """One chat call through a proxy publishing under ``kafka``; its event as read back from the topic."""
     registry = await created(kafka)
     async with proxy_in_front_of(vllm_url, kafka, registry, tmp_path) as proxy:
-        assert proxy.settings.journal_shipper == "process"
         async with httpx.AsyncClient(timeout=60) as client:
             answer = await client.post(f"{proxy.base(rollout)}/v1/chat/completions",
                                        headers={"Authorization": f"Bearer {proxy.token(rollout)}"},

@@ -108,14 +108,14 @@ def proxy() -> dict[str, Any]:
         panel("Proxy added latency", "Time spent in the proxy outside the engine call.",
               quantiles("openforge_proxy_added_latency_seconds"), "s"),
         panel("Refused requests/s", "Requests answered with an error before any engine work, by HTTP status: "
-              "credentials (401, 403), bodies over the limit (413), a full spool (503), a malformed reward (400). "
-              "A rise in 401 is usually a signing-key mismatch between launcher and proxy.",
+              "credentials (401, 403), bodies over the limit (413), a full journal or disk (503), a malformed reward "
+              "(400). A rise in 401 is usually a signing-key mismatch between launcher and proxy.",
               [(f"sum by (status) (rate(openforge_proxy_refused_total{{{NS}}}[{RATE}]))", "{{status}}")], "reqps"),
         panel("Spool depth", "Call events waiting on local disk for Kafka (0 when Kafka keeps up).",
               [(f"sum by (k8s_pod_name) (openforge_proxy_spool_depth{{{NS}}})", "{{k8s_pod_name}}")]),
         panel("Failed hand-offs to Kafka, failed journal flushes/s",
-              "Journal batches Kafka did not take and that are sent again (journal durability), or events "
-              "that went to the spool (ack durability). Nothing is lost; the spool depth shows what waits. "
+              "Journal batches Kafka did not take and that are sent again. Nothing is lost; the spool depth "
+              "shows what waits. "
               "A failed flush of the journal to its disk is a disk to look at: records written before it "
               "are safe only once Kafka has them.",
               [(f"sum(rate(openforge_proxy_publish_errors_total{{{NS}}}[{RATE}]))", "failed"),

@@ -5,14 +5,13 @@
 #
 # The Dockerfile runs this; so does the test that checks the result runs from outside the source
 # tree (tests/integration/processes/test_image_install.py). Into VENV go the openforge package (every
-# process of the Helm chart is `openforge <name>`), its compiled fast path (native/, built with
-# Rust's cargo) and the learner's training stack (scripts/learner/install.sh), then a check that
-# all of it imports from a folder that is not the source tree.
+# process of the Helm chart is `openforge <name>`) and the learner's training stack
+# (scripts/learner/install.sh), then a check that all of it imports from a folder that is not the
+# source tree.
 #
 # Environment:
 #   OPENFORGE_IMAGE_LEARNER=0   leave the learner's stack out (some 5 GiB; the test does, since
 #                               `make learner` installs the same stack with the same script)
-#   CARGO_TARGET_DIR            where cargo builds (a cache folder makes rebuilds fast)
 set -Eeuo pipefail
 
 VENV="${1:?usage: scripts/image/install.sh VENV}"
@@ -24,22 +23,21 @@ log() { printf '[image-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
 trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 command -v "$PYTHON" >/dev/null || { log "ERROR: $PYTHON not found (OpenForge runs on Python 3.11)"; exit 1; }
-command -v cargo >/dev/null || { log "ERROR: building native/ needs Rust's cargo (https://rustup.rs)"; exit 1; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 log "creating $VENV"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24"
-log "installing openforge and its compiled fast path"
+log "installing openforge"
 # setuptools builds in the source tree's build/ unless told otherwise, and copies into it over
 # what an earlier build left: a module since deleted would ship again. So openforge's wheel alone
 # is built in a fresh folder (alone: a dependency pip builds from source must not share it), then
-# installed with its dependencies and the compiled fast path.
+# installed with its dependencies.
 STAGE="$(mktemp -d)"
 trap 'rm -rf "$STAGE"' EXIT
 printf '[build]\nbuild_base = %s/build\n[egg_info]\negg_base = %s\n' "$STAGE" "$STAGE" > "$STAGE/setup.cfg"
 DIST_EXTRA_CONFIG="$STAGE/setup.cfg" "$VENV/bin/python" -m pip wheel --quiet --no-deps --wheel-dir "$STAGE/wheel" "$ROOT"
-"$VENV/bin/python" -m pip install --quiet "$STAGE"/wheel/openforge-*.whl "$ROOT/native"
+"$VENV/bin/python" -m pip install --quiet "$STAGE"/wheel/openforge-*.whl
 if [ "${OPENFORGE_IMAGE_LEARNER:-1}" != "0" ]; then
     log "installing the learner's training stack"
     OPENFORGE_LEARNER_PYTHON="$VENV/bin/python" bash "$ROOT/scripts/learner/install.sh"
@@ -49,9 +47,7 @@ log "checking the install runs outside the source tree"
 import importlib
 import os
 
-import openforge_native  # noqa: F401 - the fast path, or the proxy ships events the slow way
-
-modules = ["openforge.cli", "proxy.app", "producers.ship_worker", "consumers.assembler.cli",
+modules = ["openforge.cli", "proxy.app", "producers.shipper", "consumers.assembler.cli",
            "consumers.publisher_cli", "consumers.rollouts.cli", "openforge.watcher"]
 if os.environ["OPENFORGE_IMAGE_LEARNER"] != "0":
     modules.append("learner.main")

@@ -122,8 +122,6 @@ OPENFORGE_PROXY_CREDENTIAL_OTHER_KEY_FILE: "/etc/openforge/credentials/other-sig
 OPENFORGE_PROXY_ALLOW_ANONYMOUS: {{ $v.allowAnonymous | quote }}
 OPENFORGE_PROXY_SPOOL_DIR: "/var/spool/openforge"
 OPENFORGE_PROXY_SPOOL_MAX_BYTES: {{ include "openforge.spoolMaxBytes" . | quote }}
-OPENFORGE_PROXY_DURABILITY: {{ $v.durability | quote }}
-OPENFORGE_PROXY_JOURNAL_SHIPPER: {{ $v.journalShipper | quote }}
 OPENFORGE_PROXY_SAMPLING: {{ $v.sampling | default dict | toJson | quote }}
 OPENFORGE_PROXY_IMAGES: {{ $v.images | quote }}
 OPENFORGE_PROXY_DRAIN_S: {{ $v.drainSeconds | quote }}

@@ -7,7 +7,7 @@ calls), and a reward waiting out the pause before its rollout's calls reach Kafk
 
 The linger here is far longer than any of the waits, so a pause taken where none is due shows
 as a wait that runs out, not as a slightly slower run. A batch also ends before a reward that
-follows calls, in the journal and in ``ack`` durability's spool.
+follows calls.
 """
 
 from __future__ import annotations
@@ -21,11 +21,8 @@ import pytest
 from factories import reward
 from proxy_helpers import stored, until
 
-from producers.durable import DurablePublisher
 from producers.journal import Journal
-from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, Shipper
-from producers.spool import DiskSpool
 from stream import EventProducer, KafkaSettings, TopicRegistry
 from stream.topics import REWARDS, ROLLOUTS
 
@@ -96,19 +93,16 @@ async def test_a_record_a_poll_finds_leaves_without_a_linger(
     # has gathered for that wait already; a linger on top would double the delay of each event.
     async with _shipping(tmp_path, kafka_settings, topics, batch_bytes=1 << 20) as (journal, shipper):
         await asyncio.sleep(0.3)  # idle: several polls found nothing
-        last = _append(journal, topics, 2, 100)  # no wake, as in the shipping process
+        last = _append(journal, topics, 2, 100)  # no wake, as for records journalled at start
         assert await until(lambda: shipper.shipped >= last, 10.0), "a record found by a poll sat out a linger"
     assert await _stored(kafka_settings, topics) == 2
 
 
-@pytest.mark.parametrize("place", ["inline", "process"])
 async def test_a_reward_waiting_for_kafka_does_not_sit_out_the_linger(
-        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, place: str) -> None:
-    journal = Journal(tmp_path, 64 << 20, shipped_elsewhere=place == "process")
-    worker = WorkerSpec(kafka_settings.model_dump(mode="json"), ack_timeout_s=10.0, linger_s=LINGER_S) \
-        if place == "process" else None
+        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
+    journal = Journal(tmp_path, 64 << 20)
     publisher = JournalPublisher(lambda: EventProducer(kafka_settings, registry=topics), journal, topics,
-                                 ack_timeout_s=10.0, linger_s=LINGER_S, worker=worker)
+                                 ack_timeout_s=10.0, linger_s=LINGER_S)
     await publisher.start()
     try:
         # The first event leaves at once (nothing was waiting); the shipper lingers after it.
@@ -154,31 +148,4 @@ async def test_a_reward_is_sent_only_after_the_calls_before_it_are_acknowledged(
         await shipper.close()
         journal.close()
     assert _BatchesSeen.batches == [[calls, calls], [rewards, rewards, calls], [rewards]]
-    assert await _stored(kafka_settings, topics) == 3
-
-
-async def test_the_ack_spool_drains_a_reward_only_after_the_calls_before_it(
-        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
-    # The same rule for ``ack`` durability's spool, drained after Kafka was away.
-    spool = DiskSpool(tmp_path, 64 << 20)
-    calls, rewards = topics[ROLLOUTS].name, topics[REWARDS].name
-    for topic in (calls, calls, rewards, rewards, calls, rewards):
-        spool.append(topic, b"r-1", b"{}", ())
-    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=topics), spool, topics,
-                                 ack_timeout_s=5.0, drain_interval_s=0.05)
-    drained: list[int] = []
-    drain_once = publisher._drain_once
-
-    async def noted() -> int:
-        count = await drain_once()
-        drained.append(count)
-        return count
-
-    publisher._drain_once = noted  # type: ignore[method-assign]
-    await publisher.start()
-    try:
-        assert await until(lambda: publisher.direct, 20.0)
-    finally:
-        await publisher.stop()
-    assert [count for count in drained if count] == [2, 3, 1]
     assert await _stored(kafka_settings, topics) == 3

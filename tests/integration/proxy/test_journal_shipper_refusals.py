@@ -28,10 +28,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from producers.durable import DurablePublisher
 from producers.journal import Journal
 from producers.shipper import Shipper
-from producers.spool import DiskSpool
 from schemas import DeadLetterV1
 from schemas._errors import DeadLetterErrorType
 from schemas.registry import decode
@@ -88,47 +86,29 @@ async def test_a_record_the_broker_refuses_goes_to_the_dead_letter_topic_and_the
     assert "MessageSizeTooLarge" in letter.reason or "TooLarge" in (letter.exception_type or "")
 
 
-async def test_a_spooled_record_the_broker_refuses_goes_to_the_dead_letter_topic_and_the_spool_drains(
-        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
-    # ``ack`` durability's spool, left by an earlier run: its drainer sent the same batch again
-    # for ever, Kafka's view of the proxy stayed "down", and the spool filled behind the record.
-    small = Topic(f"{topics.prefix}refusals.{uuid.uuid4().hex[:8]}", 1,
-                  TopicSpec(base_name="refusals", partitions=1, schemas=(), key="", max_message_bytes=20_000))
-    async with KafkaAdmin(kafka_settings, topics) as admin:
-        await admin.create_topics([small])
-    values = [os.urandom(size) for size in (100, 100, 60_000, 100, 100)]
-    spool = DiskSpool(tmp_path, 64 << 20)
-    for value in values:
-        spool.append(small.name, b"r-1", value, (("h", b"1"),))
-    await _drain_with_one_refusal(spool, kafka_settings, topics, 30.0)
-    stored = [r.value for r in await _records(kafka_settings, small.name, expect=4)]
-    # In order; records of the refused batch that had arrived are sent again, and dropped by id.
-    assert list(dict.fromkeys(stored)) == [values[0], values[1], values[3], values[4]]
-    letters = [decode(r.headers, r.value) for r in await _records(kafka_settings, topics[DEAD_LETTERS].name, 1)]
-    [letter] = [x for x in letters if isinstance(x, DeadLetterV1) and x.topic == small.name]
-    assert letter.error_type is DeadLetterErrorType.REFUSED_BY_BROKER and letter.value == values[2]
-
-
-async def test_a_spooled_record_the_client_refuses_while_queueing_goes_to_the_dead_letter_topic(
+async def test_a_record_the_client_refuses_while_queueing_goes_to_the_dead_letter_topic(
         tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry) -> None:
     # Over the producer's own request limit, the record is refused before it reaches the broker,
-    # as it is queued. That refusal came before the drainer's try: the drain "paused" and sent
-    # the batch again for ever, with Kafka "down" for the proxy and the spool filling behind it.
+    # as it is queued, not by the broker's answer: it must still go to the dead-letter topic
+    # rather than be sent again for ever with the journal filling behind it.
     target = f"{topics.prefix}refusals.{uuid.uuid4().hex[:8]}"
     async with KafkaAdmin(kafka_settings, topics) as admin:
         await admin.create_topics([Topic(target, 1, TopicSpec(base_name="refusals", partitions=1, schemas=(), key=""))])
-    oversize = os.urandom(BROKER_MESSAGE_MAX_BYTES + 1024)
-    spool = DiskSpool(tmp_path, 1 << 30)
-    for value in (b"before", oversize, b"after"):
-        spool.append(target, b"r-1", value, ())
-    del oversize
-    await _drain_with_one_refusal(spool, kafka_settings, topics, 60.0)
+    journal = Journal(tmp_path, 1 << 30)
+    journal.open()
+    for value in (b"before", os.urandom(BROKER_MESSAGE_MAX_BYTES + 1024), b"after"):
+        journal.append(target, b"r-1", value, ())
+    shipper = Shipper(lambda: EventProducer(kafka_settings, registry=topics), journal, topics, ack_timeout_s=10.0,
+                      linger_s=60.0, idle_wait_s=0.05)
+    async with _running(shipper, journal):
+        await _until(lambda: shipper.shipped >= 2, 60.0)
+        assert shipper.shipped == 2 and shipper.refused == 1 and not shipper.failed
     stored = [r.value for r in await _records(kafka_settings, target, expect=2)]
     assert list(dict.fromkeys(stored)) == [b"before", b"after"]
     letters = [decode(r.headers, r.value) for r in await _records(kafka_settings, topics[DEAD_LETTERS].name, 1)]
     [letter] = [x for x in letters if isinstance(x, DeadLetterV1) and x.topic == target]
     assert letter.error_type is DeadLetterErrorType.REFUSED_BY_BROKER and letter.value_truncated
-    assert "EventTooLargeError" in (letter.exception_type or "")
+    assert "TooLargeError" in (letter.exception_type or "")  # the client's own refusal, not the broker's
 
 async def test_a_missing_topic_is_named_with_its_remedy_and_its_records_ship_once_it_exists(
         tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, caplog: pytest.LogCaptureFixture) -> None:
@@ -180,19 +160,6 @@ async def _running(shipper: Shipper, journal: Journal) -> AsyncIterator[None]:
         await asyncio.wait_for(runner, 20)
         await shipper.close()
         journal.close()
-
-
-async def _drain_with_one_refusal(spool: DiskSpool, kafka: KafkaSettings, topics: TopicRegistry,
-                                  timeout_s: float) -> None:
-    """An ``ack`` publisher drains ``spool`` back to direct publishing, refusing one record on the way."""
-    publisher = DurablePublisher(lambda: EventProducer(kafka, registry=topics), spool, topics,
-                                 ack_timeout_s=5.0, drain_interval_s=0.1)
-    await publisher.start()
-    try:
-        await _until(lambda: publisher.direct, timeout_s)
-        assert publisher.direct and len(spool) == 0 and publisher.refused == 1
-    finally:
-        await publisher.stop()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
@@ -384,37 +351,3 @@ async def test_a_restart_after_a_healthy_run_pauses_as_briefly_as_the_first_inje
             await _until(lambda marked=marked: len(marks) >= marked, 30.0)
         await _until(lambda: shipper.shipped >= 3, 30.0)
     assert len(marks) == 5 and paused == pauses
-
-
-async def test_a_spooled_record_whose_dead_letter_is_refused_too_waits_reported_once_until_the_topic_takes_it(
-        tmp_path: Path, kafka_settings: KafkaSettings, topics: TopicRegistry, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The same in ``ack`` durability's spool: its drainer said only "drain paused" at info level,
-    again at every try, and nothing of which topics or limits."""
-    registry, letters, small = await _tight_topics(kafka_settings, topics)
-    values = [os.urandom(size) for size in (100, 60_000, 100)]
-    spool = DiskSpool(tmp_path, 64 << 20)
-    for value in values:
-        spool.append(small.name, b"r-1", value, ())
-    caplog.set_level(logging.INFO, logger="producers.durable")
-    publisher = DurablePublisher(lambda: EventProducer(kafka_settings, registry=registry), spool, registry,
-                                 ack_timeout_s=5.0, drain_interval_s=0.1)
-    await publisher.start()
-    try:
-        await _until(lambda: sum("drain paused" in r.getMessage() for r in caplog.records) >= 2, 30.0)
-        assert len(spool) == 2 and not publisher.direct  # the refused record and the one after it wait
-        [report] = [r.getMessage() for r in caplog.records if r.name == "producers.durable"
-                    and r.levelno >= logging.ERROR and "dead letter" in r.getMessage()]
-        assert f"raise max.message.bytes of {small.name}" in report and letters.name in report
-        # Found once in its batch; later tries send the records one at a time from it, not the
-        # batch again (whose records ahead of it Kafka had stored).
-        assert sum("one at a time" in r.getMessage() for r in caplog.records) == 1
-        await _raise_limit(kafka_settings, letters.name)
-        await _until(lambda: publisher.direct, 60.0)
-        assert len(spool) == 0 and publisher.refused == 1
-    finally:
-        await publisher.stop()
-    stored = [r.value for r in await _records(kafka_settings, small.name, expect=2)]
-    assert list(dict.fromkeys(stored)) == [values[0], values[2]]
-    [letter] = [decode(r.headers, r.value) for r in await _records(kafka_settings, letters.name, 1)]
-    assert isinstance(letter, DeadLetterV1) and letter.value == values[1]

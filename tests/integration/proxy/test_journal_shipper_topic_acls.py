@@ -21,14 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from factories import reward
 from netutil import free_port, free_port_pair
 from proxy_helpers import proxy_in_front_of, stored, until
 
-from producers.durable import DurablePublisher, connect_producer
 from producers.journal import Journal
-from producers.shipper import Shipper
-from producers.spool import DiskSpool
+from producers.shipper import Shipper, connect_producer
 from schemas.credentials import Role
 from stream import CALLS, DEAD_LETTERS, REWARDS, ROLLOUTS, EventProducer, KafkaSettings, TopicRegistry, TopicSpec
 from stream.admin import KafkaAdmin
@@ -158,33 +155,6 @@ async def test_events_for_a_topic_the_client_may_not_write_wait_in_the_journal_u
     assert await stored(admin, registry, rewards) == 5
     assert await stored(admin, registry, letters) == 0
     assert shipper.refused == 0
-
-
-async def test_the_acknowledging_publisher_spools_events_for_a_topic_it_may_not_write_until_it_is_granted(
-        authorizing: _AuthorizingBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """``durability: ack`` keeps what Kafka did not acknowledge in its spool, and says the same."""
-    admin, kafka, registry = await _made(authorizing)
-    rewards, letters = registry[REWARDS].name, registry[DEAD_LETTERS].name
-    authorizing.grant(letters, "Write", "Describe")
-    authorizing.grant(rewards, "Describe")
-    publisher = DurablePublisher(lambda: EventProducer(kafka, registry=registry), DiskSpool(tmp_path, 64 << 20),
-                                 registry, ack_timeout_s=5.0, drain_interval_s=0.2)
-    await publisher.start()
-    try:
-        with caplog.at_level(logging.INFO):
-            outcomes = [await publisher.publish(REWARDS, reward()) for _ in range(3)]
-            assert outcomes == ["spool"] * 3
-            assert await until(lambda: _said(caplog, f"does not let User:{USER} write to topic {rewards}",
-                                               "spooled events wait in"), 30.0), \
-                [r.getMessage() for r in caplog.records]
-            assert publisher.backlog == 3 and publisher.refused == 0
-
-            authorizing.grant(rewards, "Write")
-            assert await until(lambda: publisher.backlog == 0, 60.0), "granted, the spooled events were not sent"
-    finally:
-        await publisher.stop()
-    assert await stored(admin, registry, rewards) == 3
-    assert await stored(admin, registry, letters) == 0
 
 
 async def test_a_client_the_cluster_lets_write_nowhere_is_told_what_to_grant(

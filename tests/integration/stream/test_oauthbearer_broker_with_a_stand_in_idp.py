@@ -175,7 +175,6 @@ async def test_a_wrong_client_secret_is_named_by_the_cli_with_a_stand_in_idp(clu
                                 "not-the-secret", right_secret=CLIENT_SECRET)
 
 
-async def test_the_proxys_shipping_worker_publishes_over_oauthbearer_with_a_stand_in_idp(
+async def test_the_proxy_publishes_over_oauthbearer_with_a_stand_in_idp(
         cluster: OAuthCluster, vllm_url: str, tmp_path: Path) -> None:
-    """The worker, a child process, logs in with its own token: it needs the client secret handed over."""
     await shipped_call(_oauth(cluster), vllm_url, tmp_path, "r-oauth")

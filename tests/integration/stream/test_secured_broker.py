@@ -159,7 +159,6 @@ async def test_a_wrong_password_fails_the_start_and_the_cli_says_the_credentials
     await cli_names_the_refusal(env, "SaslAuthenticationFailed", "not-the-password", right_secret=PASSWORD)
 
 
-async def test_the_proxys_shipping_worker_publishes_captured_calls_over_sasl_ssl(
+async def test_the_proxy_publishes_captured_calls_over_sasl_ssl(
         secured: Secured, vllm_url: str, tmp_path: Path) -> None:
-    """The worker is a child process: it can only have the password if the proxy handed it over."""
     await shipped_call(_sasl(secured), vllm_url, tmp_path, "r-secured")

@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 from disklimits import file_size_limit
 
-import producers.journal as journal_module
-from producers.journal import Journal, JournalCorruptError, JournalLockedError
-from producers.shipper import import_spool
-from producers.spool import DiskSpool, pack_record
+from producers.journal import Journal, JournalCorruptError, JournalLockedError, lock_folder, pack_record
+from producers.shipper import take_over_spool
 
 
 def _fill(journal: Journal, count: int, start: int = 0, size: int = 10) -> None:
@@ -264,6 +262,55 @@ def test_segments_roll_and_shipped_ones_are_deleted(tmp_path: Path) -> None:
     assert reopened.shipped == 19 and _values(reopened.read(10, 1 << 20)) == [20, 21]
 
 
+def test_a_start_deletes_the_last_runs_segment_once_it_is_shipped_whole(tmp_path: Path) -> None:
+    # The active segment is deleted only once a newer one is written to. A start used to look for
+    # shipped segments before it made its own, so the last run's segment, shipped whole, stayed
+    # until this run's filled: on a small volume it held the space the journal needed, for good.
+    journal = Journal(tmp_path, 1 << 30, segment_bytes=1 << 20, mark_interval_s=0)
+    journal.open()
+    _fill(journal, 20, size=500)
+    journal.mark_shipped(journal.read(100, 1 << 20))
+    journal.close()
+    [left] = tmp_path.glob("*.log")
+    assert left.stat().st_size > 10_000
+    again = Journal(tmp_path, 1 << 30, segment_bytes=1 << 20)
+    again.open()
+    assert [p.stat().st_size for p in tmp_path.glob("*.log")] == [0]  # only this run's, empty
+    assert again.shipped == 19 and len(again) == 0 and again.next_seq == 20
+    _fill(again, 1, start=20)
+    assert _values(again.read(10, 1 << 20)) == [20]
+    again.close()
+    # Not shipped whole, it stays, and what is left of it is sent.
+    third = Journal(tmp_path, 1 << 30, segment_bytes=1 << 20)
+    third.open()
+    assert len(list(tmp_path.glob("*.log"))) == 2 and _values(third.read(10, 1 << 20)) == [20]
+    third.close()
+
+
+def test_a_segment_shipped_whole_while_running_is_deleted_without_waiting_for_it_to_fill(tmp_path: Path) -> None:
+    # An idle proxy's active segment, every record in Kafka, held its space until it filled,
+    # which with no more calls was never. Once it holds an eighth of a segment and is shipped
+    # whole, a new one starts and it is deleted; less than that stays (a file per batch otherwise).
+    journal = Journal(tmp_path, 1 << 30, segment_bytes=80_000, mark_interval_s=0)
+    journal.open()
+    _fill(journal, 10, size=500)  # about 5 KB: under an eighth of a segment
+    journal.mark_shipped(journal.read(100, 1 << 20))
+    [small] = tmp_path.glob("*.log")
+    assert small.stat().st_size > 5000
+    _fill(journal, 10, size=500, start=10)  # over an eighth, not yet shipped: kept
+    assert len(list(tmp_path.glob("*.log"))) == 1
+    journal.mark_shipped(journal.read(100, 1 << 20))
+    assert [p.stat().st_size for p in tmp_path.glob("*.log")] == [0] and not small.exists()
+    assert journal.shipped == 19 and len(journal) == 0 and journal.pending_bytes == 0
+    _fill(journal, 2, start=20)  # the cursor reads on in the new segment
+    assert _values(journal.read(10, 1 << 20)) == [20, 21]
+    journal.close()
+    reopened = Journal(tmp_path, 1 << 30, segment_bytes=80_000)
+    reopened.open()
+    assert reopened.shipped == 19 and _values(reopened.read(10, 1 << 20)) == [20, 21]
+    reopened.close()
+
+
 def test_the_bound_counts_unshipped_bytes_only(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 3000)
     journal.open()
@@ -275,16 +322,26 @@ def test_the_bound_counts_unshipped_bytes_only(tmp_path: Path) -> None:
     assert not journal.full
 
 
-def test_an_old_spool_moves_into_the_journal_in_order(tmp_path: Path) -> None:
-    spool = DiskSpool(tmp_path / "spool", 1 << 20)
-    for i in range(4):
-        spool.append("t.calls", None, f"value-{i}".encode(), ())
-    journal = Journal(tmp_path / "spool" / "journal", 1 << 20)
+def test_what_an_ack_proxy_left_in_its_spool_moves_into_the_journal_in_order(tmp_path: Path) -> None:
+    # An earlier version's `ack` durability kept one file per record while Kafka was away, in the
+    # journal's encoding; nothing reads them any more, so a start moves them into the journal.
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    for i in (3, 0, 2, 1):  # names sort in arrival order, whatever order the folder lists them in
+        (spool / f"{i:020d}.rec").write_bytes(pack_record("t.calls", None, f"value-{i}".encode(), ()))
+    (spool / f"{4:020d}.tmp").write_bytes(b"an append that never returned: its call was never answered")
+    journal = Journal(spool / "journal", 1 << 20)
     journal.open()
-    assert import_spool(spool, journal) == 4
-    assert len(spool) == 0 and not list((tmp_path / "spool").glob("*.rec"))
+    holder = lock_folder(spool / "writer.lock", "an ack proxy")  # one still running keeps its files
+    with pytest.raises(JournalLockedError, match="spool folder of its own"):
+        take_over_spool(spool, journal)
+    os.close(holder)
+    assert len(journal) == 0 and len(list(spool.glob("*.rec"))) == 4
+    assert take_over_spool(spool, journal) == 4
+    assert not list(spool.glob("*.rec")) and not list(spool.glob("*.tmp"))
     records = journal.read(10, 1 << 20)
     assert _values(records) == [0, 1, 2, 3] and records[0].key is None
+    assert take_over_spool(spool, journal) == 0
 
 
 def test_flushing_from_another_thread_is_safe_while_segments_roll_and_the_journal_closes(tmp_path: Path) -> None:
@@ -358,18 +415,7 @@ def test_an_append_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Pat
     assert _values(again.read(10, 1 << 20)) == [0, 1, 3, 4] and again.next_seq == 4
 
 
-@pytest.fixture(params=["compiled", "python"])
-def frame_writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test that uses it runs with the compiled frame writer and with the Python path."""
-    if request.param == "compiled":
-        assert journal_module._native_append_frame is not None, \
-            "openforge_native is not installed: `make install` builds it (needs cargo)"
-    else:
-        monkeypatch.setattr(journal_module, "_native_append_frame", None)
-    return str(request.param)
-
-
-def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path, frame_writer: str) -> None:
+def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path) -> None:
     parts = (b"meta" * 30, b"", b"request-body" * 200, b"answer" * 500)
     whole, split = Journal(tmp_path / "whole", 1 << 20), Journal(tmp_path / "split", 1 << 20)
     for journal in (whole, split):
@@ -377,7 +423,7 @@ def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path, f
         journal.append("t.calls", b"k", b"first", ())
     whole.append("t.calls", b"r-1", b"".join(parts), (("h", b"1"),))
     split.append_parts("t.calls", b"r-1", parts, (("h", b"1"),))
-    # A call's record (a key, no headers) is the one the compiled writer takes; an empty key too.
+    # A call's record (a key, no headers); an empty key too.
     whole.append("openforge/raw-exchanges", b"r-\xc3\xa9", b"".join(parts), ())
     split.append_parts("openforge/raw-exchanges", b"r-\xc3\xa9", list(parts), ())
     whole.append("t.calls", b"", b"", ())
@@ -400,7 +446,7 @@ def test_a_record_written_in_parts_is_the_record_written_whole(tmp_path: Path, f
     assert empty.value == b"" and empty.key == b"" and again.next_seq == 4
 
 
-def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Path, frame_writer: str) -> None:
+def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 1 << 20)
     journal.open()
     _fill(journal, 1, size=100)
@@ -412,24 +458,6 @@ def test_a_record_in_parts_the_disk_refuses_part_way_leaves_no_torn_record(tmp_p
     assert segment.stat().st_size == size
     _fill(journal, 1, start=1, size=100)
     assert _values(journal.read(10, 1 << 20)) == [0, 1]
-
-
-def test_the_compiled_writer_refuses_a_bad_descriptor_and_parts_that_are_not_bytes(tmp_path: Path) -> None:
-    # Bytes only, where os.writev takes any buffer: every caller passes bytes, and a TypeError
-    # leaves nothing behind.
-    write = journal_module._native_append_frame
-    assert write is not None, "openforge_native is not installed: `make install` builds it (needs cargo)"
-    for fd in (10_000, -1):  # no such descriptor; one std's File would panic on
-        with pytest.raises(OSError) as closed:
-            write(fd, 0, "t.calls", b"k", [b"v"])
-        assert closed.value.errno == errno.EBADF
-    with pytest.raises(TypeError):
-        write(1, 0, "t.calls", b"k", ["text, not bytes"])
-    journal = Journal(tmp_path, 1 << 20)
-    journal.open()
-    with pytest.raises(TypeError):
-        journal.append_parts("t.calls", b"k", [memoryview(b"v")], ())  # type: ignore[list-item]
-    assert journal.next_seq == 0 and not next(tmp_path.glob("*.log")).read_bytes()  # nothing half-kept
 
 
 def test_a_segment_roll_that_cannot_open_a_file_keeps_appending_to_the_old_one(tmp_path: Path) -> None:
@@ -500,13 +528,13 @@ def test_a_second_writer_on_the_same_folder_is_refused_while_the_first_runs(tmp_
     second.close()
 
 
-def test_a_disk_too_full_for_the_mark_still_frees_shipped_segments_when_shipping_inline(tmp_path: Path) -> None:
+def test_a_disk_too_full_for_the_mark_still_frees_shipped_segments(tmp_path: Path) -> None:
     journal = Journal(tmp_path, 1 << 30, segment_bytes=2000, mark_interval_s=0)
     journal.open()
     _fill(journal, 20, size=500)
     records = journal.read(15, 1 << 20)
     with file_size_limit(0):  # no file may grow: the mark cannot be written
-        journal.mark_shipped(records)  # before, the OSError ended the inline shipper
+        journal.mark_shipped(records)  # before, the OSError ended the shipper
     assert len(journal) == 5 and min(int(p.stem) for p in tmp_path.glob("*.log")) > 0
     journal.close()
 

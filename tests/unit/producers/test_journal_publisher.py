@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,6 @@ from aiokafka.errors import (
 )
 
 from producers.journal import Journal, JournalCorruptError, JournalLockedError
-from producers.journal_tail import lock_shipping
-from producers.ship_worker import WorkerSpec
 from producers.shipper import JournalPublisher, Shipper
 from stream import REWARDS, EventProducer, KafkaSettings, NotAuthorizedError, TopicRegistry
 from stream.topics import unauthorized_topics
@@ -25,23 +22,10 @@ from stream.topics import unauthorized_topics
 UNREACHABLE = KafkaSettings(bootstrap_servers="127.0.0.1:9", request_timeout_ms=1000)
 
 
-@pytest.fixture(params=["inline", "process"])
-def shipper(request: pytest.FixtureRequest) -> str:
-    """Where the journal is shipped from: the publisher's event loop, or a worker process."""
-    mode: str = request.param
-    return mode
-
-
-def _journal(folder: Path, shipper: str) -> Journal:
-    return Journal(folder, 1 << 20, shipped_elsewhere=shipper == "process")
-
-
 def _publisher(journal: Journal) -> JournalPublisher:
     registry = TopicRegistry.from_settings(UNREACHABLE)
-    worker = WorkerSpec(UNREACHABLE.model_dump(mode="json"), ack_timeout_s=0.5, linger_s=0) \
-        if journal.shipped_elsewhere else None
     return JournalPublisher(lambda: EventProducer(UNREACHABLE, registry=registry), journal, registry,
-                            ack_timeout_s=0.5, fsync_interval_s=0, linger_s=0, worker=worker)
+                            ack_timeout_s=0.5, fsync_interval_s=0, linger_s=0)
 
 
 def _corrupt_last_byte(folder: Path) -> Path:
@@ -53,8 +37,8 @@ def _corrupt_last_byte(folder: Path) -> Path:
     return segment
 
 
-async def test_damage_found_while_shipping_stops_intake_and_keeps_the_files(tmp_path: Path, shipper: str) -> None:
-    journal = _journal(tmp_path, shipper)
+async def test_damage_found_while_shipping_stops_intake_and_keeps_the_files(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
     publisher = _publisher(journal)
     await publisher.start()
     try:
@@ -72,8 +56,8 @@ async def test_damage_found_while_shipping_stops_intake_and_keeps_the_files(tmp_
     assert segment.exists()  # left for an operator
 
 
-async def test_without_kafka_events_stay_in_the_journal_across_stop(tmp_path: Path, shipper: str) -> None:
-    journal = _journal(tmp_path, shipper)
+async def test_without_kafka_events_stay_in_the_journal_across_stop(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, 1 << 20)
     publisher = _publisher(journal)
     await publisher.start()
     try:
@@ -105,89 +89,15 @@ async def test_a_damaged_older_segment_stops_the_start_naming_the_file(tmp_path:
         await publisher.start()
 
 
-async def test_a_second_proxy_on_the_same_folder_is_refused_at_once(tmp_path: Path, shipper: str) -> None:
-    """With a shipping worker, the first proxy's worker holds the shipper's lock for as long as it
-    runs: a second proxy waited a minute for it, then failed with a message about the worker."""
-    first = _publisher(_journal(tmp_path, shipper))
+async def test_a_second_proxy_on_the_same_folder_is_refused_at_once(tmp_path: Path) -> None:
+    first = _publisher(Journal(tmp_path, 1 << 20))
     await first.start()
     try:
-        second = _publisher(_journal(tmp_path, shipper))
+        second = _publisher(Journal(tmp_path, 1 << 20))
         with pytest.raises(JournalLockedError, match="spool folder of its own"):
             await asyncio.wait_for(second.start(), 10)
     finally:
         await first.stop()
-
-
-async def test_an_inline_shipper_waits_for_a_worker_of_an_earlier_proxy_still_draining(tmp_path: Path) -> None:
-    """A proxy in process mode was stopped and its shipping worker still drains the folder (it
-    holds the shipper lock); a proxy started on the folder with the inline shipper waits for it
-    before recovering and shipping. It used to start at once, and the two shippers both sent and
-    deleted segments."""
-    draining = lock_shipping(tmp_path, 1.0)  # what the old worker holds until it exits
-    publisher = _publisher(_journal(tmp_path, "inline"))
-    starting = asyncio.create_task(publisher.start())
-    try:
-        await asyncio.sleep(0.5)
-        assert not starting.done()
-    finally:
-        os.close(draining)
-    await asyncio.wait_for(starting, 10)
-    try:
-        with pytest.raises(TimeoutError):
-            os.close(lock_shipping(tmp_path, 0.2))  # held by the inline shipper now
-    finally:
-        await publisher.stop()
-    os.close(lock_shipping(tmp_path, 0.2))  # and let go at stop
-
-
-async def test_a_start_stopped_while_it_waits_for_the_shipper_lock_leaves_no_lock_behind(tmp_path: Path) -> None:
-    """The proxy is stopped (its start cancelled) while an earlier proxy's worker still holds
-    the shipper lock. The wait went on in its thread and took the lock once the old worker let
-    go, with nobody left to close it: every later shipper on the folder waited for this process
-    to exit."""
-    draining = lock_shipping(tmp_path, 1.0)
-    publisher = _publisher(_journal(tmp_path, "inline"))
-    starting = asyncio.create_task(publisher.start())
-    await asyncio.sleep(0.3)
-    starting.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await starting
-    os.close(draining)
-    await asyncio.sleep(0.3)  # the abandoned wait has seen the lock free by now
-    os.close(lock_shipping(tmp_path, 0.2))  # nobody holds it
-    await publisher.stop()
-
-
-async def test_a_shipping_worker_that_cannot_be_started_again_at_once_is_tried_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker died, and starting another fails once (injected: no process can be made, as
-    with no memory or no descriptor left). The supervisor used to end there, leaving the proxy
-    without a shipper until its journal filled; it now tries again."""
-    publisher = _publisher(_journal(tmp_path, "process"))
-    await publisher.start()
-    try:
-        worker = publisher._worker
-        assert worker is not None and worker._process is not None
-        real = asyncio.create_subprocess_exec
-        failures = []
-
-        async def refuse_once(*args: object, **kwargs: object) -> asyncio.subprocess.Process:
-            if not failures:
-                failures.append(args)
-                raise BlockingIOError(11, "Resource temporarily unavailable")
-            return await real(*args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(asyncio, "create_subprocess_exec", refuse_once)
-        first = worker._process
-        first.kill()
-        for _ in range(200):
-            if worker.restarts == 1 and worker._process is not first:
-                break
-            await asyncio.sleep(0.05)
-        assert failures and worker.restarts == 1
-        assert worker._process is not first and worker._process.returncode is None
-    finally:
-        await publisher.stop()
 
 
 async def test_a_producer_that_cannot_be_made_is_reported_not_retried_in_silence(

@@ -59,6 +59,6 @@ def test_ids_held_unparsed_are_counted_parsed_on_demand_and_journalled_exactly()
     event = decode(list(ship_record(REGISTRY, topic, key, value, headers, seq=1)[3]),
                    ship_record(REGISTRY, topic, key, value, headers, seq=1)[2])
     assert isinstance(event, ModelCallV1) and list(event.prompt_token_ids) == IDS
-    # Built in the proxy's own process (inline shipper, ack durability): parsed when needed.
+    # Built from the capture itself: parsed when needed.
     assert list(capture.build(CallStatus.OK).prompt_token_ids) == IDS and capture.prompt_ids_json is None
     assert capture.prompt_token_ids == IDS and capture.prompt_token_count == len(IDS)

@@ -6,7 +6,6 @@ tests/integration/stream/test_secured_broker.py.
 
 from __future__ import annotations
 
-import json
 import ssl
 import subprocess
 from pathlib import Path
@@ -14,7 +13,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from producers.ship_worker import WorkerSpec
 from stream.settings import KafkaSettings
 
 
@@ -52,17 +50,6 @@ def test_sasl_ssl_comes_from_the_environment_and_the_password_is_never_shown(
     assert len(context.get_ca_certs()) == 1  # the given authority, not the system's
     shown = repr(settings) + str(settings) + settings.model_dump_json()
     assert "hunter2" not in shown
-
-
-def test_the_shipping_worker_gets_the_password_on_its_pipe_and_reads_it_back() -> None:
-    """The worker is a child process: a masked password would leave it unable to log in."""
-    settings = KafkaSettings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u",
-                             sasl_password="p-secret")
-    assert settings.model_dump(mode="json")["sasl_password"] != "p-secret"  # why worker_json exists
-    spec = WorkerSpec(settings.worker_json())
-    received = KafkaSettings.model_validate(json.loads(json.dumps(spec.kafka)))
-    assert received.client_options()["sasl_plain_password"] == "p-secret"
-    assert received == settings
 
 
 def test_mutual_tls_loads_the_client_certificate(pem: tuple[Path, Path]) -> None:
