@@ -27,6 +27,7 @@ COPY proxy ./proxy
 COPY consumers ./consumers
 COPY learner ./learner
 COPY native ./native
+COPY scripts/lib ./scripts/lib
 COPY scripts/image ./scripts/image
 COPY scripts/learner ./scripts/learner
 RUN bash scripts/image/install.sh /opt/openforge

@@ -14,14 +14,11 @@
 #                               `make learner` installs the same stack with the same script)
 #   CARGO_TARGET_DIR            where cargo builds (a cache folder makes rebuilds fast)
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" image-install
 
 VENV="${1:?usage: scripts/image/install.sh VENV}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PYTHON="${OPENFORGE_IMAGE_PYTHON:-python3.11}"
-START_S=$SECONDS
-
-log() { printf '[image-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 command -v "$PYTHON" >/dev/null || { log "ERROR: $PYTHON not found (OpenForge runs on Python 3.11)"; exit 1; }
 command -v cargo >/dev/null || { log "ERROR: building native/ needs Rust's cargo (https://rustup.rs)"; exit 1; }
