@@ -4,7 +4,8 @@ The Anthropic Messages and OpenAI Responses translators (:mod:`proxy.anthropic.t
 :mod:`proxy.responses.translate`) turn the same vLLM chunks into different events. What a chunk
 says is the same for both and is read here, once: its usage, its first choice's reasoning, text,
 tool-call fragments and finish reason (in that order), and the usage-only chunk that ends the
-stream; the whitespace a model writes between two tool calls; and the frame of a keep-alive.
+stream; each tool call as its fragments add up; the whitespace a model writes between two tool
+calls; and the frame of a keep-alive.
 Each translator says what those parts become (the hooks of :class:`ChunkTranslator`) and how
 strict it is with a chunk of the wrong shape (:meth:`ChunkTranslator._malformed`): an Anthropic
 stream passes over what it cannot read, a Responses stream fails.
@@ -24,16 +25,18 @@ Event = tuple[str, dict[str, Any]]
 """One server-sent event: its name and its JSON data."""
 
 
-@dataclass(frozen=True, slots=True)
-class ToolCallDelta:
-    """One tool call's part of one chunk: vLLM sends a call's id and name first, then its arguments in pieces."""
+@dataclass(slots=True)
+class ToolCall:
+    """One tool call as far as the engine sent it: vLLM sends its id and name first, then its arguments in pieces."""
 
     key: int
-    """Which call: the engine's index, else the call's position in the chunk."""
-    call_id: str | None
-    name: str | None
-    arguments: str
-    """This piece of the arguments' JSON text ("" for none)."""
+    """Which call: the engine's index, else the call's position in its first chunk."""
+    call_id: str | None = None
+    """The first id the engine gave it."""
+    name: str | None = None
+    """The first name the engine gave it."""
+    arguments: str = ""
+    """The arguments' JSON text so far."""
 
 
 class ChunkTranslator(ABC):
@@ -48,6 +51,8 @@ class ChunkTranslator(ABC):
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
         self._held_between_calls = ""
+        self._tool_calls: dict[int, ToolCall] = {}
+        """The answer's tool calls by their key, in the engine's order."""
 
     def _read(self, chunk: dict[str, Any], events: list[Event]) -> None:
         """Hand the parts of one chunk's first choice to the hooks; the usage-only last chunk ends the answer.
@@ -79,9 +84,7 @@ class ChunkTranslator(ABC):
                 self._malformed("a stream chunk's tool_calls is not a list")
                 tool_calls = []
             for position, call in enumerate(tool_calls):
-                parsed = self._tool_call_delta(call, position)
-                if parsed is not None:
-                    self._on_tool_call(parsed, events)
+                self._add_to_tool_call(call, position, events)
             finish_reason = choice.get("finish_reason")
             if finish_reason is not None:
                 self._finish_reason = str(finish_reason)
@@ -89,10 +92,11 @@ class ChunkTranslator(ABC):
         if not choices and isinstance(usage, dict) and self._finish_reason is not None:
             self._on_last_chunk(events)
 
-    def _tool_call_delta(self, call: Any, position: int) -> ToolCallDelta | None:
+    def _add_to_tool_call(self, call: Any, position: int, events: list[Event]) -> None:
+        """Add one chunk's fragment of a tool call to the call, then hand both to :meth:`_on_tool_call`."""
         if not isinstance(call, dict):
             self._malformed("a streamed tool call is not an object")
-            return None
+            return
         index = call.get("index")
         if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
             self._malformed("a streamed tool call has no integer index")
@@ -104,21 +108,29 @@ class ChunkTranslator(ABC):
         call_id, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
         if not isinstance(arguments, str):  # an engine that sent an object: its JSON text
             arguments = orjson.dumps(arguments).decode() if arguments else ""
-        return ToolCallDelta(key=position if index is None else index,
-                             call_id=call_id if isinstance(call_id, str) and call_id else None,
-                             name=name if isinstance(name, str) and name else None, arguments=arguments)
+        key = position if index is None else index
+        tool = self._tool_calls.get(key)
+        new = tool is None
+        if tool is None:
+            tool = self._tool_calls[key] = ToolCall(key)
+        if tool.call_id is None and isinstance(call_id, str) and call_id:
+            tool.call_id = call_id
+        if tool.name is None and isinstance(name, str) and name:
+            tool.name = name
+        tool.arguments += arguments
+        self._on_tool_call(tool, arguments, new, events)
 
-    def _between_calls(self, text: str, after_call: bool) -> str | None:
+    def _between_calls(self, text: str, text_open: bool) -> str | None:
         r"""``text`` as it may go out now; None while it is whitespace that follows a tool call.
 
         Parsers stream what a model writes between two calls of one turn ("</tool_call>\n
         <tool_call>") as text. Sent, it would come back with the harness's history as text
         before the calls, which the model never wrote there, and split the turn in two (and
         Anthropic's API refuses whitespace-only text): held until text follows, and dropped if
-        none does, as vLLM drops it from a whole answer. ``after_call``: no text is open and a
-        tool call came before.
+        none does, as vLLM drops it from a whole answer. ``text_open``: the answer's text is
+        open (its block or item), so ``text`` continues it.
         """
-        if not after_call:
+        if text_open or not self._tool_calls:
             return text
         text = self._held_between_calls + text
         if text.isspace():
@@ -158,8 +170,8 @@ class ChunkTranslator(ABC):
         """A piece of the answer's text (see :meth:`_between_calls`)."""
 
     @abstractmethod
-    def _on_tool_call(self, call: ToolCallDelta, events: list[Event]) -> None:
-        """A piece of a tool call."""
+    def _on_tool_call(self, call: ToolCall, fragment: str, new: bool, events: list[Event]) -> None:
+        """``fragment`` ("" for none) was just added to ``call``; ``new``: it is the call's first."""
 
     @abstractmethod
     def _on_finish(self, choice: dict[str, Any], events: list[Event]) -> None:
@@ -186,4 +198,4 @@ class ChunkTranslator(ABC):
         """Whether the answer's first events are out."""
 
 
-__all__ = ["ChunkTranslator", "Event", "ToolCallDelta"]
+__all__ = ["ChunkTranslator", "Event", "ToolCall"]

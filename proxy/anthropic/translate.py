@@ -39,7 +39,7 @@ from proxy import exact_json
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.media import DOCUMENT_PLACEHOLDER, IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning, signature, signed_thought
-from proxy.stream_state import ChunkTranslator, ToolCallDelta
+from proxy.stream_state import ChunkTranslator, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -911,20 +911,6 @@ PING: SSEEvent = ("ping", {"type": "ping"})
 """Anthropic's keep-alive event: its API sends it during a stream, and clients skip it."""
 
 
-class _PendingTool:
-    """A streamed tool call whose ``content_block_start`` may still wait for its name."""
-
-    __slots__ = ("arguments", "block_index", "call_id", "key", "name", "stopped")
-
-    def __init__(self, key: int) -> None:
-        self.key = key  # the chat tool-call index
-        self.call_id: str | None = None
-        self.name: str | None = None
-        self.arguments: list[str] = []  # the argument fragments, until the block stops
-        self.block_index: int | None = None  # set once content_block_start is out
-        self.stopped = False  # content_block_stop is out
-
-
 class StreamTranslator(ChunkTranslator):
     """Turns the engine's chat-completion chunks into Anthropic's Messages stream events.
 
@@ -966,8 +952,9 @@ class StreamTranslator(ChunkTranslator):
         self._open: int | None = None  # index of the content block now open
         self._text_open = False
         self._thought: list[str] | None = None  # the open thinking block's text, until it stops
-        self._open_tool: _PendingTool | None = None  # the tool call whose block is open
-        self._tools: dict[int, _PendingTool] = {}
+        self._open_tool: ToolCall | None = None  # the tool call whose block is open
+        self._started_tools: set[int] = set()  # the calls whose content_block_start is out (it waits for a name)
+        self._stopped_tools: set[int] = set()  # the calls whose content_block_stop is out
         self._has_tool_use = False
         self._engine_stop: Any = None
         self.prompt_tokens: int | None = None
@@ -1059,9 +1046,8 @@ class StreamTranslator(ChunkTranslator):
             events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
         tool, self._open_tool = self._open_tool, None
         if tool is not None:
-            tool.stopped = True
-            text = "".join(tool.arguments)
-            tool.arguments = []
+            self._stopped_tools.add(tool.key)
+            text = tool.arguments
             if text:
                 parsed = _parse_arguments(text)
                 # The engine's own text when it is an object, so the harness gets it byte for byte.
@@ -1080,7 +1066,7 @@ class StreamTranslator(ChunkTranslator):
         return events
 
     def _on_text(self, text: str, events: list[SSEEvent]) -> None:
-        shown = self._between_calls(text, not self._text_open and bool(self._tools))
+        shown = self._between_calls(text, self._text_open)
         if shown is None:
             return
         if not self._text_open:
@@ -1111,31 +1097,23 @@ class StreamTranslator(ChunkTranslator):
         delta = {"type": "input_json_delta", "partial_json": partial}
         return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
 
-    def _start_tool(self, tool: _PendingTool) -> list[SSEEvent]:
+    def _start_tool(self, tool: ToolCall) -> list[SSEEvent]:
         call_id = tool.call_id or f"toolu_{self.message_id}_{tool.key}"
         block = {"type": "tool_use", "id": call_id, "name": tool.name or "", "input": {}}
         events = self._open_block(block)
-        tool.block_index = self._open
+        self._started_tools.add(tool.key)
         self._open_tool = tool
         self._has_tool_use = True
         return events
 
-    def _on_tool_call(self, call: ToolCallDelta, events: list[SSEEvent]) -> None:
-        key, fragment = call.key, call.arguments
-        tool = self._tools.get(key)
-        if tool is None:
-            tool = self._tools[key] = _PendingTool(key)
+    def _on_tool_call(self, call: ToolCall, fragment: str, new: bool, events: list[SSEEvent]) -> None:
+        key = call.key
+        if new:
             # A new tool call ends whatever block is open, even if its own block must wait for a name.
             events += self._close()
-        if tool.call_id is None:
-            tool.call_id = call.call_id
-        if tool.name is None:
-            tool.name = call.name
-        if not tool.stopped:
-            if fragment:
-                tool.arguments.append(fragment)
-            if tool.block_index is None and tool.name is not None:
-                events += self._start_tool(tool)
+        if key not in self._stopped_tools:
+            if key not in self._started_tools and call.name is not None:
+                events += self._start_tool(call)
         elif fragment:
             # Fragments for a call whose block already stopped (engines do not interleave calls,
             # but should one): its arguments went out whole when it stopped, and text appended
@@ -1144,8 +1122,8 @@ class StreamTranslator(ChunkTranslator):
 
     def _flush_pending_tools(self) -> list[SSEEvent]:
         events: list[SSEEvent] = []
-        for tool in self._tools.values():
-            if tool.block_index is None:
+        for tool in self._tool_calls.values():
+            if tool.key not in self._started_tools:
                 events += self._start_tool(tool)
         return events
 

@@ -69,7 +69,7 @@ from typing import Any, Final, Literal
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
 from proxy.media import IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning
-from proxy.stream_state import ChunkTranslator, ToolCallDelta
+from proxy.stream_state import ChunkTranslator, ToolCall
 
 __all__ = [
     "CUSTOM_TOOL_ARGUMENT",
@@ -1308,7 +1308,7 @@ class StreamTranslator(ChunkTranslator):
                    content_index=0, delta=text)
 
     def _on_text(self, text: str, events: list[Event]) -> None:
-        shown = self._between_calls(text, self._text is None and bool(self._tools))
+        shown = self._between_calls(text, self._text is not None)
         if shown is None:
             return
         text = shown
@@ -1341,7 +1341,7 @@ class StreamTranslator(ChunkTranslator):
             logprobs=[],
         )
 
-    def _on_tool_call(self, call: ToolCallDelta, events: list[Event]) -> None:
+    def _on_tool_call(self, call: ToolCall, fragment: str, new: bool, events: list[Event]) -> None:
         index = call.key
         item = self._tools.get(index)
         if item is None:
@@ -1358,10 +1358,10 @@ class StreamTranslator(ChunkTranslator):
         if not item.announced:
             item.call_id = call.call_id or item.call_id
             item.name = call.name or item.name
-        if call.arguments:
-            item.text += call.arguments
+        if fragment:
+            item.text = call.arguments
             if item.announced and item.kind == "function_call":
-                self._emit_arguments(item, call.arguments, events)
+                self._emit_arguments(item, fragment, events)
         if not item.announced and item.name:
             # A call's id and name come before its arguments: announce it once they are
             # known (arguments that came early go out in one delta).
