@@ -23,6 +23,7 @@ COPY producers ./producers
 COPY proxy ./proxy
 COPY consumers ./consumers
 COPY learner ./learner
+COPY scripts/lib ./scripts/lib
 COPY scripts/image ./scripts/image
 COPY scripts/learner ./scripts/learner
 RUN bash scripts/image/install.sh /opt/openforge

@@ -50,6 +50,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from consumers.checkpoint_files import CheckpointError, TensorInfo, local_path, read_layout
 from consumers.weight_digests import Verification, expected_digests, verify
 from schemas import CheckpointAppliedV1, CheckpointV1, DecodeError
+from schemas.backoff import Backoff
 from stream.consumer import EventConsumer, Received
 from stream.lifecycle import Managed
 from stream.producer import EventProducer
@@ -343,7 +344,7 @@ class CheckpointPublisher(Managed):
     async def _replica_loop(self, url: str) -> None:
         state = self.replicas[url]
         wake = self._wake[url]
-        backoff = self.settings.retry_backoff_s
+        backoff = Backoff(self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
         given_up: int | None = None  # version this replica stopped retrying (engine kept rejecting)
         rejections, rejected_version = 0, -1
         while not self._stopping.is_set():
@@ -355,7 +356,8 @@ class CheckpointPublisher(Managed):
             if target is not None and target.version != given_up:
                 try:
                     await self._converge(state, target)
-                    backoff, rejections = self.settings.retry_backoff_s, 0
+                    backoff.reset()
+                    rejections = 0
                 except _EngineRejected as exc:
                     rejections += 1
                     if rejections >= self.settings.max_reload_failures or isinstance(exc, _NotVerified):
@@ -363,10 +365,10 @@ class CheckpointPublisher(Managed):
                                      url, target.version, rejections, exc)
                         given_up, rejections = target.version, 0
                     else:
-                        delay, backoff = backoff, min(backoff * 2, self.settings.retry_backoff_max_s)
+                        delay = backoff.next_s()
                 except (httpx.HTTPError, OSError) as exc:
-                    logger.warning("%s: unreachable (%s); retrying in %.1fs", url, _describe(exc), backoff)
-                    delay, backoff = backoff, min(backoff * 2, self.settings.retry_backoff_max_s)
+                    delay = backoff.next_s()
+                    logger.warning("%s: unreachable (%s); retrying in %.1fs", url, _describe(exc), delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=delay)
 
@@ -506,7 +508,7 @@ class CheckpointPublisher(Managed):
         return result.ok
 
     async def _resume(self, url: str, failure: BaseException | None) -> None:
-        delay = self.settings.retry_backoff_s
+        backoff = Backoff(self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
         for attempt in range(1, self.settings.resume_attempts + 1):
             try:
                 await self._call(url, "POST", "/resume")
@@ -519,8 +521,7 @@ class CheckpointPublisher(Managed):
                     if failure is None:
                         raise
                     return  # the original failure is what gets reported
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.settings.retry_backoff_max_s)
+                await asyncio.sleep(backoff.next_s())
 
     async def _call(self, url: str, method: str, path: str, *, timeout_s: float | None = None,
                     params: dict[str, str] | None = None, json: dict[str, Any] | None = None) -> dict[str, Any]:

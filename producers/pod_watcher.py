@@ -36,6 +36,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.backoff import Backoff
 from schemas.failures import classify
 from schemas.rollout.pod import (
     ANNOTATION_FINISHED_AT,
@@ -357,13 +358,13 @@ class PodWatcher:
 
     async def _watch_loop(self) -> None:
         version: str | None = None
-        backoff = self.settings.retry_backoff_s
+        backoff = Backoff(self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
         while not self._stopping.is_set():
             try:
                 if version is None:
                     version = await self._relist()
                 version = await self._watch(version)
-                backoff = self.settings.retry_backoff_s
+                backoff.reset()
             except _Expired:
                 self.stats.expired += 1
                 logger.info("watch expired (410 Gone); listing again")
@@ -373,13 +374,11 @@ class PodWatcher:
                     raise  # bad selector, no such namespace: a configuration error, not a blip
                 # 401/403 are retried too: a restarting API server denies requests until its
                 # authorizer caches are filled, and a missing RoleBinding can be added later.
-                await self._pause(exc, backoff)
-                backoff = min(backoff * 2, self.settings.retry_backoff_max_s)
+                await self._pause(exc, backoff.next_s())
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 if self._stopping.is_set():
                     return
-                await self._pause(exc, backoff)
-                backoff = min(backoff * 2, self.settings.retry_backoff_max_s)
+                await self._pause(exc, backoff.next_s())
 
     async def _pause(self, exc: BaseException, backoff: float) -> None:
         self.stats.reconnects += 1

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from schemas.backoff import Backoff
 from schemas.rollout_env import ENV_PROXY_URL, ENV_REWARD_URL, ENV_ROLLOUT_ID, ENV_VERIFIER_TOKEN, REWARD_LIMIT
 
 __all__ = ["RewardClientSettings", "RewardConfigError", "RewardError", "post_reward"]
@@ -141,7 +142,7 @@ def post_reward(value: float, info: dict[str, Any] | None = None, *,
     config = settings or RewardClientSettings.from_env()
     url, token = config.target()
     body = json.dumps({"value": number, "info": info or {}}, separators=(",", ":")).encode()
-    delay = config.backoff_s
+    backoff = Backoff(config.backoff_s, _MAX_PAUSE_S)
     last = ""
     for attempt in range(1, config.attempts + 1):
         retry_after: float | None = None
@@ -162,11 +163,12 @@ def post_reward(value: float, info: dict[str, Any] | None = None, *,
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             last = f"{type(reason).__name__}: {reason}"
         if attempt < config.attempts:
-            pause = min(retry_after if retry_after is not None else delay, _MAX_PAUSE_S)
+            pause = backoff.next_s()  # counted also when the proxy names its own pause
+            if retry_after is not None:
+                pause = min(retry_after, _MAX_PAUSE_S)
             logger.warning("reward attempt %d of %d failed (%s); retrying in %.1fs", attempt, config.attempts,
                            last, pause)
             time.sleep(pause)
-            delay *= 2
     raise RewardError(f"the reward was not delivered after {config.attempts} attempts; last error: {last}")
 
 

@@ -1,42 +1,19 @@
 """Noticing a harness that hung up while its whole answer was still being made.
 
-Once a request's body is read, an ASGI server's ``receive`` waits until the connection closes and
-then returns ``http.disconnect``. Stepping its coroutine by hand (rather than awaiting it in a
-task of its own, which every call would pay for) tells at once whether the harness is still
-there, and the future it waits on says when it leaves. A streamed answer needs none of this:
-the server cancels its body when the harness goes.
+Once a request's body is read, ASGI's ``receive`` waits until the connection closes and then
+returns ``http.disconnect``. :class:`HangupWatch` awaits it in a task of its own, as Starlette's
+``StreamingResponse`` and vLLM's ``with_cancellation`` do; after the watch, Starlette's
+``Request.is_disconnected`` asks without waiting. A streamed answer needs none of this: the
+server cancels its body when the harness goes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 Receive = Callable[[], Awaitable[Any]]
-
-
-def _disconnect(message: object) -> bool:
-    return isinstance(message, dict) and message.get("type") == "http.disconnect"
-
-
-def harness_gone(receive: Receive) -> bool:
-    """Whether the harness has hung up, asked without waiting (about a microsecond).
-
-    The coroutine of ``receive`` is stepped once: finished at once, a disconnect was already
-    there; suspended, the harness is still connected, and the coroutine is closed.
-    """
-    probe = receive()
-    if not inspect.iscoroutine(probe):
-        return False
-    try:
-        probe.send(None)
-    except StopIteration as done:
-        return _disconnect(done.value)
-    probe.close()
-    return False
-
 
 HARNESS_GONE = "the harness hung up before the whole answer was ready"
 """Why a whole answer's call is recorded ``client_disconnected`` (its engine work cut short, or its answer untaken)."""
@@ -65,44 +42,19 @@ class HangupWatch:
         """This watch cancelled its task."""
         self._armed = False
         self._task = asyncio.current_task()
-        self._probe: Coroutine[Any, Any, Any] | None = None
-        if not enabled:
-            return
-        probe = receive()
-        if not inspect.iscoroutine(probe):
-            return
+        self._listener = asyncio.create_task(self._listen(receive)) if enabled else None
+
+    async def _listen(self, receive: Receive) -> None:
         try:
-            waiting = probe.send(None)
-        except StopIteration as done:
-            self.gone = _disconnect(done.value)
-            return
+            message = await receive()
         except Exception:  # noqa: BLE001 - a receive that fails (an emptied one, say): no watching
             return
-        self._wait_on(probe, waiting)
-
-    def _wait_on(self, probe: Coroutine[Any, Any, Any], waiting: object) -> None:
-        if isinstance(waiting, asyncio.Future):
-            self._probe = probe
-            waiting.add_done_callback(self._woken)
-        else:
-            probe.close()
-
-    def _woken(self, _: asyncio.Future[Any]) -> None:
-        probe, self._probe = self._probe, None
-        if probe is None:
-            return  # stopped
-        try:
-            waiting = probe.send(None)
-        except StopIteration as done:
-            if _disconnect(done.value):
-                self.gone = True
-                if self._armed and self._task is not None:
-                    self.cancelled = True
-                    self._task.cancel()
-            return  # any other message (none comes once the body is read): stop watching
-        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - a receive that failed: stop watching
-            return
-        self._wait_on(probe, waiting)
+        if not isinstance(message, dict) or message.get("type") != "http.disconnect":
+            return  # none other comes once the body is read; a receive that says otherwise is not watched
+        self.gone = True
+        if self._armed and self._task is not None:
+            self.cancelled = True
+            self._task.cancel()
 
     def armed(self) -> HangupWatch:
         """A context in which a hang-up cancels the task (at the wait in progress)."""
@@ -120,9 +72,9 @@ class HangupWatch:
 
     def stop(self) -> None:
         """Stop watching. Idempotent."""
-        probe, self._probe = self._probe, None
-        if probe is not None:
-            probe.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
 
 
-__all__ = ["HARNESS_GONE", "HangupWatch", "HarnessGoneError", "harness_gone"]
+__all__ = ["HARNESS_GONE", "HangupWatch", "HarnessGoneError"]

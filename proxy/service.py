@@ -32,7 +32,7 @@ from proxy import exact_json, telemetry
 from proxy.adapters import Adapter
 from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
-from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError, harness_gone
+from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError
 from proxy.nesting import dumps_within_depth
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
@@ -325,7 +325,7 @@ class CallService:
                                             upstream_status=engine_status)
                 capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
                 watch.stop()
-                gone = watch.gone or harness_gone(request.receive)
+                gone = watch.gone or await request.is_disconnected()
                 if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
                     await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
                                        upstream_status_code=engine_status, replica=replica, fingerprint=fingerprint)

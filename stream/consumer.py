@@ -28,6 +28,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, EventBase, decode
+from schemas.backoff import Backoff
 from stream.lifecycle import Managed
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
@@ -287,7 +288,7 @@ class EventConsumer(Managed):
         self._progress.handled[tp] = record.offset + 1
 
     async def _handle(self, received: Received, record: ConsumerRecord[bytes, bytes]) -> None:
-        backoff = self.settings.retry_backoff_s
+        backoff = Backoff(self.settings.retry_backoff_s)
         for attempt in range(1, self.settings.handler_attempts + 1):
             try:
                 await self._handler(received)
@@ -305,8 +306,7 @@ class EventConsumer(Managed):
                     return
                 logger.warning("%s: handler attempt %d failed at %s[%d]@%d: %s; retrying",
                                self.group_id, attempt, record.topic, record.partition, record.offset, exc)
-                await asyncio.sleep(backoff)
-                backoff *= 2
+                await asyncio.sleep(backoff.next_s())
 
     async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], kind: DeadLetterErrorType,
                            reason: str, exception_type: str | None = None) -> None:

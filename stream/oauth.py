@@ -32,11 +32,15 @@ import weakref
 from typing import Any
 from urllib.parse import quote_plus
 
+import aiokafka.conn
 import httpx
 import orjson
 from aiokafka.abc import AbstractTokenProvider
+from aiokafka.conn import OAuthAuthenticator
 from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
 from pydantic import SecretStr
+
+from schemas.backoff import Backoff
 
 logger = logging.getLogger(__name__)
 
@@ -54,78 +58,6 @@ RETRY_BACKOFF_MAX_S = 10.0
 DEFAULT_LIFETIME_S = 300.0
 """How long a token is kept when the identity provider says nothing of its lifetime (neither
 ``expires_in`` nor a JWT ``exp``)."""
-
-
-PATCHED_AIOKAFKA = "0.14."
-"""The aiokafka releases whose OAUTHBEARER client the patch below was checked against; another
-release is left as it is (a unit test fails on it, so the patch is checked again at an upgrade)."""
-
-
-def _error_challenge(payload: bytes) -> bool:
-    """Whether the broker's answer to a token is RFC 7628's error challenge (a JSON ``status``)."""
-    try:
-        challenge = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(challenge, dict) and "status" in challenge
-
-
-def _end_refused_exchanges() -> bool:
-    r"""Make aiokafka's OAUTHBEARER client answer a broker's refusal, so that the refusal is raised.
-
-    A broker that rejects a token does not fail the exchange at once: as RFC 7628 (3.2.2) has it,
-    it sends an error challenge (``{"status": "invalid_token"}``) and waits for the client's
-    ``\x01`` before it answers with ``SASL_AUTHENTICATION_FAILED`` and its reason. aiokafka 0.14
-    ends the exchange after sending the token, whatever comes back, so a refused client believes
-    it is logged in; the broker then drops the connection at its first request, and the client
-    reports only that it cannot reach the cluster. Kafka's Java client, librdkafka and sarama
-    all send the ``\x01``; with this, aiokafka does too and raises ``SaslAuthenticationFailed``
-    with the broker's reason. The token provider hears of the outcome (``accepted``,
-    ``refused``), so that a refused token is not offered again and a run of refusals slows its
-    requests to the identity provider down.
-
-    Returns:
-        Whether the patch is in place (only for :data:`PATCHED_AIOKAFKA`).
-    """
-    import aiokafka
-    from aiokafka.conn import OAuthAuthenticator
-
-    if getattr(OAuthAuthenticator, "_openforge_ends_refusals", False):
-        return True
-    if not aiokafka.__version__.startswith(PATCHED_AIOKAFKA):
-        logger.warning("aiokafka %s: a broker's refusal of an OAuth token shows only as a dropped connection "
-                       "(OpenForge answers it for aiokafka %sx)", aiokafka.__version__, PATCHED_AIOKAFKA)
-        return False
-
-    async def step(self: Any, payload: bytes | None) -> tuple[bytes, bool] | None:
-        provider = self._sasl_oauth_token_provider
-        if not self._token_sent:  # aiokafka's own first step, keeping the token to report on
-            token = await provider.token()
-            self._openforge_token = token
-            self._token_sent = True
-            return self._build_oauth_client_request(token, self._token_extensions()).encode("utf-8"), True
-        sent = getattr(self, "_openforge_token", None)
-        if getattr(self, "_openforge_answered", False):
-            raise SaslAuthenticationFailed(f"the broker challenged the token again: {(payload or b'')[:200]!r}")
-        if payload and _error_challenge(payload):
-            # The token is not offered again; the "\x01" ends the exchange, and the broker answers
-            # with the failure and its reason (raised by aiokafka).
-            refused = getattr(provider, "refused", None)
-            if callable(refused):
-                refused(sent)
-            self._openforge_answered = True
-            return b"\x01", True
-        accepted = getattr(provider, "accepted", None)
-        if callable(accepted):
-            accepted(sent)
-        return None
-
-    OAuthAuthenticator.step = step
-    OAuthAuthenticator._openforge_ends_refusals = True
-    return True
-
-
-_end_refused_exchanges()
 
 
 class OAuthTokenError(KafkaConnectionError):  # type: ignore[misc]
@@ -166,8 +98,8 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         self._fetches_ended = 0
         self._failure: str | None = None
         """The last fetch's failure (its message: an exception would keep the request's frames alive)."""
-        self._fetch_failures = 0
-        self._refusals = 0
+        self._fetch_failures = Backoff(RETRY_BACKOFF_S, RETRY_BACKOFF_MAX_S)
+        self._refusals = Backoff(RETRY_BACKOFF_S, RETRY_BACKOFF_MAX_S)
         self._retry_at = 0.0
         self._warned_in_the_clear = False
         self._locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
@@ -190,13 +122,12 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         if token is not None and token != self._token:
             return
         self._token, self._refresh_at = None, 0.0
-        self._refusals += 1
-        self._back_off(self._refusals)
+        self._retry_at = time.monotonic() + self._refusals.next_s()
 
     def accepted(self, token: str | None = None) -> None:
         """A broker took ``token``: a run of refusals has ended."""
         if token is None or token == self._token:
-            self._refusals = 0
+            self._refusals.reset()
 
     def warn_once_if_sent_in_the_clear(self, bootstrap_servers: str) -> None:
         """Warn (once per provider) when tokens go to brokers off this machine without TLS (``SASL_PLAINTEXT``).
@@ -221,10 +152,6 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         only a new login can have the broker say why.
         """
         return 0.0 if self._failure is not None else self.asks_again_in_s()
-
-    def _back_off(self, failures: int) -> None:
-        doublings = min(failures - 1, 30)  # past the cap long before; a float power would overflow at 1024
-        self._retry_at = time.monotonic() + min(RETRY_BACKOFF_S * 2**doublings, RETRY_BACKOFF_MAX_S)
 
     def _fresh(self) -> str | None:
         if self._token is not None and time.monotonic() < self._refresh_at:
@@ -271,12 +198,11 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
                 token, lifetime_s = await self._fetch()
             except OAuthTokenError as exc:
                 self._failure = str(exc.args[0]) if exc.args else str(exc)  # the message, without the class
-                self._fetch_failures += 1
-                self._back_off(self._fetch_failures)
+                self._retry_at = time.monotonic() + self._fetch_failures.next_s()
                 raise
             finally:
                 self._fetches_ended += 1
-            self._fetch_failures = 0
+            self._fetch_failures.reset()
             self._token, self._refresh_at = token, time.monotonic() + REFRESH_AT * lifetime_s
             self.fetched += 1
             return token
@@ -350,6 +276,85 @@ class ClientCredentialsTokenProvider(AbstractTokenProvider):  # type: ignore[mis
         return token, _lifetime_s(body.get("expires_in"), token)
 
 
+def _error_challenge(payload: bytes) -> bool:
+    """Whether the broker's answer to a token is RFC 7628's error challenge (a JSON ``status``)."""
+    try:
+        challenge = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(challenge, dict) and "status" in challenge
+
+
+def _bearer(message: bytes) -> str:
+    """The token in an OAUTHBEARER client's first message (RFC 7628 3.1: ``auth=Bearer <token>``)."""
+    for pair in message.decode("utf-8", "replace").split("\x01"):
+        if pair.startswith("auth=Bearer "):
+            return pair.removeprefix("auth=Bearer ")
+    return ""
+
+
+class RefusalAnsweringAuthenticator(OAuthAuthenticator):  # type: ignore[misc]
+    r"""aiokafka's OAUTHBEARER client, plus the answer RFC 7628 (3.2.2) asks for when a broker refuses.
+
+    A broker that rejects a token does not fail the exchange at once: it sends an error
+    challenge (``{"status": "invalid_token"}``) and waits for the client's ``\x01`` before it
+    answers with ``SASL_AUTHENTICATION_FAILED`` and its reason. aiokafka ends the exchange
+    after sending the token, whatever comes back, and takes itself for logged in; the broker
+    then answers its metadata requests with no brokers, and a producer's start waits for good
+    (against Kafka 4.4: no error within 60 s). Kafka's Java client, librdkafka and sarama all
+    send the ``\x01``; with this, aiokafka does too and raises ``SaslAuthenticationFailed``
+    with the broker's reason. The token provider hears of the outcome
+    (:meth:`ClientCredentialsTokenProvider.refused`, ``accepted``), so that a refused token is
+    not offered again and a run of refusals slows its requests down.
+
+    aiokafka's public interface for OAUTHBEARER is the token provider, which never sees the
+    broker's answer, and it has no setting for the authenticator: each connection makes one
+    from the name ``aiokafka.conn.OAuthAuthenticator``, which :func:`answer_refusals` points at
+    this subclass. Its first step is aiokafka's own (the token, its extensions and the
+    message's form stay aiokafka's). tests/unit/stream/test_oauth_tokens_from_a_stand_in_idp.py
+    pins what it relies on: that aiokafka makes its authenticator from that name, and that
+    aiokafka's own still ends the exchange after the token (once it answers refusals itself,
+    this class goes).
+    """
+
+    def __init__(self, *, sasl_oauth_token_provider: AbstractTokenProvider) -> None:
+        super().__init__(sasl_oauth_token_provider=sasl_oauth_token_provider)
+        self.provider = sasl_oauth_token_provider
+        self.sent: str | None = None
+        """The token this login offered (None before the first step)."""
+        self.answered = False
+        """The broker's error challenge was answered: the exchange is over."""
+
+    async def step(self, payload: bytes | None) -> tuple[bytes, bool] | None:
+        """The next message to the broker, or None when the exchange is over (aiokafka's contract).
+
+        Raises:
+            SaslAuthenticationFailed: the broker challenged again after its error challenge was answered.
+        """
+        if self.sent is None:
+            first: tuple[bytes, bool] = await super().step(payload)
+            self.sent = _bearer(first[0])
+            return first
+        if self.answered:
+            raise SaslAuthenticationFailed(f"the broker challenged the token again: {(payload or b'')[:200]!r}")
+        provider = self.provider if isinstance(self.provider, ClientCredentialsTokenProvider) else None
+        if payload and _error_challenge(payload):
+            # The "\x01" ends the exchange; the broker answers with the failure and its reason,
+            # which aiokafka raises.
+            if provider is not None:
+                provider.refused(self.sent)
+            self.answered = True
+            return b"\x01", True
+        if provider is not None:
+            provider.accepted(self.sent)
+        return None
+
+
+def answer_refusals() -> None:
+    """Have every aiokafka connection of this process log in with :class:`RefusalAnsweringAuthenticator`."""
+    aiokafka.conn.OAuthAuthenticator = RefusalAnsweringAuthenticator
+
+
 _PROVIDERS: dict[tuple[str, str, str, str | None, str | None, bool, str | None],
                  ClientCredentialsTokenProvider] = {}
 
@@ -359,8 +364,10 @@ def token_provider(token_url: str, client_id: str, client_secret: SecretStr, sco
                    extensions: str | None = None) -> ClientCredentialsTokenProvider:
     """The process's one token source for this client at this endpoint, shared by all its Kafka clients.
 
-    ``extensions``: as the setting writes them (:func:`parse_extensions`).
+    ``extensions``: as the setting writes them (:func:`parse_extensions`). Its clients' logins
+    answer a broker's refusal (:func:`answer_refusals`).
     """
+    answer_refusals()
     key = (token_url, client_id, client_secret.get_secret_value(), scope, ca_file, header_urlencode, extensions)
     provider = _PROVIDERS.get(key)
     if provider is None:
@@ -454,5 +461,5 @@ def _lifetime_s(expires_in: object, token: str) -> float:
     return DEFAULT_LIFETIME_S
 
 
-__all__ = ["ClientCredentialsTokenProvider", "OAuthTokenError", "check_token_url", "forget_token_providers",
-           "parse_extensions", "shown_url", "token_provider"]
+__all__ = ["ClientCredentialsTokenProvider", "OAuthTokenError", "RefusalAnsweringAuthenticator", "answer_refusals",
+           "check_token_url", "forget_token_providers", "parse_extensions", "shown_url", "token_provider"]

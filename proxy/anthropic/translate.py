@@ -39,6 +39,7 @@ from proxy import exact_json
 from proxy.errors import InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.media import DOCUMENT_PLACEHOLDER, IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning, signature, signed_thought
+from proxy.stream_state import ChunkTranslator, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -910,21 +911,7 @@ PING: SSEEvent = ("ping", {"type": "ping"})
 """Anthropic's keep-alive event: its API sends it during a stream, and clients skip it."""
 
 
-class _PendingTool:
-    """A streamed tool call whose ``content_block_start`` may still wait for its name."""
-
-    __slots__ = ("arguments", "block_index", "call_id", "key", "name", "stopped")
-
-    def __init__(self, key: int) -> None:
-        self.key = key  # the chat tool-call index
-        self.call_id: str | None = None
-        self.name: str | None = None
-        self.arguments: list[str] = []  # the argument fragments, until the block stops
-        self.block_index: int | None = None  # set once content_block_start is out
-        self.stopped = False  # content_block_stop is out
-
-
-class StreamTranslator:
+class StreamTranslator(ChunkTranslator):
     """Turns the engine's chat-completion chunks into Anthropic's Messages stream events.
 
     Anthropic streams ``message_start``; then per content block ``content_block_start``,
@@ -950,6 +937,7 @@ class StreamTranslator:
 
     def __init__(self, *, model: str, message_id: str | None = None, max_tokens: int | None = None,
                  context: int | None = None, thinking: ThinkingDisplay | None = None) -> None:
+        super().__init__()
         self.model = model
         self.thinking = thinking
         """How reasoning goes out as a thinking block; None for not at all (:func:`thinking_display`)."""
@@ -964,40 +952,43 @@ class StreamTranslator:
         self._open: int | None = None  # index of the content block now open
         self._text_open = False
         self._thought: list[str] | None = None  # the open thinking block's text, until it stops
-        self._open_tool: _PendingTool | None = None  # the tool call whose block is open
-        self._tools: dict[int, _PendingTool] = {}
-        self._between_calls = ""  # whitespace after a tool call, held (see _text)
+        self._open_tool: ToolCall | None = None  # the tool call whose block is open
+        self._started_tools: set[int] = set()  # the calls whose content_block_start is out (it waits for a name)
+        self._stopped_tools: set[int] = set()  # the calls whose content_block_stop is out
         self._has_tool_use = False
-        self._finish_reason: str | None = None
         self._engine_stop: Any = None
-        self._usage: dict[str, Any] | None = None
         self.prompt_tokens: int | None = None
         """The prompt's length when known before the engine's usage (for ``message_start``)."""
 
-    def keepalive(self) -> list[SSEEvent]:
-        """An event that only says the answer is still coming; none once it ended.
+    def _idle(self, events: list[SSEEvent]) -> None:
+        """The keep-alive once ``message_start`` is out (before it, ``message_start`` itself).
 
-        The SDKs drop ``ping`` before their caller sees it, so it resets no harness's watchdog
-        (Claude Code aborts a stream after five minutes without an event and sends the call
-        again). Inside an open block the keep-alive is therefore an empty delta of that block,
-        which every client adds to the block as nothing: an ``input_json_delta`` while a tool
-        call's arguments are held, a ``thinking_delta`` while a think is not shown, a
-        ``text_delta`` while the engine is silent mid-text. Before the first chunk (a queue, a
-        long prefill) it is ``message_start``, as Anthropic sends at once: its input count is
-        then unknown (0), and ``message_delta`` carries it at the end. Between blocks, ``ping``.
+        The SDKs drop ``ping`` before their caller sees it, so it resets no harness's watchdog.
+        Inside an open block the keep-alive is therefore an empty delta of that block, which
+        every client adds to the block as nothing: an ``input_json_delta`` while a tool call's
+        arguments are held, a ``thinking_delta`` while a think is not shown, a ``text_delta``
+        while the engine is silent mid-text. Between blocks, ``ping``. (A ``message_start`` sent
+        before the first chunk has an unknown input count (0); ``message_delta`` carries it at
+        the end.)
         """
-        if self._done:
-            return []
-        if not self._started:
-            return self._start(None)
         index = self._open
         if index is None:
-            return [PING]
-        if self._open_tool is not None:
-            return [self._json_delta(index, "")]
-        delta = {"type": "thinking_delta", "thinking": ""} if self._thought is not None else {"type": "text_delta",
-                                                                                              "text": ""}
-        return [("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})]
+            events.append(PING)
+        elif self._open_tool is not None:
+            events.append(self._json_delta(index, ""))
+        else:
+            delta = {"type": "thinking_delta", "thinking": ""} if self._thought is not None else {"type": "text_delta",
+                                                                                                  "text": ""}
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+
+    def _ended(self) -> bool:
+        return self._done
+
+    def _opened(self) -> bool:
+        return self._started
+
+    def _begin(self, chunk: dict[str, Any], events: list[SSEEvent]) -> None:
+        events += self._start(chunk)
 
     @property
     def upstream_finished(self) -> bool:
@@ -1055,9 +1046,8 @@ class StreamTranslator:
             events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
         tool, self._open_tool = self._open_tool, None
         if tool is not None:
-            tool.stopped = True
-            text = "".join(tool.arguments)
-            tool.arguments = []
+            self._stopped_tools.add(tool.key)
+            text = tool.arguments
             if text:
                 parsed = _parse_arguments(text)
                 # The engine's own text when it is an object, so the harness gets it byte for byte.
@@ -1075,33 +1065,24 @@ class StreamTranslator:
         events.append(("content_block_start", start))
         return events
 
-    def _text(self, text: str) -> list[SSEEvent]:
-        if not self._text_open and self._tools:
-            # Parsers stream what a model writes between two calls of one turn ("</tool_call>\n
-            # <tool_call>") as text. As a text block it would come back with the harness's history
-            # as text before the calls, which the model never wrote there (and Anthropic's API
-            # refuses whitespace-only text): held until text follows, and dropped if none does,
-            # as vLLM drops it from a whole answer.
-            text = self._between_calls + text
-            if text.isspace():
-                self._between_calls = text
-                return []
-            self._between_calls = ""
-        events: list[SSEEvent] = []
+    def _on_text(self, text: str, events: list[SSEEvent]) -> None:
+        shown = self._between_calls(text, self._text_open)
+        if shown is None:
+            return
         if not self._text_open:
-            events = self._open_block({"type": "text", "text": ""})
+            events += self._open_block({"type": "text", "text": ""})
             self._text_open = True
         assert self._open is not None
-        delta = {"type": "text_delta", "text": text}
+        delta = {"type": "text_delta", "text": shown}
         events.append(
             ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
         )
-        return events
 
-    def _thinking(self, text: str) -> list[SSEEvent]:
-        events: list[SSEEvent] = []
+    def _on_reasoning(self, text: str, events: list[SSEEvent]) -> None:
+        if not self.thinking:
+            return
         if self._thought is None:
-            events = self._open_block({"type": "thinking", "thinking": "", "signature": ""})
+            events += self._open_block({"type": "thinking", "thinking": "", "signature": ""})
             self._thought = []
         assert self._open is not None
         self._thought.append(text)
@@ -1110,57 +1091,39 @@ class StreamTranslator:
             events.append(
                 ("content_block_delta", {"type": "content_block_delta", "index": self._open, "delta": delta})
             )
-        return events
 
     @staticmethod
     def _json_delta(index: int, partial: str) -> SSEEvent:
         delta = {"type": "input_json_delta", "partial_json": partial}
         return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
 
-    def _start_tool(self, tool: _PendingTool) -> list[SSEEvent]:
+    def _start_tool(self, tool: ToolCall) -> list[SSEEvent]:
         call_id = tool.call_id or f"toolu_{self.message_id}_{tool.key}"
         block = {"type": "tool_use", "id": call_id, "name": tool.name or "", "input": {}}
         events = self._open_block(block)
-        tool.block_index = self._open
+        self._started_tools.add(tool.key)
         self._open_tool = tool
         self._has_tool_use = True
         return events
 
-    def _tool_delta(self, call: dict[str, Any], position: int) -> list[SSEEvent]:
-        index = call.get("index")
-        key = index if isinstance(index, int) and not isinstance(index, bool) else position
-        tool = self._tools.get(key)
-        events: list[SSEEvent] = []
-        if tool is None:
-            tool = self._tools[key] = _PendingTool(key)
+    def _on_tool_call(self, call: ToolCall, fragment: str, new: bool, events: list[SSEEvent]) -> None:
+        key = call.key
+        if new:
             # A new tool call ends whatever block is open, even if its own block must wait for a name.
             events += self._close()
-        call_id = call.get("id")
-        if isinstance(call_id, str) and call_id and tool.call_id is None:
-            tool.call_id = call_id
-        function = call.get("function")
-        function = function if isinstance(function, dict) else {}
-        name = function.get("name")
-        if isinstance(name, str) and name and tool.name is None:
-            tool.name = name
-        arguments = function.get("arguments")
-        fragment = arguments if isinstance(arguments, str) else (_dumps(arguments) if arguments else "")
-        if not tool.stopped:
-            if fragment:
-                tool.arguments.append(fragment)
-            if tool.block_index is None and tool.name is not None:
-                events += self._start_tool(tool)
+        if key not in self._stopped_tools:
+            if key not in self._started_tools and call.name is not None:
+                events += self._start_tool(call)
         elif fragment:
             # Fragments for a call whose block already stopped (engines do not interleave calls,
             # but should one): its arguments went out whole when it stopped, and text appended
             # to them would not be JSON. The engine's tokens are captured all the same.
             logger.warning("dropped arguments for tool call %d after its block ended", key)
-        return events
 
     def _flush_pending_tools(self) -> list[SSEEvent]:
         events: list[SSEEvent] = []
-        for tool in self._tools.values():
-            if tool.block_index is None:
+        for tool in self._tool_calls.values():
+            if tool.key not in self._started_tools:
                 events += self._start_tool(tool)
         return events
 
@@ -1208,37 +1171,18 @@ class StreamTranslator:
             self._done = True
             return [error_event(str(detail or "the engine failed while streaming"))]
         events = self._start(chunk)
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
-        choices = chunk.get("choices")
-        if not isinstance(choices, list) or not choices:
-            if self._finish_reason is not None and isinstance(usage, dict):
-                events += self._end()  # the usage chunk that closes vLLM's stream
-            return events
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta")
-            delta = delta if isinstance(delta, dict) else {}
-            if self.thinking:
-                thought = engine_reasoning(delta)
-                if thought:
-                    events += self._thinking(thought)
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                events += self._text(text)
-            tool_calls = delta.get("tool_calls")
-            if isinstance(tool_calls, list):
-                for position, call in enumerate(tool_calls):
-                    if isinstance(call, dict):
-                        events += self._tool_delta(call, position)
-            finish_reason = choice.get("finish_reason")
-            if finish_reason is not None:
-                self._finish_reason = str(finish_reason)
-                self._engine_stop = choice.get("stop_reason")
-                events += self._flush_pending_tools() + self._close()
+        self._read(chunk, events)  # what it cannot read it passes over (see _malformed)
         return events
+
+    def _malformed(self, what: str) -> None:
+        """Passed over: a Messages stream goes on with what it can read."""
+
+    def _on_finish(self, choice: dict[str, Any], events: list[SSEEvent]) -> None:
+        self._engine_stop = choice.get("stop_reason")
+        events += self._flush_pending_tools() + self._close()
+
+    def _on_last_chunk(self, events: list[SSEEvent]) -> None:
+        events += self._end()
 
     def finish(self) -> list[SSEEvent]:
         """Close the stream: open blocks, then ``message_delta`` and ``message_stop``, exactly once.

@@ -69,6 +69,7 @@ from typing import Any, Final, Literal
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
 from proxy.media import IMAGE_PLACEHOLDER, ImagePolicy, inline_image, refuse_images
 from proxy.reasoning import engine_reasoning
+from proxy.stream_state import ChunkTranslator, ToolCall
 
 __all__ = [
     "CUSTOM_TOOL_ARGUMENT",
@@ -1036,7 +1037,7 @@ class _Item:
         return _tool_call_item(self.item_id, self.call_id, self.name, self.text, self.status, custom_tools)
 
 
-class StreamTranslator:
+class StreamTranslator(ChunkTranslator):
     """Turn a chat-completions chunk stream into Responses server-sent events.
 
     Feed each parsed chunk to :meth:`feed` and send the events it returns, in order; when
@@ -1055,6 +1056,7 @@ class StreamTranslator:
     """
 
     def __init__(self, *, request: dict[str, Any], response_id: str | None = None) -> None:
+        super().__init__()
         self._request = request
         self._requested_id = response_id
         self._custom_tools = _tool_names(request)
@@ -1069,9 +1071,6 @@ class StreamTranslator:
         self._thought: _Item | None = None
         self._tool: _Item | None = None
         self._tools: dict[int, _Item] = {}
-        self._between_calls = ""  # whitespace after a tool call, held (see _text_delta)
-        self._finish_reason: str | None = None
-        self._usage: dict[str, Any] | None = None
         self._terminated = False
         self.failure: str | None = None
         """Why the stream ended in ``response.failed`` (None while it has not)."""
@@ -1126,38 +1125,17 @@ class StreamTranslator:
             message = source.get("message")
             events.extend(self.failed_event(message if isinstance(message, str) else "the engine failed"))
             return
+        self._read(chunk, events)
 
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self._usage = usage
-        choices = chunk.get("choices") or []
-        if not isinstance(choices, list):
-            raise UpstreamFormatError("a stream chunk's choices is not a list")
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue  # Responses has one answer per call; other choices are not asked for.
-            delta = choice.get("delta") or {}
-            if not isinstance(delta, dict):
-                raise UpstreamFormatError("a stream chunk's delta is not an object")
-            thought = engine_reasoning(delta)
-            if thought:
-                self._reasoning_delta(thought, events)
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                self._text_delta(content, events)
-            tool_calls = delta.get("tool_calls") or []
-            if not isinstance(tool_calls, list):
-                raise UpstreamFormatError("a stream chunk's tool_calls is not a list")
-            for call in tool_calls:
-                self._tool_delta(call, events)
-            finish_reason = choice.get("finish_reason")
-            if isinstance(finish_reason, str):
-                self._finish_reason = finish_reason
-                self._close_all(events, self._item_status())
+    def _malformed(self, what: str) -> None:
+        """A chunk that breaks the chat-completions stream's shape fails the stream (see :meth:`feed`)."""
+        raise UpstreamFormatError(what)
 
-        if not choices and isinstance(usage, dict) and self._finish_reason is not None:
-            # The usage-only chunk is the engine's last word when usage is included.
-            self._terminal(events)
+    def _on_finish(self, choice: dict[str, Any], events: list[Event]) -> None:
+        self._close_all(events, self._item_status())
+
+    def _on_last_chunk(self, events: list[Event]) -> None:
+        self._terminal(events)
 
     def finish(self) -> list[Event]:
         """Close open items and produce the terminal event, unless that already happened.
@@ -1185,24 +1163,23 @@ class StreamTranslator:
             events.extend(self.failed_event(str(exc)))
         return events
 
-    def keepalive(self) -> list[Event]:
-        """A ``response.in_progress`` event, to tell the harness the answer is still coming.
+    def _idle(self, events: list[Event]) -> None:
+        """A ``response.in_progress`` event, once the response is open (before it opens, its opening).
 
         For a long stretch of engine chunks that make no event (a tool call's arguments held
-        until its name comes, an engine that sends empty deltas): Codex aborts a stream after
-        five minutes without an event and sends the call again. The event is the API's own and says nothing new, so
-        clients that do not act on it (Codex, the SDKs) skip it. Before the engine's first chunk
-        (a queue, a long prefill) the response is opened instead, as the API opens it at once
-        (its id is then not derived from the engine's); none after it ended.
+        until its name comes, an engine that sends empty deltas). The event is the API's own
+        and says nothing new, so clients that do not act on it (Codex, the SDKs) skip it.
         """
-        if self._terminated:
-            return []
-        events: list[Event] = []
-        if self._ids is None:
-            self._start({}, events)
-            return events
         self._emit(events, "response.in_progress", response=self._response("in_progress"))
-        return events
+
+    def _ended(self) -> bool:
+        return self._terminated
+
+    def _opened(self) -> bool:
+        return self._ids is not None
+
+    def _begin(self, chunk: dict[str, Any], events: list[Event]) -> None:
+        self._start(chunk, events)
 
     def failed_event(self, message: str) -> list[Event]:
         """Produce ``response.failed``, the terminal event for an error mid-stream.
@@ -1313,7 +1290,7 @@ class StreamTranslator:
         if item.kind == "function_call" and item.text:
             self._emit_arguments(item, item.text, events)
 
-    def _reasoning_delta(self, text: str, events: list[Event]) -> None:
+    def _on_reasoning(self, text: str, events: list[Event]) -> None:
         for other in (self._text, self._tool):
             if other is not None:
                 self._close(other, events, "completed")
@@ -1330,17 +1307,11 @@ class StreamTranslator:
         self._emit(events, "response.reasoning_text.delta", item_id=item.item_id, output_index=item.output_index,
                    content_index=0, delta=text)
 
-    def _text_delta(self, text: str, events: list[Event]) -> None:
-        if self._text is None and self._tools:
-            # Parsers stream what a model writes between two calls of one turn ("</tool_call>\n
-            # <tool_call>") as text. A message item of it would split the turn in two when the
-            # harness sends its history back; whitespace after a call is held until text follows,
-            # and dropped if none does, as vLLM drops it from a whole answer.
-            text = self._between_calls + text
-            if text.isspace():
-                self._between_calls = text
-                return
-            self._between_calls = ""
+    def _on_text(self, text: str, events: list[Event]) -> None:
+        shown = self._between_calls(text, self._text is not None)
+        if shown is None:
+            return
+        text = shown
         for other in (self._thought, self._tool):
             if other is not None:
                 self._close(other, events, "completed")
@@ -1370,19 +1341,8 @@ class StreamTranslator:
             logprobs=[],
         )
 
-    def _tool_delta(self, call: Any, events: list[Event]) -> None:
-        if not isinstance(call, dict):
-            raise UpstreamFormatError("a streamed tool call is not an object")
-        index = call.get("index", 0)
-        if not _is_int(index):
-            raise UpstreamFormatError("a streamed tool call has no integer index")
-        function = call.get("function") or {}
-        if not isinstance(function, dict):
-            raise UpstreamFormatError("a streamed tool call's function is not an object")
-        name = function.get("name")
-        arguments = function.get("arguments")
-        call_id = call.get("id")
-
+    def _on_tool_call(self, call: ToolCall, fragment: str, new: bool, events: list[Event]) -> None:
+        index = call.key
         item = self._tools.get(index)
         if item is None:
             for other in (self._thought, self._text, self._tool):
@@ -1396,14 +1356,12 @@ class StreamTranslator:
             raise UpstreamFormatError(f"tool call {index} continued after the next item had started")
 
         if not item.announced:
-            if isinstance(call_id, str) and call_id:
-                item.call_id = call_id
-            if isinstance(name, str) and name:
-                item.name = name
-        if isinstance(arguments, str) and arguments:
-            item.text += arguments
+            item.call_id = call.call_id or item.call_id
+            item.name = call.name or item.name
+        if fragment:
+            item.text = call.arguments
             if item.announced and item.kind == "function_call":
-                self._emit_arguments(item, arguments, events)
+                self._emit_arguments(item, fragment, events)
         if not item.announced and item.name:
             # A call's id and name come before its arguments: announce it once they are
             # known (arguments that came early go out in one delta).

@@ -22,7 +22,8 @@
 #
 # Prints the install folder as the last line of stdout; NODE_PATH=<dir>/lib/node_modules and
 # <dir>/bin/node run a driver script, <dir>/bin/chromium-path prints the browser's path.
-set -euo pipefail
+set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" browser-install
 
 CHROMIUM_VERSION="153.0.0"
 PLAYWRIGHT_VERSION="1.65.2"
@@ -30,39 +31,20 @@ NODE_VERSION="24.22.3"
 RECIPE_REVISION="1"
 STAMP="recipe=${RECIPE_REVISION} chromium=${CHROMIUM_VERSION} playwright-core=${PLAYWRIGHT_VERSION} node=${NODE_VERSION}"
 
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
+FORCE="${OPENFORGE_BROWSER_FORCE:-0}"
 DIR="${OPENFORGE_BROWSER_DIR:-$CACHE/browser}"
 BIN="$DIR/bin"
 MARKER="$DIR/.openforge-browser-installed"
-START_S=$SECONDS
-
-log() { printf '[browser-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 marker_ok() {
-    [ -f "$MARKER" ] && [ "$(head -n 1 "$MARKER")" = "$STAMP" ] && [ -x "$BIN/node" ] \
+    stamp_matches "$MARKER" "$STAMP" && [ -x "$BIN/node" ] \
         && [ -x "$BIN/chromium-path" ] && [ -x "$("$BIN/chromium-path" 2>/dev/null)" ]
 }
 
-if [ "${OPENFORGE_BROWSER_FORCE:-0}" != "1" ] && marker_ok; then
-    log "already installed in $DIR ($STAMP)"
-    echo "$DIR"
-    exit 0
-fi
-
+exit_if_installed "$FORCE" marker_ok "$DIR"
 command -v npm >/dev/null 2>&1 || die "npm is needed (any Node >= 18 with its npm); install nodejs/npm first"
 mkdir -p "$DIR"
-# One installer at a time per folder: a second caller waits, then finds the marker.
-exec 9>"$DIR.lock"
-if command -v flock >/dev/null 2>&1; then
-    flock 9
-fi
-if [ "${OPENFORGE_BROWSER_FORCE:-0}" != "1" ] && marker_ok; then
-    log "installed by a concurrent run in $DIR"
-    echo "$DIR"
-    exit 0
-fi
+lock_then_exit_if_installed "$DIR.lock" "$FORCE" marker_ok "$DIR"
 rm -f "$MARKER"
 
 export npm_config_cache="$CACHE/npm"

@@ -21,7 +21,8 @@
 #
 # Prints the bin folder as the last line of stdout, so callers can do
 #     PATH="$(scripts/harnesses/install.sh | tail -n 1):$PATH"
-set -euo pipefail
+set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" harness-install
 
 # Versions the end-to-end tests were run with. Bump together with RECIPE_REVISION when they change.
 CLAUDE_CODE_VERSION="2.1.332"
@@ -31,40 +32,20 @@ NODE_VERSION="24.22.3"  # OpenClaw needs >=24.16 <25 (or >=26.1); Claude Code's 
 RECIPE_REVISION="1"
 STAMP="recipe=${RECIPE_REVISION} claude-code=${CLAUDE_CODE_VERSION} codex=${CODEX_VERSION} openclaw=${OPENCLAW_VERSION} node=${NODE_VERSION}"
 
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
+FORCE="${OPENFORGE_HARNESSES_FORCE:-0}"
 DIR="${OPENFORGE_HARNESSES_DIR:-$CACHE/harnesses}"
 BIN="$DIR/bin"
 MARKER="$DIR/.openforge-harnesses-installed"
-START_S=$SECONDS
-
-log() { printf '[harness-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 marker_ok() {
-    [ -f "$MARKER" ] && [ "$(head -n 1 "$MARKER")" = "$STAMP" ] \
+    stamp_matches "$MARKER" "$STAMP" \
         && [ -x "$BIN/claude" ] && [ -x "$BIN/codex" ] && [ -x "$BIN/openclaw" ] && [ -x "$BIN/node" ]
 }
 
-if [ "${OPENFORGE_HARNESSES_FORCE:-0}" != "1" ] && marker_ok; then
-    log "already installed in $DIR ($STAMP)"
-    echo "$BIN"
-    exit 0
-fi
-
+exit_if_installed "$FORCE" marker_ok "$BIN"
 command -v npm >/dev/null 2>&1 || die "npm is needed (any Node >= 18 with its npm); install nodejs/npm first"
 mkdir -p "$DIR"
-# One installer at a time per folder: a second caller waits, then finds the marker.
-exec 9>"$DIR.lock"
-if command -v flock >/dev/null 2>&1; then
-    log "waiting for install lock $DIR.lock"
-    flock 9
-fi
-if [ "${OPENFORGE_HARNESSES_FORCE:-0}" != "1" ] && marker_ok; then
-    log "installed by a concurrent run in $DIR"
-    echo "$BIN"
-    exit 0
-fi
+lock_then_exit_if_installed "$DIR.lock" "$FORCE" marker_ok "$BIN"
 rm -f "$MARKER"
 
 export npm_config_cache="$CACHE/npm"

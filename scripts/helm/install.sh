@@ -20,40 +20,20 @@
 # Prints the helm binary's path as the last line of stdout, so callers can do
 #     HELM="$(scripts/helm/install.sh | tail -n 1)"
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" helm-install
 
 HELM_VERSION="${OPENFORGE_HELM_VERSION:-v4.3.1}"
 MODULE="helm.sh/helm/v4/cmd/helm"
-
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
+FORCE="${OPENFORGE_HELM_FORCE:-0}"
 PREFIX="$CACHE/helm/$HELM_VERSION"
 BIN="$PREFIX/bin/helm"
-START_S=$SECONDS
-
-log() { printf '[helm-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 binary_ok() { [ -x "$BIN" ] && "$BIN" version --short >/dev/null 2>&1; }
 
-if [ "${OPENFORGE_HELM_FORCE:-0}" != "1" ] && binary_ok; then
-    log "already built: $BIN ($("$BIN" version --short))"
-    echo "$BIN"
-    exit 0
-fi
-
+exit_if_installed "$FORCE" binary_ok "$BIN" "already built"
 command -v go >/dev/null 2>&1 || die "go is not on PATH; install Go 1.24+ (Debian: golang-go, or go.dev's tarball)"
-
 mkdir -p "$PREFIX/bin"
-# One build at a time per cache: a second caller waits, then finds the binary.
-exec 9>"$CACHE/helm-install.lock"
-if command -v flock >/dev/null 2>&1; then
-    flock 9
-fi
-if [ "${OPENFORGE_HELM_FORCE:-0}" != "1" ] && binary_ok; then
-    log "built by a concurrent run: $BIN"
-    echo "$BIN"
-    exit 0
-fi
+lock_then_exit_if_installed "$CACHE/helm-install.lock" "$FORCE" binary_ok "$BIN"
 
 log "building $MODULE@$HELM_VERSION with $(go version | cut -d' ' -f3) into $PREFIX/bin"
 # `go install module@version` builds in module mode whatever go.mod surrounds it; -trimpath keeps the

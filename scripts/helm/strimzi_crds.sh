@@ -21,32 +21,19 @@
 #
 # Prints the CRD folder as the last line of stdout.
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" strimzi-crds
 
 VERSION="${OPENFORGE_STRIMZI_VERSION:-1.2.0}"
 DEPENDENCY_PLUGIN="org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
+FORCE="${OPENFORGE_STRIMZI_FORCE:-0}"
 ROOT="$CACHE/strimzi/$VERSION"
 CRDS="$ROOT/crds"
 MARKER="$CRDS/.complete"
-START_S=$SECONDS
 
-log() { printf '[strimzi-crds +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+generated() { [ -f "$MARKER" ]; }
 
-if [ "${OPENFORGE_STRIMZI_FORCE:-0}" != "1" ] && [ -f "$MARKER" ]; then
-    log "already generated: $CRDS"
-    echo "$CRDS"
-    exit 0
-fi
-
-mkdir -p "$ROOT"
-exec 9>"$ROOT/.lock"
-if command -v flock >/dev/null 2>&1; then flock 9; fi
-if [ "${OPENFORGE_STRIMZI_FORCE:-0}" != "1" ] && [ -f "$MARKER" ]; then
-    echo "$CRDS"
-    exit 0
-fi
+exit_if_installed "$FORCE" generated "$CRDS" "already generated"
+lock_then_exit_if_installed "$ROOT/.lock" "$FORCE" generated "$CRDS"
 
 java_major() { "$1" -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n 1; }
 pick_java() {

@@ -13,14 +13,11 @@
 #   OPENFORGE_IMAGE_LEARNER=0   leave the learner's stack out (some 5 GiB; the test does, since
 #                               `make learner` installs the same stack with the same script)
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" image-install
 
 VENV="${1:?usage: scripts/image/install.sh VENV}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PYTHON="${OPENFORGE_IMAGE_PYTHON:-python3.11}"
-START_S=$SECONDS
-
-log() { printf '[image-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 command -v "$PYTHON" >/dev/null || { log "ERROR: $PYTHON not found (OpenForge runs on Python 3.11)"; exit 1; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1

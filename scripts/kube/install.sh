@@ -25,36 +25,22 @@
 # Prints the bin directory as the last line of stdout, so callers can do
 #     KUBE_BIN="$(scripts/kube/install.sh | tail -n 1)"
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" kube-install
 
 KUBE_VERSION="${OPENFORGE_KUBE_VERSION:-v1.37.2}"
 ETCD_VERSION="${OPENFORGE_ETCD_VERSION:-v3.7.3}"
 PARALLEL="${OPENFORGE_KUBE_BUILD_P:-$(nproc)}"
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
+FORCE="${OPENFORGE_KUBE_FORCE:-0}"
 ROOT="$CACHE/kube/$KUBE_VERSION"
 BIN="$ROOT/bin"
-START_S=$SECONDS
-
-log() { printf '[kube-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 
 command -v go >/dev/null || die "go is not on PATH (Go 1.26+ is needed to build kube-apiserver $KUBE_VERSION)"
 
-if [ "${OPENFORGE_KUBE_FORCE:-0}" != "1" ] && [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]; then
-    log "already built in $BIN"
-    echo "$BIN"
-    exit 0
-fi
+built() { [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]; }
 
+exit_if_installed "$FORCE" built "$BIN" "already built"
 mkdir -p "$BIN" "$ROOT/src"
-# One build at a time per cache: a second caller waits for the first instead of compiling twice.
-exec 9>"$ROOT/install.lock"
-flock 9
-if [ "${OPENFORGE_KUBE_FORCE:-0}" != "1" ] && [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/etcd" ]; then
-    log "built by a concurrent run in $BIN"
-    echo "$BIN"
-    exit 0
-fi
+lock_then_exit_if_installed "$ROOT/install.lock" "$FORCE" built "$BIN"
 
 export GOFLAGS="-mod=mod -buildvcs=false"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
@@ -73,7 +59,7 @@ build_module() {  # build_module DIR OUT PKG [EXTRA_LDFLAGS]
 }
 
 # --- etcd ---------------------------------------------------------------------------------------------
-if [ ! -x "$BIN/etcd" ] || [ "${OPENFORGE_KUBE_FORCE:-0}" = "1" ]; then
+if [ ! -x "$BIN/etcd" ] || [ "$FORCE" = "1" ]; then
     ETCD_SRC="$ROOT/src/etcd"
     mkdir -p "$ETCD_SRC"
     cat >"$ETCD_SRC/main.go" <<'GO'
@@ -96,7 +82,7 @@ GO
 fi
 
 # --- kube-apiserver -----------------------------------------------------------------------------------
-if [ ! -x "$BIN/kube-apiserver" ] || [ "${OPENFORGE_KUBE_FORCE:-0}" = "1" ]; then
+if [ ! -x "$BIN/kube-apiserver" ] || [ "$FORCE" = "1" ]; then
     KUBE_SRC="$ROOT/src/kube-apiserver"
     mkdir -p "$KUBE_SRC"
     rm -f "$KUBE_SRC/go.mod" "$KUBE_SRC/go.sum"

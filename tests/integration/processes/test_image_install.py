@@ -111,6 +111,9 @@ def test_the_dockerfile_copies_every_package_and_runs_as_the_charts_user() -> No
               if line.startswith("COPY ") and "--from" not in line}
     for source in copied:
         assert (REPO / source).exists(), source
+    sourcing = [script for source in copied if source.startswith("scripts/")
+                for script in (REPO / source).glob("*.sh") if "/../lib/" in script.read_text()]
+    assert not sourcing or "scripts/lib" in copied, f"{sourcing[0]} sources scripts/lib, which the image leaves out"
     packages = re.search(r'include = \[(.*?)\]', (REPO / "pyproject.toml").read_text()).group(1)
     for package in re.findall(r'"(\w+)\*"', packages):
         assert package in copied, f"the image leaves out the package {package}"

@@ -17,8 +17,9 @@ import pytest
 import uvicorn
 from inloop_server import InLoopServer
 from netutil import free_port
+from starlette.requests import Request
 
-from proxy.hangup import HangupWatch, HarnessGoneError, harness_gone
+from proxy.hangup import HangupWatch, HarnessGoneError
 
 Outcome = dict[str, Any]
 
@@ -47,7 +48,7 @@ def _app(mode: str, outcomes: asyncio.Queue[Outcome]) -> Callable[..., Awaitable
             outcome["refused_to_arm"] = True
         finally:
             watch.stop()
-        outcome["gone"] = watch.gone or harness_gone(receive)
+        outcome["gone"] = watch.gone or await Request(scope, receive).is_disconnected()
         await outcomes.put(outcome)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})

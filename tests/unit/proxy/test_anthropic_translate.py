@@ -746,6 +746,23 @@ def test_whitespace_between_streamed_tool_calls_makes_no_text_block() -> None:
         ["tool_use", "text"]
 
 
+def test_arguments_for_a_tool_call_whose_block_stopped_are_dropped_and_the_rest_stays_json() -> None:
+    # Engines do not interleave calls, but should one: the first call's arguments went out whole
+    # when the second call's block began, and a later fragment of it would make them no JSON.
+    def call(index: int, arguments: str, name: str | None = None) -> dict[str, Any]:
+        function = {"arguments": arguments} | ({"name": name} if name else {})
+        return chunk({"tool_calls": [{"index": index, "type": "function", "function": function}]})
+
+    events = run_stream([call(0, '{"a": 1}', "Bash"), call(1, "{}", "Read"), call(0, "}"),
+                         chunk({}, finish_reason="tool_calls"), usage_chunk()])
+    arguments: dict[int, str] = {}
+    for name, data in events:
+        if name == "content_block_delta":
+            arguments[data["index"]] = arguments.get(data["index"], "") + data["delta"]["partial_json"]
+    assert {index: json.loads(text) for index, text in arguments.items()} == {0: {"a": 1}, 1: {}}
+    assert [name for name, _ in events].count("content_block_stop") == 2
+
+
 def test_stream_tool_call_whose_name_comes_late_is_held_back() -> None:
     events = run_stream([
         chunk({"role": "assistant", "content": ""}),

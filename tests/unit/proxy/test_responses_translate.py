@@ -514,6 +514,17 @@ def test_whitespace_between_two_tool_calls_of_one_turn_makes_no_message_item() -
     assert final["output"][1]["content"][0]["text"] == "\nDone."
 
 
+def test_tool_calls_without_an_index_are_told_apart_by_their_place_in_the_chunk() -> None:
+    # vLLM numbers its calls; an engine that does not, sending two calls in one chunk, still
+    # made two calls (the Messages stream reads them the same way).
+    calls = [{"id": f"t{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+             for n, name in enumerate(("shell", "read"))]
+    final = translate([chunk({"tool_calls": calls}), chunk({}, "tool_calls"), usage_chunk()],
+                      codex_request())[-1][1]["response"]
+    assert [(item["type"], item["call_id"], item["name"]) for item in final["output"]] == [
+        ("function_call", "t0", "shell"), ("function_call", "t1", "read")]
+
+
 def test_streamed_and_unstreamed_answers_agree() -> None:
     events = translate(tool_call_chunks(), codex_request())
     streamed = events[-1][1]["response"]

@@ -26,9 +26,10 @@ from stream.oauth import (
     RETRY_BACKOFF_S,
     ClientCredentialsTokenProvider,
     OAuthTokenError,
-    _end_refused_exchanges,
+    RefusalAnsweringAuthenticator,
     _lifetime_s,
     shown_url,
+    token_provider,
 )
 
 
@@ -199,7 +200,7 @@ async def test_failures_in_a_row_slow_the_requests_to_the_stand_in_idp_down(idp:
     with pytest.raises(OAuthTokenError) as backing_off:
         await provider.token()
     assert _wait_s(backing_off.value) == 0.1
-    provider._fetch_failures = 5000  # hours of failures: the wait stays at its cap
+    provider._fetch_failures.failures = 5000  # hours of failures: the wait stays at its cap
     now[0] += 1
     with pytest.raises(OAuthTokenError):
         await provider.token()
@@ -411,31 +412,53 @@ def test_every_kafka_client_of_a_process_shares_one_token_source() -> None:
     assert KafkaSettings().oauth_token_provider() is None
 
 
-def test_the_patched_exchange_answers_a_brokers_refusal_and_ends() -> None:
+def test_the_subclassed_exchange_answers_a_brokers_refusal_and_ends() -> None:
     """RFC 7628 3.2.2: an error challenge after the token is answered with \\x01 (the broker then fails the
     login with its reason); a success (no challenge) ends the exchange; a second challenge is a failure."""
-    from aiokafka.conn import OAuthAuthenticator
     from aiokafka.errors import SaslAuthenticationFailed
 
-    provider = ClientCredentialsTokenProvider("https://idp.example/token", CLIENT_ID, SecretStr("s"))
+    provider = ClientCredentialsTokenProvider("https://idp.example/token", CLIENT_ID, SecretStr("s"),
+                                              extensions={"logicalCluster": "lkc-1"})
     provider._token, provider._refresh_at = "a-token", time.monotonic() + 60
 
     async def exchange(*challenges: bytes) -> list[object]:
-        authenticator = OAuthAuthenticator(sasl_oauth_token_provider=provider)
+        authenticator = RefusalAnsweringAuthenticator(sasl_oauth_token_provider=provider)
         steps: list[object] = [await authenticator.step(None)]
         steps.extend([await authenticator.step(challenge) for challenge in challenges])  # in order
         return steps
 
-    assert _end_refused_exchanges()  # aiokafka is the release the patch was checked against
-    provider._refusals = 2
+    provider._refusals.failures = 2
     first, end = asyncio.run(exchange(b""))
-    assert first == (b"n,,\x01auth=Bearer a-token\x01\x01", True) and end is None
-    assert provider._refusals == 0  # accepted
+    assert first == (b"n,,\x01auth=Bearer a-token\x01logicalCluster=lkc-1\x01\x01", True) and end is None
+    assert provider._refusals.failures == 0  # accepted
     _, end = asyncio.run(exchange(b"not an error challenge"))
     assert end is None and provider._token == "a-token"  # ends as aiokafka ends it; the token is kept
     refused = asyncio.run(exchange(b'{"status":"invalid_token"}'))
     assert refused[1] == (b"\x01", True)
-    assert provider._token is None and provider._refusals == 1  # not offered again
+    assert provider._token is None and provider._refusals.failures == 1  # not offered again
     provider._token, provider._refresh_at = "a-token", time.monotonic() + 60
     with pytest.raises(SaslAuthenticationFailed, match="challenged the token again"):
         asyncio.run(exchange(b'{"status":"invalid_token"}', b'{"status":"invalid_token"}'))
+
+
+async def test_aiokafka_logs_in_with_the_subclass_once_a_process_has_an_oauth_token_source() -> None:
+    """Pins what :class:`RefusalAnsweringAuthenticator` relies on: aiokafka has no setting for the
+    authenticator, and makes each connection's from the name the subclass is put under."""
+    from aiokafka.conn import AIOKafkaConnection
+
+    provider = token_provider("https://idp.example/token", CLIENT_ID, SecretStr("s"), None)
+    connection = AIOKafkaConnection("127.0.0.1", 9, security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                                    sasl_oauth_token_provider=provider)
+    authenticator = connection.authenticator_oauth()
+    assert isinstance(authenticator, RefusalAnsweringAuthenticator)
+    assert authenticator.provider is provider
+
+
+async def test_aiokafkas_own_oauthbearer_client_still_ends_the_exchange_at_a_refusal() -> None:
+    """The gap the subclass fills. When this fails, aiokafka answers refusals itself: remove the subclass."""
+    aiokafkas = RefusalAnsweringAuthenticator.__bases__[0]
+    provider = ClientCredentialsTokenProvider("https://idp.example/token", CLIENT_ID, SecretStr("s"))
+    provider._token, provider._refresh_at = "a-token", time.monotonic() + 60
+    authenticator = aiokafkas(sasl_oauth_token_provider=provider)
+    assert await authenticator.step(None) == (b"n,,\x01auth=Bearer a-token\x01\x01", True)
+    assert await authenticator.step(b'{"status":"invalid_token"}') is None
