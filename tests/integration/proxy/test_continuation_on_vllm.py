@@ -170,3 +170,33 @@ async def test_three_tool_turns_extend_the_exact_ids_where_chat_rendering_breaks
     for step, chat in ((second, chat2), (third, chat3)):
         assert step.added[0] == 198
         assert list(step.added[1:]) == chat[len(chat) - len(step.added) + 1:]
+
+
+async def test_a_turn_cut_by_max_tokens_is_closed_by_the_whole_template_closing(engine: TokenEngine) -> None:
+    endpoints = await engine.probe()
+    assert endpoints is not None
+    history = RolloutHistory()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Say something."}]
+    views = [template_view(m) for m in messages]
+    request = {"model": endpoints.model, "messages": messages, "max_tokens": 4, "seed": 5}
+    rendered = await engine.render(request)
+    first = full_prompt(rendered["token_ids"], None)
+    generated = await engine.generate(generate_body(rendered, first.ids(), max_tokens=4))
+    choice = generated["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 4
+    message = (await engine.derender(generated, first.ids(), request))["choices"][0]["message"]
+    history.record(first.turn("c0", views, canonical_tools(None), choice["token_ids"], template_view(message)))
+
+    messages += [{"role": "assistant", "content": message["content"]}, {"role": "user", "content": "Go on."}]
+    plan = choose(history, [template_view(m) for m in messages], canonical_tools(None))
+    assert isinstance(plan, Extend)
+    request = {**request, "messages": messages}
+    rendered = await engine.render(request)
+    closed = await engine.render_ids({**request, "messages": messages[:plan.through], "add_generation_prompt": False})
+    assert closed is not None
+    second = extend_prompt(plan, endpoints.turn_closing, closed, rendered["token_ids"])
+    before = first.ids() + choice["token_ids"]
+    assert second.ids()[:len(before) + 2] == [*before, 4091, 198]  # the model never closed its turn
+    body = generate_body(rendered, second.ids(), max_tokens=4)
+    body["return_token_ids"] = True
+    assert (await engine.generate(body))["prompt_token_ids"] == second.ids()
