@@ -120,7 +120,7 @@ class TokenEngine:
 
         Raises:
             EngineError: the replica could not be reached.
-            TokenEngineError: it answered the model list with an error.
+            TokenEngineError: its model list is not vLLM's.
         """
         status, models = await self._client.get_json(self.url + "/v1/models", timeout_s=timeout_s)
         try:
@@ -132,9 +132,13 @@ class TokenEngine:
             status, _ = await self._client.post_json(self.url + path, b"{}", timeout_s=timeout_s)
             if status != 400:
                 return None
-        closed = await self.render_ids({"model": model, "messages": _PROBE_MESSAGES, "add_generation_prompt": False})
-        open_ = await self.render_ids({"model": model, "messages": _PROBE_MESSAGES, "add_generation_prompt": False,
-                                       "continue_final_message": True})
+        try:
+            closed = await self.render_ids({"model": model, "messages": _PROBE_MESSAGES,
+                                            "add_generation_prompt": False})
+            open_ = await self.render_ids({"model": model, "messages": _PROBE_MESSAGES,
+                                           "add_generation_prompt": False, "continue_final_message": True})
+        except TokenEngineError:
+            return None  # a template that cannot leave a turn open: chat mode
         if closed is None or open_ is None or closed[:len(open_)] != open_ or len(closed) == len(open_):
             return None  # a template whose turns do not close after their content: nothing to continue
         return TokenEndpoints(model=model, max_model_len=max_model_len, turn_closing=tuple(closed[len(open_):]))

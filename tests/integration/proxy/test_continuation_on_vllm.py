@@ -1,6 +1,6 @@
 """Continuation against the real engine: a three-turn tool conversation through render, generate, derender.
 
-Each turn is planned by the continuation planner and generated from the ids it builds; the engine
+Each turn is prepared as the proxy would (plan, render) and generated from the ids built; the engine
 echoes the prompt ids it saw. The second and third prompts begin with exactly the earlier prompt and
 sampled ids, the ``<tool_call>`` the model spelled in BPE pieces included, while the chat template's
 own rendering of the same conversation (what chat mode sends) breaks inside the sampled turn. The
@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from consumers.assembler.drift import canonical_tools, template_view
+from proxy.continuation.builder import prepare
 from proxy.continuation.engine import TokenEndpoints, TokenEngine, generate_body
 from proxy.continuation.history import RolloutHistory
 from proxy.continuation.planner import (
     Extend,
-    FullRender,
     Prompt,
     choose,
     extend_prompt,
@@ -61,20 +61,10 @@ async def _turn(engine: TokenEngine, endpoints: TokenEndpoints, history: Rollout
     Returns the prompt, the sampled ids, the answer's message and the full render's ids (chat mode's prompt).
     """
     request = _request(endpoints.model, messages, seed)
-    views, tools = [template_view(m) for m in messages], canonical_tools(TOOLS)
-    plan = choose(history, views, tools)
-    rendered = await engine.render(request)
-    if isinstance(plan, Extend):
-        closed = await engine.render_ids({**request, "messages": messages[:plan.through],
-                                          "add_generation_prompt": False})
-        assert closed is not None
-        prompt = extend_prompt(plan, endpoints.turn_closing, closed, rendered["token_ids"])
-    else:
-        assert isinstance(plan, FullRender)
-        prompt = full_prompt(rendered["token_ids"], plan.reason)
+    planned = await prepare(engine, endpoints, history, request)
+    prompt, rendered = planned.prompt, planned.rendered
     ids = prompt.ids()
-    body = generate_body(rendered, ids, max_tokens=max_new_tokens(128, len(ids), endpoints.max_model_len),
-                         stream=stream)
+    body = planned.generate_body(max_tokens=max_new_tokens(128, len(ids), endpoints.max_model_len), stream=stream)
     body["return_token_ids"] = True
     if stream:
         sampled, message, seen, spans = await _streamed(engine, body, ids, request)
@@ -87,7 +77,7 @@ async def _turn(engine: TokenEngine, endpoints: TokenEndpoints, history: Rollout
         message = answer["choices"][0]["message"]
     assert seen == ids, "the engine generated from other ids than the planner built"
     assert spans == [{"version": "default", "start": 0, "end": len(sampled)}]
-    history.record(prompt.turn(f"call-{len(history)}", views, tools, sampled, template_view(message)))
+    history.record(planned.turn(f"call-{len(history)}", sampled, message))
     return prompt, sampled, message, rendered["token_ids"]
 
 
