@@ -9,12 +9,12 @@ context, and the same reference is what a linear call event stores. No I/O.
 from __future__ import annotations
 
 from array import array
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RolloutHistory", "Turn", "View"]
+__all__ = ["RolloutHistories", "RolloutHistory", "Turn", "View"]
 
 View = tuple[Any, ...]
 """A message as a chat template sees it (:func:`consumers.assembler.drift.template_view`)."""
@@ -106,3 +106,36 @@ class RolloutHistory:
 
     def __len__(self) -> int:
         return len(self._turns)
+
+
+class RolloutHistories:
+    """The token histories of the rollouts a proxy serves, the least recently used dropped beyond a bound.
+
+    A dropped rollout that calls again has lost its state: its next call falls back with
+    ``state_lost`` and starts a new history, which is correct, only less compact.
+    """
+
+    def __init__(self, *, max_rollouts: int = 4096, keep: int = 8) -> None:
+        if max_rollouts < 1:
+            raise ValueError(f"max_rollouts must be at least 1, not {max_rollouts}")
+        self._max = max_rollouts
+        self._keep = keep
+        self._histories: OrderedDict[str, RolloutHistory] = OrderedDict()
+
+    def of(self, rollout_id: str) -> RolloutHistory:
+        """The rollout's history, a new one when it has none."""
+        history = self._histories.get(rollout_id)
+        if history is None:
+            history = self._histories[rollout_id] = RolloutHistory(keep=self._keep)
+            while len(self._histories) > self._max:
+                self._histories.popitem(last=False)
+        else:
+            self._histories.move_to_end(rollout_id)
+        return history
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop a finished rollout's history."""
+        self._histories.pop(rollout_id, None)
+
+    def __len__(self) -> int:
+        return len(self._histories)

@@ -12,7 +12,7 @@ import pytest
 
 from consumers.assembler.drift import canonical_tools, template_view
 from proxy.continuation.engine import generate_body
-from proxy.continuation.history import RolloutHistory, Turn
+from proxy.continuation.history import RolloutHistories, RolloutHistory, Turn
 from proxy.continuation.planner import (
     Extend,
     FullRender,
@@ -210,3 +210,15 @@ def test_the_generate_body_always_sets_max_tokens_and_logprobs_and_leaves_the_re
     assert rendered["sampling_params"] == {"temperature": 1.0} and rendered["token_ids"] == [1, 2]
     with pytest.raises(ValueError, match="max_tokens"):
         generate_body(rendered, [1], max_tokens=0)
+
+
+def test_histories_keep_the_most_recently_used_rollouts() -> None:
+    histories = RolloutHistories(max_rollouts=2)
+    a = histories.of("a")
+    histories.of("b")
+    assert histories.of("a") is a  # used again: now the most recent
+    histories.of("c")  # drops b, the least recently used
+    assert len(histories) == 2 and histories.of("a") is a
+    record(histories.of("c"), FIRST, ANSWER, prompt=[1], sampled=[4091])
+    histories.forget("c")
+    assert len(histories.of("c")) == 0
