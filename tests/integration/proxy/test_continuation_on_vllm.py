@@ -145,6 +145,10 @@ async def test_three_tool_turns_extend_the_exact_ids_where_chat_rendering_breaks
     assert chat2[:len(first.ids())] == first.ids()
     assert chat2[:len(before)] != before
     assert TOOL_CALL_ID in chat2[len(first.ids()):]
+    status, answer = await engine._client.post_json(engine.url + "/v1/chat/completions", orjson.dumps(
+        {**_request(endpoints.model, messages, 2), "max_tokens": 1, "return_token_ids": True}), timeout_s=60)
+    assert status == 200, answer
+    assert orjson.loads(answer)["prompt_token_ids"] == chat2  # what chat mode sends is that render
 
     messages += [_echo(message2), {"role": "tool", "tool_call_id": message2["tool_calls"][0]["id"], "content": "rain"}]
     third, sampled3, message3, chat3 = await _turn(engine, endpoints, history, messages, seed=3, stream=True)
