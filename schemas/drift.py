@@ -29,3 +29,10 @@ class DriftReason(StrEnum):
     """The history came back unchanged, but the chat template writes the sampled turn with other
     tokens than were sampled (a tool call's spelling, re-serialised arguments, the end-of-turn
     token)."""
+    BRIDGE_MISMATCH = "bridge_mismatch"
+    """The history came back unchanged, but the template's rendering of it does not line up for
+    continuation: the repeated messages do not render as a token prefix of the whole request, or the
+    earlier turn does not end with the template's turn closing."""
+    STATE_LOST = "state_lost"
+    """The request continues a conversation whose token history the proxy no longer holds (it
+    restarted and could not recover the rollout's calls)."""

@@ -17,7 +17,7 @@ import orjson
 from schemas import ModelCallV1
 from schemas.drift import DriftReason
 
-__all__ = ["diagnose_break", "reply_message", "template_view"]
+__all__ = ["canonical_tools", "diagnose_break", "diagnose_views", "reply_message", "template_view"]
 
 _REASONING_KEYS = ("reasoning", "reasoning_content")
 
@@ -74,29 +74,43 @@ def _without_reasoning(view: tuple[Any, ...]) -> tuple[Any, ...]:
     return (view[0], view[1], "", view[3], view[4])
 
 
-def _canonical_tools(tools: Sequence[Any] | None) -> bytes:
+def canonical_tools(tools: Sequence[Any] | None) -> bytes:
+    """The tools offered, comparable across JSON spellings (no tools and ``[]`` are the same)."""
     return orjson.dumps(tools or [], option=orjson.OPT_SORT_KEYS)
 
 
 def diagnose_break(previous: ModelCallV1, call: ModelCallV1) -> DriftReason | None:
     """Name the cause of ``call`` not extending ``previous``'s prompt and completion.
 
+    Returns:
+        The reason (see :func:`diagnose_views`), or None when a request holds no messages (a
+        refused call).
+    """
+    reply = reply_message(previous)
+    return diagnose_views(
+        [template_view(m) for m in previous.request.messages], template_view(reply) if reply is not None else None,
+        [template_view(m) for m in call.request.messages],
+        tools_before=canonical_tools(previous.request.tools), tools_after=canonical_tools(call.request.tools))
+
+
+def diagnose_views(before: Sequence[tuple[Any, ...]], answer: tuple[Any, ...] | None,
+                   after: Sequence[tuple[Any, ...]], *, tools_before: bytes, tools_after: bytes) -> DriftReason | None:
+    """Name why the messages ``after`` do not repeat ``before`` and its ``answer``, as template views.
+
     In order: the tools changed; the earlier messages and answer came back unchanged (then only the
     template's writing of the sampled turn differs: ``rerendered``, or ``reasoning_dropped`` when
     the answer's reasoning is missing); an earlier message reappears after the answer
-    (``message_moved``); anything else is ``history_rewritten``.
+    (``message_moved``); anything else is ``history_rewritten``. The proxy's continuation planner
+    asks the same question of its own token history, so both name a break alike.
 
     Returns:
-        The reason, or None when a request holds no messages (a refused call).
+        The reason, or None when either side holds no messages.
     """
-    before = [template_view(m) for m in previous.request.messages]
-    after = [template_view(m) for m in call.request.messages]
+    before, after = list(before), list(after)
     if not before or not after:
         return None
-    if _canonical_tools(previous.request.tools) != _canonical_tools(call.request.tools):
+    if tools_before != tools_after:
         return DriftReason.TOOLS_CHANGED
-    reply = reply_message(previous)
-    answer = template_view(reply) if reply is not None else None
     if after[:len(before)] == before:
         if len(after) == len(before) or answer is None:
             return DriftReason.HISTORY_REWRITTEN  # the answer is not in the history: another conversation

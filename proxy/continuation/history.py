@@ -1,0 +1,141 @@
+"""A rollout's token history: for each call, the messages as the template saw them and the exact ids.
+
+Continuation builds a call's prompt from an earlier turn's prompt and sampled ids, so a turn stores
+its prompt as a reference to the turn it extends plus only the ids it added (the bridge and the new
+messages). A rollout's memory therefore grows with its new tokens, not with its turns times its
+context, and the same reference is what a linear call event stores. No I/O.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RolloutHistories", "RolloutHistory", "Turn", "View"]
+
+View = tuple[Any, ...]
+"""A message as a chat template sees it (:func:`consumers.assembler.drift.template_view`)."""
+
+
+def _ids(values: Iterable[int]) -> array[int]:
+    return array("l", values)
+
+
+@dataclass(frozen=True, eq=False)
+class Turn:
+    """One call of a rollout, as continuation needs it.
+
+    Its prompt is ``parent``'s prompt and sampled ids followed by ``added`` (all of the prompt when
+    ``parent`` is None: a full render).
+    """
+
+    call_id: str
+    """The call's id, for an event that references the call it extends."""
+    views: tuple[View, ...]
+    """The request's messages as the template saw them."""
+    tools: bytes
+    """The tools offered, canonical (:func:`consumers.assembler.drift.canonical_tools`)."""
+    parent: Turn | None
+    """The turn whose prompt and sampled ids this prompt begins with."""
+    added: array[int]
+    """The prompt ids after the parent's prompt and sampled ids."""
+    sampled: array[int]
+    """The ids the engine sampled, the stop token included when it sampled one."""
+    answer: View | None
+    """The answer's message as the harness was given it (None when there was none)."""
+
+    @classmethod
+    def of(cls, call_id: str, views: Sequence[View], tools: bytes, parent: Turn | None, added: Iterable[int],
+           sampled: Iterable[int], answer: View | None) -> Turn:
+        """A turn from plain sequences."""
+        return cls(call_id, tuple(views), tools, parent, _ids(added), _ids(sampled), answer)
+
+    @property
+    def extends(self) -> int:
+        """How many leading prompt ids are the parent's prompt and sampled ids (0 without a parent)."""
+        return 0 if self.parent is None else self.parent.prompt_len + len(self.parent.sampled)
+
+    @property
+    def prompt_len(self) -> int:
+        """The number of prompt ids."""
+        return self.extends + len(self.added)
+
+    def prompt_ids(self) -> list[int]:
+        """The whole prompt, assembled from the chain of turns it extends."""
+        chain = []
+        turn: Turn | None = self
+        while turn is not None:
+            chain.append(turn)
+            turn = turn.parent
+        ids: list[int] = []
+        for index, step in enumerate(reversed(chain)):
+            ids.extend(step.added)
+            if index < len(chain) - 1:
+                ids.extend(step.sampled)
+        return ids
+
+
+class RolloutHistory:
+    """The turns of one rollout, newest last; only the newest ``keep`` are candidates to extend.
+
+    A turn older than that may still be referenced by a newer turn's prompt (and so stay in
+    memory); it is only no longer searched. Harnesses extend their latest turn or one shortly
+    before it (a retried call, a fork), so a few suffice.
+    """
+
+    def __init__(self, *, keep: int = 8) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, not {keep}")
+        self._turns: deque[Turn] = deque(maxlen=keep)
+
+    def record(self, turn: Turn) -> None:
+        """Add a finished call's turn."""
+        self._turns.append(turn)
+
+    def newest_first(self) -> Iterator[Turn]:
+        """The kept turns, the latest first."""
+        return reversed(self._turns)
+
+    @property
+    def latest(self) -> Turn | None:
+        """The newest turn, if any."""
+        return self._turns[-1] if self._turns else None
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+
+class RolloutHistories:
+    """The token histories of the rollouts a proxy serves, the least recently used dropped beyond a bound.
+
+    A dropped rollout that calls again has lost its state: its next call falls back with
+    ``state_lost`` and starts a new history, which is correct, only less compact.
+    """
+
+    def __init__(self, *, max_rollouts: int = 4096, keep: int = 8) -> None:
+        if max_rollouts < 1:
+            raise ValueError(f"max_rollouts must be at least 1, not {max_rollouts}")
+        self._max = max_rollouts
+        self._keep = keep
+        self._histories: OrderedDict[str, RolloutHistory] = OrderedDict()
+
+    def of(self, rollout_id: str) -> RolloutHistory:
+        """The rollout's history, a new one when it has none."""
+        history = self._histories.get(rollout_id)
+        if history is None:
+            history = self._histories[rollout_id] = RolloutHistory(keep=self._keep)
+            while len(self._histories) > self._max:
+                self._histories.popitem(last=False)
+        else:
+            self._histories.move_to_end(rollout_id)
+        return history
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop a finished rollout's history."""
+        self._histories.pop(rollout_id, None)
+
+    def __len__(self) -> int:
+        return len(self._histories)
