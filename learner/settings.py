@@ -43,8 +43,9 @@ class LearnerSettings(BaseSettings):
     seed: int = 0
     """Seeds torch before the model is loaded, for reproducible runs."""
 
-    lr: float = Field(default=1e-5, gt=0)
-    """AdamW learning rate."""
+    lr: float = Field(default=1e-5, ge=0)
+    """AdamW learning rate. 0 runs every step (losses, metrics, checkpoints, publishes) but leaves the
+    weights exactly as they were: a control run, whose reward shows what the loop does without learning."""
 
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""

@@ -103,6 +103,10 @@ class DemoOptions:
     """Leave the broker running afterwards."""
     bootstrap: str | None = None
     """Use this Kafka cluster instead of starting (or reusing) the local broker."""
+    control: bool = False
+    """Run the same loop with learning switched off: the learner runs every step, checkpoints and
+    publishes as usual, with learning rate 0, so the served weights never change. Its reward
+    curve shows what the loop does without learning."""
 
     def __post_init__(self) -> None:
         if self.bonus_scope == "stuck" and not self.filter_alike_groups:
@@ -131,10 +135,14 @@ def run_demo(options: DemoOptions) -> tuple[Summary, Curve]:
     Returns:
         The summary and every recorded point, so tests can judge the run.
     """
-    run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}" + ("-control" if options.control else "")
     out = options.workdir.resolve() / run_id
     out.mkdir(parents=True, exist_ok=True)
-    click.echo(f"OpenForge demo {run_id}: logs, checkpoints and the plot go to {out}")
+    (out / "options.json").write_text(json.dumps({"seed": options.seed, "control": options.control,
+                                                  "lr": 0.0 if options.control else options.lr}) + "\n",
+                                      encoding="utf-8")
+    click.echo(f"OpenForge demo {run_id}: logs, checkpoints and the plot go to {out}"
+               + ("\n    control run: the learner steps and publishes with learning rate 0" if options.control else ""))
 
     broker: LocalBroker | None = None
     already = True
@@ -179,15 +187,32 @@ def run_demo(options: DemoOptions) -> tuple[Summary, Curve]:
             engine.stop()
         if broker is not None and not already and not options.keep_broker:
             broker.stop()
-    summary = summarize(curve, duration, best_reward=TOY_MAX_REWARD)
+    summary = summarize(curve, duration, best_reward=TOY_MAX_REWARD, control=options.control)
     summary.write_json(out / "summary.json")
     curve.write_jsonl(out / "curve.jsonl")
     click.echo(summary.as_text())
     if curve.rewards:
         plot = out / "reward_curve.png"
-        write_plot(curve, plot, f"OpenForge demo {run_id}: toy letters task, tiny model, RL only")
-        click.echo(f"reward curve: {plot}")
+        other = latest_run(options.workdir.resolve(), control=not options.control, seed=options.seed)
+        kind = "control (learning rate 0)" if options.control else "learning"
+        write_plot(curve, plot, f"OpenForge demo, seed {options.seed}: toy secret task, tiny random model, RL only",
+                   other=None if other is None else Curve.read_jsonl(other / "curve.jsonl"), label=kind,
+                   other_label="learning" if options.control else "control (learning rate 0)")
+        click.echo(f"reward curve: {plot}" + ("" if other is None else f" (with the {other.name} run beside it)"))
     return summary, curve
+
+
+def latest_run(workdir: Path, *, control: bool, seed: int) -> Path | None:
+    """The newest finished run folder in ``workdir`` of the given kind and seed, to plot beside this one."""
+    found: list[tuple[float, Path]] = []
+    for curve_file in workdir.glob("demo-*/curve.jsonl"):
+        try:
+            config = json.loads((curve_file.parent / "options.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if config.get("control") == control and config.get("seed") == seed:
+            found.append((curve_file.stat().st_mtime, curve_file.parent))
+    return max(found)[1] if found else None
 
 
 # The demo's own broker listens in plaintext: Kafka security settings in the shell (for some other
@@ -225,8 +250,10 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
          {**base, "OPENFORGE_LEARNER_MODEL_NAME": MODEL_NAME, "OPENFORGE_LEARNER_MODEL_DIR": str(model_dir),
           "OPENFORGE_LEARNER_CHECKPOINT_DIR": str(out / "checkpoints"), "OPENFORGE_LEARNER_SEED": str(options.seed),
           # A tiny model and few samples: a large step size, a checkpoint (and a new served version)
-          # after every step, and little waiting for groups, so the curve moves within minutes.
-          "OPENFORGE_LEARNER_LR": str(options.lr), "OPENFORGE_LEARNER_ENTROPY_COEFF": str(options.entropy_coeff),
+          # after every step, and little waiting for groups, so the curve moves within minutes. The
+          # staleness bound is the learner's default. A control run steps with learning rate 0.
+          "OPENFORGE_LEARNER_LR": "0" if options.control else str(options.lr),
+          "OPENFORGE_LEARNER_ENTROPY_COEFF": str(options.entropy_coeff),
           **({} if options.entropy_target is None else
              {"OPENFORGE_LEARNER_ENTROPY_TARGET": str(options.entropy_target),
               "OPENFORGE_LEARNER_ENTROPY_COEFF_DELTA": str(options.entropy_coeff_delta),
@@ -237,8 +264,7 @@ def _components(options: DemoOptions, out: Path, base: dict[str, str], engine_ur
           "OPENFORGE_LEARNER_MAX_REWARD": str(TOY_MAX_REWARD),
           "OPENFORGE_LEARNER_ADAM_EPS": str(options.adam_eps),
           "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "1",
-          "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5",
-          "OPENFORGE_LEARNER_MAX_STALENESS": "16"}),
+          "OPENFORGE_LEARNER_GROUPS_PER_STEP": "2", "OPENFORGE_LEARNER_BATCH_WAIT_S": "5"}),
         ("publisher", ["publisher", "--replica", engine_url, "--model", MODEL_NAME],
          {**base, "OPENFORGE_PUBLISHER_REFERENCE_WEIGHTS": str(model_dir)}),
         ("launcher", ["launcher", "--backend", "local", "--max-in-flight", str(options.max_in_flight),
@@ -273,6 +299,8 @@ async def _learn(options: DemoOptions, kafka: KafkaSettings, run_id: str,
             versions = [int(r.version) for s in event.samples for r in s.weight_versions if r.version.isdigit()]
             curve.rewards.append(RewardPoint(now, event.reward, min(versions) if versions else None,
                                              event.task_id))
+            curve.merged_turns += event.merge_stats.merged
+            curve.merge_breaks += event.merge_stats.breaks
         elif isinstance(event, CheckpointV1):
             curve.checkpoints.append((now, event.version, {"step": float(event.step), **event.metrics}))
         elif isinstance(event, CheckpointAppliedV1) and event.ok:

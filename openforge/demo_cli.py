@@ -22,6 +22,9 @@ DEMO_DEFAULTS = DemoOptions()
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".openforge-demo"),
               show_default=True, help="Where logs, checkpoints, the plot and the summary go.")
 @click.option("--keep-broker", is_flag=True, help="Leave the broker running afterwards.")
+@click.option("--control", is_flag=True,
+              help="Run the same loop with learning switched off (the learner steps and publishes with "
+                   "learning rate 0); the plot shows the latest learning run of the same seed beside it.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=DEMO_DEFAULTS.lr, show_default=True,
               help="The learner's AdamW learning rate.")
 @click.option("--entropy-coeff", type=click.FloatRange(min=0), default=DEMO_DEFAULTS.entropy_coeff,
@@ -43,13 +46,13 @@ DEMO_DEFAULTS = DemoOptions()
 def demo(minutes: float, group_size: int, max_in_flight: int, stop_at: float, seed: int, workdir: Path,
          keep_broker: bool, lr: float, entropy_coeff: float, entropy_target: float | None, fixed_entropy_coeff: bool,
          bonus_everywhere: bool, std_advantages: bool, adam_eps: float, entropy_coeff_max: float,
-         keep_alike_groups: bool) -> None:
+         keep_alike_groups: bool, control: bool) -> None:
     """Run the whole learning loop on one machine and plot the reward as the tiny model learns."""
     run_demo(DemoOptions(minutes=minutes, group_size=group_size, max_in_flight=max_in_flight, stop_at=stop_at,
                          seed=seed, workdir=workdir, keep_broker=keep_broker, lr=lr, entropy_coeff=entropy_coeff,
                          entropy_target=None if fixed_entropy_coeff else entropy_target,
                          norm_adv_by_std=std_advantages, adam_eps=adam_eps, entropy_coeff_max=entropy_coeff_max,
-                         filter_alike_groups=not keep_alike_groups,
+                         filter_alike_groups=not keep_alike_groups, control=control,
                          # Stuck groups are the alike ones the filter would leave out: without the
                          # filter there is nothing to single out.
                          bonus_scope="all" if bonus_everywhere or keep_alike_groups else "stuck"))

@@ -35,6 +35,26 @@ class Curve:
     """(elapsed seconds, version, learner metrics) per checkpoint event."""
     applied: list[tuple[float, int, float]] = field(default_factory=list)
     """(elapsed seconds, version, publish seconds) per successful apply on a replica."""
+    merged_turns: int = 0
+    """Later calls of a rollout the assembler appended to its earlier turns (one sample)."""
+    merge_breaks: int = 0
+    """Later calls that started a new sample because their prompt did not extend the earlier turns."""
+
+    @classmethod
+    def read_jsonl(cls, path: Path) -> Curve:
+        """The reward and checkpoint points :meth:`write_jsonl` wrote (merge counts are in the summary)."""
+        curve = cls()
+        for line in path.read_text(encoding="utf-8").splitlines():
+            point = json.loads(line)
+            kind = point.pop("kind")
+            if kind == "reward":
+                curve.rewards.append(RewardPoint(point["t"], point["reward"], point["version"], point["task_id"]))
+            elif kind == "checkpoint":
+                t, version = point.pop("t"), point.pop("version")
+                curve.checkpoints.append((t, version, point))
+            elif kind == "applied":
+                curve.applied.append((point["t"], point["version"], point["seconds"]))
+        return curve
 
     def write_jsonl(self, path: Path) -> None:
         """Every recorded point, one JSON object per line, for plotting elsewhere."""
@@ -107,6 +127,10 @@ class Summary:
     stuck_groups_last: float | None = None
     """Share of the last window's groups that are all alike *below* the verifier's best reward
     (see :meth:`Curve.stuck_groups`); None when the best reward was not given."""
+    merged_share: float | None = None
+    """Share of rollouts' later calls the assembler merged into one sample with the earlier turns."""
+    control: bool = False
+    """A control run: the learner stepped and published with learning rate 0, so the weights never changed."""
 
     def as_text(self) -> str:
         """A few lines for the terminal."""
@@ -124,18 +148,22 @@ class Summary:
                f"; {fmt(self.stuck_groups_last)} stuck below the best reward (one partial answer each), "
                f"{fmt((self.alike_groups_last or 0.0) - self.stuck_groups_last)} solved"),
             f"policy entropy         {fmt(self.entropy_last)} nats per token at the last step",
-        ])
+            f"turns merged           {fmt(self.merged_share)} of later calls joined their rollout's earlier turns",
+        ] + (["control run            learning rate 0: the weights never changed"] if self.control else []))
 
     def write_json(self, path: Path) -> None:
         """Write the summary as JSON."""
         path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
 
 
-def summarize(curve: Curve, duration_s: float, window: int = 64, best_reward: float | None = None) -> Summary:
+def summarize(curve: Curve, duration_s: float, window: int = 64, best_reward: float | None = None,
+              *, control: bool = False) -> Summary:
     """Reduce a recorded curve to its summary; the window shrinks for short runs.
 
-    ``best_reward``, the verifier's highest score, tells stuck groups from solved ones.
+    ``best_reward``, the verifier's highest score, tells stuck groups from solved ones; ``control``
+    marks a run that did not learn.
     """
+    later_calls = curve.merged_turns + curve.merge_breaks
     n = len(curve.rewards)
     w = max(1, min(window, n // 3)) if n else window
     first = statistics.fmean(p.reward for p in curve.rewards[:w]) if n else None
@@ -148,15 +176,24 @@ def summarize(curve: Curve, duration_s: float, window: int = 64, best_reward: fl
                    learner_steps=steps, versions_served=versions,
                    publish_p50_s=statistics.median(publish) if publish else None,
                    alike_groups_last=curve.alike_groups(w), entropy_last=entropies[-1] if entropies else None,
-                   stuck_groups_last=None if best_reward is None else curve.stuck_groups(w, best_reward))
+                   stuck_groups_last=None if best_reward is None else curve.stuck_groups(w, best_reward),
+                   merged_share=curve.merged_turns / later_calls if later_calls else None, control=control)
 
 
-def write_plot(curve: Curve, path: Path, title: str) -> None:
+def _moving_mean(ys: list[float]) -> tuple[int, list[float]]:
+    k = max(1, min(32, len(ys) // 5))
+    return k, [statistics.fmean(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
+
+
+def write_plot(curve: Curve, path: Path, title: str, *, other: Curve | None = None, label: str = "learning",
+               other_label: str = "control") -> None:
     """Plot the reward per rollout, its moving mean, the served version and the policy's entropy.
 
     Rewards are points with a moving-mean line, the served weight version a step line on a second
     axis; below, when the learner reported it, the entropy per step. The entropy panel is what
-    tells a plateau that is still exploring from a collapsed policy.
+    tells a plateau that is still exploring from a collapsed policy. ``other``, a second run of the
+    same loop (the control to a learning run, or the reverse), adds its own moving mean, so the
+    two curves can be compared on one time axis.
 
     Raises:
         ValueError: nothing was recorded, so there is no curve to draw.
@@ -170,16 +207,19 @@ def write_plot(curve: Curve, path: Path, title: str) -> None:
 
     xs = [p.elapsed_s / 60 for p in curve.rewards]
     ys = [p.reward for p in curve.rewards]
-    k = max(1, min(32, len(ys) // 5))
-    moving = [statistics.fmean(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
+    k, moving = _moving_mean(ys)
     entropy = sorted((t / 60, m["entropy"]) for t, _, m in curve.checkpoints if "entropy" in m)
     if entropy:
         fig, (ax, low) = plt.subplots(2, 1, figsize=(8, 6), dpi=110, sharex=True,
                                       gridspec_kw={"height_ratios": [3, 1]})
     else:
         fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    ax.scatter(xs, ys, s=6, alpha=0.25, color="tab:blue", label="reward per rollout")
-    ax.plot(xs, moving, color="tab:blue", linewidth=2, label=f"moving mean ({k} rollouts)")
+    ax.scatter(xs, ys, s=6, alpha=0.25, color="tab:blue", label=f"reward per rollout, {label}")
+    ax.plot(xs, moving, color="tab:blue", linewidth=2, label=f"{label}: moving mean ({k} rollouts)")
+    if other is not None and other.rewards:
+        other_k, other_moving = _moving_mean([p.reward for p in other.rewards])
+        ax.plot([p.elapsed_s / 60 for p in other.rewards], other_moving, color="tab:red", linewidth=2,
+                label=f"{other_label}: moving mean ({other_k} rollouts)")
     ax.set_ylabel("reward")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from trajectories import groups
 
 from learner.protocol import Row, TrainBatch
@@ -66,3 +67,21 @@ def test_a_resumed_worker_takes_this_runs_optimizer_settings(tiny_model: Path, t
     assert resumed.optimizer.state  # the moments came back ...
     group = resumed.optimizer.param_groups[0]
     assert (group["lr"], group["eps"], group["weight_decay"]) == (5e-4, 1e-5, 0.01)  # ... with this run's settings
+
+
+def test_learning_rate_zero_steps_and_leaves_every_weight_as_it_was(tiny_model: Path) -> None:
+    # The demo's control run: the same steps, advantages and entropy bonus as a learning run, with
+    # weight decay too, and not one weight moves.
+    worker = HFPolicyWorker(LearnerSettings(model_dir=tiny_model, lr=0.0, entropy_coeff=0.1, weight_decay=0.01,
+                                            token_budget=96), tiny_model)
+    before = [p.detach().clone() for p in worker.model.parameters()]
+    data = groups(2, 4, prefix="lr0", prompt_len=20, completion_len=12)
+    batch = TrainBatch([
+        Row(input_ids=[*s.prompt_ids, *s.completion_ids], prompt_len=len(s.prompt_ids), loss_mask=list(s.loss_mask),
+            behavior_logprobs=list(s.behavior_logprobs), advantage=1.0 if i % 2 else -1.0, entropy_bonus=True)
+        for i, t in enumerate(data) for s in t.samples
+    ])
+    for _ in range(3):
+        metrics = worker.train_step(batch)
+        assert metrics["grad_norm"] > 0  # there was something to learn
+    assert all(torch.equal(p.detach(), b) for p, b in zip(worker.model.parameters(), before, strict=True))
