@@ -82,3 +82,32 @@ def test_the_shells_kafka_security_reaches_an_external_cluster_and_never_the_dem
     for settings in (kafka, KafkaSettings()):
         assert settings.security_protocol == ("PLAINTEXT" if local else "SASL_PLAINTEXT")
         assert (settings.sasl_password is None) == local
+
+
+def test_the_demo_trains_at_the_learners_default_staleness_bound(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    # Versions count publishes, so the default bound keeps training at any checkpoint interval:
+    # the demo sets none of its own.
+    settings = _learner_settings(DemoOptions(), monkeypatch, tmp_path)
+    assert settings.max_staleness == LearnerSettings.model_fields["max_staleness"].default
+    assert settings.checkpoint_every == 1  # a new served version after every step, so the curve moves
+
+
+def test_the_control_run_steps_with_learning_rate_zero_and_nothing_else_changes(monkeypatch: pytest.MonkeyPatch,
+                                                                                 tmp_path: Path) -> None:
+    learning = _learner_settings(DemoOptions(), monkeypatch, tmp_path)
+    control = _learner_settings(DemoOptions(control=True), monkeypatch, tmp_path)
+    assert control.lr == 0.0 and learning.lr > 0
+    assert control.model_dump(exclude={"lr"}) == learning.model_dump(exclude={"lr"})
+
+
+def test_the_cli_control_flag_reaches_the_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from openforge import cli, demo_cli
+
+    seen: list[DemoOptions] = []
+    monkeypatch.setattr(demo_cli, "run_demo", seen.append)
+    assert CliRunner().invoke(cli.main, ["demo", "--control"]).exit_code == 0
+    assert CliRunner().invoke(cli.main, ["demo"]).exit_code == 0
+    assert [o.control for o in seen] == [True, False]

@@ -87,3 +87,42 @@ def test_stuck_groups_are_told_from_solved_ones_by_the_best_reward() -> None:
     assert "0.50 solved" in summary.as_text()
     assert summarize(curve, 60.0, window=16).stuck_groups_last is None  # the best reward was not given
     assert summarize(curve, 60.0, window=16, best_reward=1.0).stuck_groups_last is not None
+
+
+def test_a_curve_reads_back_what_it_wrote(tmp_path: Path) -> None:
+    curve = Curve(rewards=[RewardPoint(1.0, 0.25, 0, "t1"), RewardPoint(2.0, 0.5, None, "t1")],
+                  checkpoints=[(1.5, 1, {"step": 1.0, "loss": 0.1})], applied=[(1.6, 1, 0.2)])
+    curve.write_jsonl(tmp_path / "curve.jsonl")
+    back = Curve.read_jsonl(tmp_path / "curve.jsonl")
+    assert (back.rewards, back.checkpoints, back.applied) == (curve.rewards, curve.checkpoints, curve.applied)
+
+
+def test_the_plot_draws_the_other_run_and_finds_the_newest_of_that_kind(tmp_path: Path) -> None:
+    import json
+
+    from openforge.demo import latest_run
+
+    def run(name: str, control: bool, seed: int = 0) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "options.json").write_text(json.dumps({"seed": seed, "control": control}))
+        Curve(rewards=[RewardPoint(i * 3.0, 0.25, 0) for i in range(40)]).write_jsonl(folder / "curve.jsonl")
+        return folder
+
+    run("demo-1-control", True)
+    newest = run("demo-2-control", True)
+    run("demo-3-control", True, seed=1)
+    learning = run("demo-4", False)
+    assert latest_run(tmp_path, control=True, seed=0) == newest
+    assert latest_run(tmp_path, control=False, seed=0) == learning
+    assert latest_run(tmp_path, control=False, seed=1) is None
+    curve = Curve(rewards=[RewardPoint(i * 3.0, i / 40, 0) for i in range(40)])
+    write_plot(curve, tmp_path / "both.png", "test", other=Curve.read_jsonl(newest / "curve.jsonl"))
+    assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_summary_reports_merged_turns_and_a_control_run() -> None:
+    curve = Curve(rewards=[RewardPoint(float(i), 0.25, 0) for i in range(10)], merged_turns=9, merge_breaks=1)
+    summary = summarize(curve, 10.0, control=True)
+    assert summary.merged_share == 0.9 and summary.control
+    assert "0.90 of later calls" in summary.as_text() and "learning rate 0" in summary.as_text()
