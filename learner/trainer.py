@@ -104,10 +104,22 @@ class Learner(Managed):
     """
 
     def __init__(self, settings: LearnerSettings | None = None, kafka: KafkaSettings | None = None, *,
-                 source: TrajectorySource | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        """Create the learner; ``clock`` (seconds, monotonic) times group deadlines and batch waits."""
+                 source: TrajectorySource | None = None, clock: Callable[[], float] = time.monotonic,
+                 worker: Callable[[LearnerSettings, Path], PolicyWorker] | None = None) -> None:
+        """Create the learner.
+
+        Args:
+            settings: What it trains and how (``OPENFORGE_LEARNER_*`` when None).
+            kafka: Where it reads trajectories and publishes checkpoints.
+            source: Trajectories from elsewhere than Kafka (benchmarks); see the class docstring.
+            clock: Seconds, monotonic; times group deadlines and batch waits (tests drive it).
+            worker: Makes the policy worker from the settings and the model folder to load; the
+                engine the settings name by default. ``bench.loop`` passes one that sleeps for a
+                measured step time instead of training, to run this loop's scheduling at speed.
+        """
         self.settings = settings or LearnerSettings()
         self._clock = clock
+        self._make_worker = worker if worker is not None else make_worker
         self.kafka = kafka or KafkaSettings()
         self.registry = TopicRegistry.from_settings(self.kafka)
         self._given_source = source
@@ -190,7 +202,7 @@ class Learner(Managed):
             raise CheckpointError("no checkpoint to resume from and no OPENFORGE_LEARNER_MODEL_DIR to start with")
         # Every rank loads the same folder: the one this rank resumes from.
         self._worker = await self._on_all_ranks(Order("start", model_dir=str(model_dir), version=self.version),
-                                                partial(make_worker, self.settings, model_dir))
+                                                partial(self._make_worker, self.settings, model_dir))
         if self._ranks is not None:
             logger.info("all %d ranks loaded %s", self._ranks.world_size, model_dir)
         assert self._source is not None
@@ -285,7 +297,7 @@ class Learner(Managed):
         if order.kind != "start" or order.model_dir is None:
             raise RuntimeError(f"rank 0 sent {order.kind!r} before 'start'")
         self.version = order.version
-        self._worker = await asyncio.to_thread(make_worker, self.settings, Path(order.model_dir))
+        self._worker = await asyncio.to_thread(self._make_worker, self.settings, Path(order.model_dir))
         self._task = asyncio.create_task(asyncio.to_thread(self._follow), name="learner-follower")
 
     def _follow(self) -> None:
