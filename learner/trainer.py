@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from aiokafka.errors import KafkaError
 from opentelemetry import trace
 
 from learner import metrics as m
@@ -153,6 +154,8 @@ class Learner(Managed):
         """A collective failed or was abandoned midway: orders would no longer line up."""
         self._reported_at = 0.0
         self._unreported = False
+        self._progress_sent: asyncio.Future[Any] | None = None
+        """The last progress notice's delivery, checked when the next one is sent or on stop."""
 
     @property
     def open_groups(self) -> int:
@@ -247,6 +250,11 @@ class Learner(Managed):
                 await self._dismiss_followers(ended_cleanly)
             if self._source is not None:
                 await self._source.stop()
+            if self._progress_sent is not None:
+                try:
+                    await self._progress_sent
+                except KafkaError as exc:  # the launcher reads the next learner's notice instead
+                    logger.warning("the last progress notice was not delivered: %s", exc)
             if self._producer is not None:
                 await self._producer.stop()
 
@@ -578,7 +586,11 @@ class Learner(Managed):
             return
         s = self.settings
         read = await source.read_offsets()
-        await self._producer.publish(CHECKPOINTS, LearnerProgressV1(
+        if self._progress_sent is not None:
+            await self._progress_sent  # the previous notice's delivery: a failure surfaces here
+        # Queued, not awaited: the next step need not wait for the broker's acknowledgement of a
+        # notice only the launcher reads (on a busy broker that wait was a tenth of a second a step).
+        self._progress_sent = await self._producer.send(CHECKPOINTS, LearnerProgressV1(
             model=s.model_name, version=self.version, step=self.step, steps_since_checkpoint=self._since_checkpoint,
             pending=source.in_hand + self._ledger.pending_count(),
             read_offsets=[TopicOffset(topic=t, partition=p, offset=o) for (t, p), o in sorted(read.items())],
