@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -77,7 +78,7 @@ from stream.broker import LocalBroker, cache_root, free_port
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
 from stream.tooling import read_topic
-from stream.topics import ROLLOUTS, TASKS, TopicRegistry
+from stream.topics import ROLLOUTS, TASKS, TRAJECTORIES, TopicRegistry
 
 ROLLOUT_SCRIPT = Path(__file__).resolve().parent / "loop_rollout.py"
 DURATIONS_ENV = "BENCH_LOOP_DURATIONS"
@@ -88,6 +89,10 @@ GOAL_RATIO = 2.0
 """The asynchronous schedule's trained tokens/s over the synchronous one's."""
 GOAL_LEARNER_IDLE = 0.05
 """The asynchronous schedule's learner idle fraction must stay below this."""
+
+QUICK: dict[str, Any] = {"seconds": 6.0, "slots": 8, "groups_per_step": 2, "median_s": 0.3,
+                         "step_model": "0.2,0.0001"}
+"""What ``--quick`` changes: fewer and shorter rollouts, a short window, no step-time measurement."""
 
 logger = logging.getLogger("bench.loop")
 
@@ -229,9 +234,14 @@ class Result:
     masked_tokens: int
     short_groups: dict[str, int]
     rollouts_finished: int
+    """Rollouts that ended inside the window."""
+    totals: dict[str, int]
+    """Whole-run counts, from the start to the stop, for the accounting line (see :func:`accounting`)."""
     rollouts_failed: dict[str, int]
     versions_published: int
     step_seconds_mean: float
+    waits: list[float]
+    """The learner's waits between consecutive steps in the window, checkpoint writes excluded (seconds)."""
     first_step_after_s: float
     """From the first launch to the end of the first learner step (not in the window)."""
     wall_s: float
@@ -344,9 +354,10 @@ async def run_schedule(schedule: Schedule, config: Config, step_model: StepTimeM
                     await producer.publish(TASKS, make_task(config, run_id, submitted))
                     submitted += 1
                 steps = timeline.steps
-                if steps and time.time() >= steps[0].end + config.seconds:
+                # The window needs a step after the one that opens it, however long a cycle takes.
+                if len(steps) >= 2 and time.time() >= steps[0].end + config.seconds:
                     break
-                if not steps and time.time() - started > 300:
+                if time.time() - (steps[0].end if steps else started) > 300:
                     raise RuntimeError(f"{name}: no learner step within 300 s")
                 await asyncio.sleep(0.2)
         await learner.stop()  # the running step ends: the window closes at the last step's end
@@ -370,9 +381,22 @@ async def run_schedule(schedule: Schedule, config: Config, step_model: StepTimeM
     busy = sum(overlap(s.start, s.end, lo, hi) for s in steps[1:])
     busy += sum(overlap(a, b, lo, hi) for a, b in learner.checkpoint_times)
     spans, failed = await rollout_spans(kafka, registry)
+    on_topic = 0
+    async for _ in read_topic(kafka, registry[TRAJECTORIES].name):
+        on_topic += 1
+    totals = {
+        "rollouts_launched": len(spans), "rollouts_ended": sum(1 for _, b in spans if b is not None),
+        "trajectories_on_topic": on_topic, "trained_trajectories": learner.stats.trained_trajectories,
+        "dropped_trajectories": sum(learner.stats.dropped.values()),
+        "learner_steps": learner.stats.steps, "worker_steps": len(steps),
+        "learner_trained_tokens": learner.stats.trained_tokens,
+        "worker_trained_tokens": sum(s.trained_tokens for s in steps),
+        "aged_trajectories": len(learner.ages)}
     slot_busy = sum(overlap(a, b if b is not None else hi, lo, hi) for a, b in spans)
     trained = sum(s.trained_tokens for s in steps[1:])
     first = min((a for a, _ in spans), default=first_launch or started)
+    waits = [max(0.0, b.start - a.end - sum(overlap(c, d, a.end, b.start) for c, d in learner.checkpoint_times))
+             for a, b in itertools.pairwise(steps)]
     failed.pop("cancelled/shutdown", None)  # the rollouts still running when the run stopped
     return Result(
         schedule=name, max_staleness=schedule.max_staleness, checkpoint_every=schedule.checkpoint_every,
@@ -386,7 +410,9 @@ async def run_schedule(schedule: Schedule, config: Config, step_model: StepTimeM
         dropped=dict(learner.stats.dropped), masked_tokens=learner.stats.stale_tokens,
         short_groups=dict(learner.stats.short_groups),
         rollouts_finished=sum(1 for _, b in spans if b is not None and b <= hi), rollouts_failed=failed,
+        totals=totals,
         versions_published=learner.version, step_seconds_mean=statistics.fmean(s.end - s.start for s in steps),
+        waits=waits,
         first_step_after_s=steps[0].end - first, wall_s=time.time() - started)
 
 
@@ -448,6 +474,7 @@ def format_table(config: Config, step_model: StepTimeModel, results: dict[str, R
     row("staleness mean / p99", [f"{results[k].staleness_mean:.2f} / {results[k].staleness_p99:.0f}" for k in keys])
     row("  in steps, mean / p99", [f"{results[k].steps_behind_mean:.1f} / {results[k].steps_behind_p99:.0f}"
                                    for k in keys])
+    row("longest learner wait (s)", [f"{max(results[k].waits, default=0.0):.1f}" for k in keys])
     row("rollouts finished", [str(results[k].rollouts_finished) for k in keys])
     row("masked tokens (stale)", [str(results[k].masked_tokens) for k in keys])
     row("dropped trajectories", [str(sum(results[k].dropped.values())) for k in keys])
@@ -459,6 +486,12 @@ def format_table(config: Config, step_model: StepTimeModel, results: dict[str, R
         if r.rollouts_failed:
             notes.append(f"rollouts failed: {_counts(r.rollouts_failed)}")
         lines.append(f"  {plan[k].label}: " + "; ".join(notes))
+    lines.append("whole run (start to stop), launched >= ended >= on the topic >= trained + dropped:")
+    for k in keys:
+        t = results[k].totals
+        lines.append(f"  {plan[k].label}: rollouts launched {t['rollouts_launched']}, ended {t['rollouts_ended']}; "
+                     f"trajectories on the topic {t['trajectories_on_topic']}, trained {t['trained_trajectories']}, "
+                     f"dropped {t['dropped_trajectories']}; learner steps {t['learner_steps']}")
     lines.append("")
     lines.extend(f"goal: {goal['text']}: {goal['value']} -> {'met' if goal['met'] else 'NOT met'}"
                  for goal in goals.values())
@@ -536,7 +569,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="learner step seconds = A + B x tokens; measured on this machine when not given")
     add("--kafka", default=None, metavar="HOST:PORT", help="use this Kafka cluster instead of starting a broker")
     add("--json", type=Path, default=None, help="also write the figures here")
+    add("--quick", action="store_true",
+        help="a short check that everything runs (for the test suite), not figures to quote: "
+             + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+             + " unless given; the step model is then given, not measured")
     args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
     for name in ("seconds", "slots", "group_size", "groups_per_step", "turns", "prompt_tokens",
                  "completion_tokens", "median_s", "straggler_x", "checkpoint_every"):
         if getattr(args, name) <= 0:
