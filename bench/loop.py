@@ -1,6 +1,6 @@
 """Loop efficiency: asynchronous schedules against the synchronous one, on the real loop's parts.
 
-    python -m bench.loop [--seconds 45] [--kafka HOST:PORT] [--step-model A,B] [--json PATH]
+    python -m bench.loop [--seconds 60] [--kafka HOST:PORT] [--step-model A,B] [--json PATH] [--quick]
 
 What runs, for each schedule in turn, all on this machine: a Kafka broker of its own (or
 ``--kafka``), the scripted engine (``bench.fast_upstream``: token ids, logprobs and its weight
@@ -33,7 +33,13 @@ its last, ``--seconds`` long: trained tokens per second, the learner's idle frac
 stepping nor writing a checkpoint), the rollout slots' idle fraction (a slot is busy from a
 rollout's launch to its end), staleness of the trained trajectories (the age of each one's oldest
 trained token, in published versions as the learner counts it, and in learner steps), and what
-was dropped or masked, by reason.
+was dropped or masked, by reason. The window closes at the end of a step, so each schedule is
+measured over whole cycles of its own; it waits for at least one step after the first.
+
+Below the table, whole-run counts for each schedule (rollouts launched and ended, trajectories on
+the topic, trained and dropped) show where every rollout went. ``--quick`` runs everything on
+fewer, shorter rollouts with a given step model (about a minute and a half): it checks that the
+benchmark works, and its figures are not to be quoted.
 """
 
 from __future__ import annotations
@@ -549,7 +555,7 @@ async def run(config: Config, step_model: StepTimeModel | None, kafka: str | Non
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.loop", description=__doc__.split("\n")[0])
     add = parser.add_argument
-    add("--seconds", type=float, default=45.0, help="window per schedule, from the end of its first step (45)")
+    add("--seconds", type=float, default=60.0, help="window per schedule, from the end of its first step (60)")
     add("--slots", type=int, default=16, help="rollouts running at once: the launcher's max_in_flight (16)")
     add("--group-size", type=int, default=4, help="rollouts per task (4)")
     add("--groups-per-step", type=int, default=4, help="task groups per learner step (4)")
