@@ -92,15 +92,17 @@ class StepTimeFit:
     b: float
     """Seconds per token of the step's rows (prompt and completion)."""
     points: list[tuple[int, float]]
-    """(tokens, seconds) of every timed step."""
+    """(tokens, seconds) of every timed step; the line is fitted to the fastest at each size."""
 
 
 def fit_step_time(model: Path, rows: int, prompt_tokens: int, completion_tokens: int,
                   repeats: int = 2) -> StepTimeFit:
     """Time the ``hf`` worker's step on ``model`` at half, one and two times ``rows`` rows; fit a line.
 
-    One untimed step first (allocations, the first call's set-up). The rows are random ids of the
-    model's vocabulary, each ``prompt_tokens + completion_tokens`` long with every completion token
+    One untimed step first (allocations, the first call's set-up). Each size is timed ``repeats``
+    times and the line goes through the fastest of each: on shared cores a slow repeat measures the
+    neighbours, not the step, and the simulated step (a sleep) is not slowed by them. The rows are
+    random ids of the model's vocabulary, each ``prompt_tokens + completion_tokens`` long with every completion token
     trained, as the loop benchmark's rows are.
     """
     from learner.protocol import Row, TrainBatch
@@ -124,7 +126,10 @@ def fit_step_time(model: Path, rows: int, prompt_tokens: int, completion_tokens:
         started = time.perf_counter()
         worker.train_step(step)
         points.append((step.total_tokens, time.perf_counter() - started))
-    xs, ys = [float(x) for x, _ in points], [y for _, y in points]
+    fastest: dict[int, float] = {}
+    for tokens, seconds in points:
+        fastest[tokens] = min(seconds, fastest.get(tokens, seconds))
+    xs, ys = [float(x) for x in fastest], list(fastest.values())
     slope, intercept = statistics.linear_regression(xs, ys)
     if intercept < 0:  # noise on a busy machine; a step never takes less than nothing
         slope, intercept = sum(ys) / sum(xs), 0.0
