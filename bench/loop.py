@@ -1,6 +1,7 @@
 """Loop efficiency: asynchronous schedules against the synchronous one, on the real loop's parts.
 
-    python -m bench.loop [--seconds 60] [--kafka HOST:PORT] [--step-model A,B] [--json PATH] [--quick]
+    python -m bench.loop [--seconds 60] [--kafka HOST:PORT] [--step-model A,B | --measure-step] [--json PATH]
+                         [--quick]
 
 What runs, for each schedule in turn, all on this machine: a Kafka broker of its own (or
 ``--kafka``), the scripted engine (``bench.fast_upstream``: token ids, logprobs and its weight
@@ -14,8 +15,10 @@ gets the same rollouts in the same order.
 
 The learner is the real loop (grouping, staleness masking, batching, checkpoint and publish
 cadence) with a worker that sleeps for the step time of the real ``hf`` worker on the same number
-of tokens (``bench.loop_worker``): ``seconds = a + b x tokens``, measured on this machine at start
-(``bench.learner.fit_step_time``) or given with ``--step-model``.
+of tokens (``bench.loop_worker``): ``seconds = a + b x tokens``. By default that is the model
+measured once on two quiet cores (``STEP_MODEL``, from ``python -m bench.learner --step-time``), so
+that a run's simulated learner does not slow with the machine's other load and runs compare;
+``--measure-step`` fits it again at start on this machine, ``--step-model`` gives one.
 
 Schedules, all with the same rollout slots (``--slots``, the launcher's ``max_in_flight``):
 
@@ -98,7 +101,12 @@ GOAL_LEARNER_IDLE = 0.05
 
 QUICK: dict[str, Any] = {"seconds": 6.0, "slots": 8, "groups_per_step": 2, "median_s": 0.3,
                          "step_model": "0.2,0.0001"}
-"""What ``--quick`` changes: fewer and shorter rollouts, a short window, no step-time measurement."""
+"""What ``--quick`` changes: fewer and shorter rollouts, a short window, a shorter step."""
+
+STEP_MODEL = StepTimeModel(0.19, 0.00055, "the hf worker on the tiny model, measured on two quiet cores, 2026-12-07")
+"""The default learner step: ``python -m bench.learner --step-time`` at 16, 32 and 64 rows of 160 tokens
+(3.0 s for a default step of 5,120 tokens). Measured at the start of runs on cores loaded ten times
+over, the fit gave 10 to 20 s a step and swung the ratio between schedules with it."""
 
 logger = logging.getLogger("bench.loop")
 
@@ -572,13 +580,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--reload-s", type=float, default=0.1, help="seconds the engine takes to reload weights (0.1)")
     add("--seed", type=int, default=0, help="seed of the drawn durations (0)")
     add("--step-model", default=None, metavar="A,B",
-        help="learner step seconds = A + B x tokens; measured on this machine when not given")
+        help=f"learner step seconds = A + B x tokens (default {STEP_MODEL.a:g},{STEP_MODEL.b:g}: STEP_MODEL)")
+    add("--measure-step", action="store_true", help="fit the step model on this machine at start instead")
     add("--kafka", default=None, metavar="HOST:PORT", help="use this Kafka cluster instead of starting a broker")
     add("--json", type=Path, default=None, help="also write the figures here")
     add("--quick", action="store_true",
         help="a short check that everything runs (for the test suite), not figures to quote: "
              + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
-             + " unless given; the step model is then given, not measured")
+             + " unless given")
     args = parser.parse_args(argv)
     if args.quick:
         for name, value in QUICK.items():
@@ -593,6 +602,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.slots < args.group_size * args.groups_per_step:
         parser.error("--slots must hold one learner batch (group size x groups per step), or the synchronous "
                      "schedule could never fill a step")
+    if args.step_model is not None and args.measure_step:
+        parser.error("--step-model and --measure-step exclude each other")
     if args.step_model is not None:
         try:
             a, b = (float(x) for x in args.step_model.split(","))
@@ -610,7 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     completion_tokens=args.completion_tokens, median_s=args.median_s, sigma=args.sigma,
                     straggler_p=args.straggler_p, straggler_x=args.straggler_x, max_staleness=args.max_staleness,
                     checkpoint_every=args.checkpoint_every, reload_s=args.reload_s, seed=args.seed)
-    given = None
+    given: StepTimeModel | None = None if args.measure_step else STEP_MODEL
     if args.step_model is not None:
         a, b = (float(x) for x in args.step_model.split(","))
         given = StepTimeModel(a, b, "given with --step-model")
