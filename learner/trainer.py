@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from aiokafka.errors import KafkaError
 from opentelemetry import trace
 
 from learner import metrics as m
@@ -104,10 +105,22 @@ class Learner(Managed):
     """
 
     def __init__(self, settings: LearnerSettings | None = None, kafka: KafkaSettings | None = None, *,
-                 source: TrajectorySource | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        """Create the learner; ``clock`` (seconds, monotonic) times group deadlines and batch waits."""
+                 source: TrajectorySource | None = None, clock: Callable[[], float] = time.monotonic,
+                 worker: Callable[[LearnerSettings, Path], PolicyWorker] | None = None) -> None:
+        """Create the learner.
+
+        Args:
+            settings: What it trains and how (``OPENFORGE_LEARNER_*`` when None).
+            kafka: Where it reads trajectories and publishes checkpoints.
+            source: Trajectories from elsewhere than Kafka (benchmarks); see the class docstring.
+            clock: Seconds, monotonic; times group deadlines and batch waits (tests drive it).
+            worker: Makes the policy worker from the settings and the model folder to load; the
+                engine the settings name by default. ``bench.loop`` passes one that sleeps for a
+                measured step time instead of training, to run this loop's scheduling at speed.
+        """
         self.settings = settings or LearnerSettings()
         self._clock = clock
+        self._make_worker = worker if worker is not None else make_worker
         self.kafka = kafka or KafkaSettings()
         self.registry = TopicRegistry.from_settings(self.kafka)
         self._given_source = source
@@ -142,6 +155,8 @@ class Learner(Managed):
         """A collective failed or was abandoned midway: orders would no longer line up."""
         self._reported_at = 0.0
         self._unreported = False
+        self._progress_sent: asyncio.Future[Any] | None = None
+        """The last progress notice's delivery, checked when the next one is sent or on stop."""
 
     @property
     def open_groups(self) -> int:
@@ -191,7 +206,7 @@ class Learner(Managed):
             raise CheckpointError("no checkpoint to resume from and no OPENFORGE_LEARNER_MODEL_DIR to start with")
         # Every rank loads the same folder: the one this rank resumes from.
         self._worker = await self._on_all_ranks(Order("start", model_dir=str(model_dir), version=self.version),
-                                                partial(make_worker, self.settings, model_dir))
+                                                partial(self._make_worker, self.settings, model_dir))
         if self._ranks is not None:
             logger.info("all %d ranks loaded %s", self._ranks.world_size, model_dir)
         assert self._source is not None
@@ -236,6 +251,11 @@ class Learner(Managed):
                 await self._dismiss_followers(ended_cleanly)
             if self._source is not None:
                 await self._source.stop()
+            if self._progress_sent is not None:
+                try:
+                    await self._progress_sent
+                except KafkaError as exc:  # the launcher reads the next learner's notice instead
+                    logger.warning("the last progress notice was not delivered: %s", exc)
             if self._producer is not None:
                 await self._producer.stop()
 
@@ -286,7 +306,7 @@ class Learner(Managed):
         if order.kind != "start" or order.model_dir is None:
             raise RuntimeError(f"rank 0 sent {order.kind!r} before 'start'")
         self.version = order.version
-        self._worker = await asyncio.to_thread(make_worker, self.settings, Path(order.model_dir))
+        self._worker = await asyncio.to_thread(self._make_worker, self.settings, Path(order.model_dir))
         self._task = asyncio.create_task(asyncio.to_thread(self._follow), name="learner-follower")
 
     def _follow(self) -> None:
@@ -586,7 +606,11 @@ class Learner(Managed):
             return
         s = self.settings
         read = await source.read_offsets()
-        await self._producer.publish(CHECKPOINTS, LearnerProgressV1(
+        if self._progress_sent is not None:
+            await self._progress_sent  # the previous notice's delivery: a failure surfaces here
+        # Queued, not awaited: the next step need not wait for the broker's acknowledgement of a
+        # notice only the launcher reads (on a busy broker that wait was a tenth of a second a step).
+        self._progress_sent = await self._producer.send(CHECKPOINTS, LearnerProgressV1(
             model=s.model_name, version=self.version, step=self.step, steps_since_checkpoint=self._since_checkpoint,
             pending=source.in_hand + self._ledger.pending_count(),
             read_offsets=[TopicOffset(topic=t, partition=p, offset=o) for (t, p), o in sorted(read.items())],

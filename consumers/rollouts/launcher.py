@@ -95,6 +95,13 @@ class LauncherSettings(BaseSettings):
     *Pacing*). Until a learner has reported, nothing starts. False launches up to
     ``max_in_flight`` whatever the learner does (collecting data without a learner)."""
 
+    transit_timeout_s: float = Field(default=600.0, gt=0)
+    """Pacing: how long a rollout that ended still counts as outstanding while its trajectory is not
+    on the trajectories topic. The assembler publishes it after its grace period, or after its
+    reward timeout (300 s by default) when a verifier never reported; keep this above that. It
+    bounds how long a trajectory that is never published (refused by the broker, say) holds a place.
+    """
+
     learner_model: str | None = None
     """The learner's model (its ``OPENFORGE_LEARNER_MODEL_NAME``) to pace by; unset paces by every
     learner that reports on the topic prefix, the tightest first."""
@@ -276,7 +283,8 @@ class Launcher(Managed):
         self._known: set[str] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._pace = Pace(kafka, self.registry, self.settings.learner_model) if self.settings.pace else None
+        self._pace = (Pace(kafka, self.registry, self.settings.learner_model,
+                           transit_timeout_s=self.settings.transit_timeout_s) if self.settings.pace else None)
         self._held_since: float | None = None
         self._held_why: str | None = None  # the hold's kind last logged: a new kind is logged at once
         self.launched = 0
@@ -413,11 +421,12 @@ class Launcher(Managed):
     async def _advance(self, work: _Work) -> bool:
         """Launch what the cap and pacing allow of ``work``; False when blocked."""
         task = work.task
-        in_flight = len(await self.backend.active())
+        active = await self.backend.active()
+        in_flight = len(active)
         if not work.admitted:
             if await self._untrainable(work):
                 return True
-            if not await self._admit(work, in_flight):
+            if not await self._admit(work, active):
                 return False
             work.admitted = True
         while work.next_index < task.group_size:
@@ -457,7 +466,7 @@ class Launcher(Managed):
         self._work = None
         return True
 
-    async def _admit(self, work: _Work, in_flight: int) -> bool:
+    async def _admit(self, work: _Work, active: set[str]) -> bool:
         """Whether the task's remaining rollouts may start now, all together.
 
         Under the cap: the whole rest of the group at once when it fits under ``max_in_flight`` at
@@ -467,11 +476,11 @@ class Launcher(Managed):
                         if rollout_id_for(work.task.task_id, i) not in self._known)
         if remaining == 0:
             return True
-        if self.settings.max_in_flight - in_flight < min(remaining, self.settings.max_in_flight):
+        if self.settings.max_in_flight - len(active) < min(remaining, self.settings.max_in_flight):
             return False
         if self._pace is None:
             return True
-        pace = await self._pace.room(work.task.group_size, in_flight)
+        pace = await self._pace.room(work.task.group_size, active)
         if pace is not None and pace.room >= remaining:
             self._held_since = None
             return True
@@ -491,9 +500,9 @@ class Launcher(Managed):
                                "its checkpoints?", work.task.task_id, pace.served, pace.published,
                                pace.max_staleness)
             else:
-                logger.info("launcher: holding task %s: %d in flight or waiting for the learner, which can train "
-                            "%d in time (engines serve v%d)", work.task.task_id, pace.outstanding, pace.limit,
-                            pace.served)
+                logger.info("launcher: holding task %s: %d rollouts outstanding (%d of them ended, their "
+                            "trajectories not yet on the topic), the learner can train %d in time (engines serve "
+                            "v%d)", work.task.task_id, pace.outstanding, pace.in_transit, pace.limit, pace.served)
         return False
 
     async def _launch(self, spec: RolloutSpec) -> None:
@@ -512,6 +521,8 @@ class Launcher(Managed):
         self._known.add(spec.rollout_id)
         if created:
             self.launched += 1
+            if self._pace is not None:
+                self._pace.launched(task.task_id, spec.rollout_id)
         else:
             self.skipped += 1
             logger.info("launcher: rollout %s already existed", spec.rollout_id)

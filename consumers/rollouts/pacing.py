@@ -5,17 +5,20 @@ staleness bound ``b`` (in published versions). It publishes a version every ``K`
 groups. A rollout started now is sampled by the version the engines serve, ``A``. It trains in time
 when the learner reaches it before publishing version ``A + b + 1``: that is, within
 ``(A + b + 1) * K - (P * K + j)`` more steps, where ``P`` is the newest published version and ``j``
-the steps taken since. Everything already in flight or waiting is trained first, so a rollout may
-start only while
+the steps taken since. Everything already outstanding is trained first, so a rollout may start
+only while
 
-    in flight + waiting + 1 <= ((A + b + 1) * K - (P * K + j)) * g * group_size
+    outstanding + 1 <= ((A + b + 1) * K - (P * K + j)) * g * group_size
 
 With engines serving the newest version (``A = P``) and checkpoints every step (``K = 1``) this is
-``(b + 1)`` learner batches, less the steps already taken. "Waiting" is the learner's own count of
-trajectories it has read and not yet trained or dropped, plus the records of the trajectories topic
-beyond its read position (counted by offset, so transaction markers make it an overestimate,
-never an underestimate). A rollout that has ended but whose trajectory is not on the topic yet
-(the assembler commits about once a second) is the one thing not counted.
+``(b + 1)`` learner batches, less the steps already taken. "Outstanding" is every rollout between
+its launch and its training: running (the backend's active rollouts); ended but with its
+trajectory not on the trajectories topic yet (the assembler waits a grace period for late calls,
+then commits: seconds); on the topic beyond the learner's read position (counted by offset, so
+transaction markers make it an overestimate, never an underestimate); and read by the learner but
+not yet trained or dropped (its own count). The second kind is known only for the rollouts this
+launcher started: it follows the trajectories topic's keys (task ids) and counts, per task, the
+rollouts that ended against the trajectories that arrived.
 
 The learner's numbers come from its progress notices and the served version from the publisher's
 "applied" notices, both on the compacted checkpoints topic, so a launcher that starts reads the
@@ -27,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
@@ -36,7 +41,7 @@ from schemas import CheckpointAppliedV1, DecodeError, LearnerProgressV1, decode
 from stream.admin import KafkaAdmin
 from stream.lifecycle import Managed
 from stream.settings import KafkaSettings
-from stream.topics import CHECKPOINTS, MissingTopicsError, TopicRegistry
+from stream.topics import CHECKPOINTS, TRAJECTORIES, MissingTopicsError, TopicRegistry
 
 __all__ = ["Pace", "PaceWindow", "window"]
 
@@ -52,9 +57,11 @@ class PaceWindow:
     limit: int
     """In flight plus waiting that the learner can still train in time."""
     outstanding: int
-    """In flight plus waiting now."""
+    """Rollouts launched and not yet trained or dropped, now."""
     served: int
     """The version engines serve (newest applied), as used."""
+    in_transit: int = 0
+    """Of the outstanding: ended, with their trajectories not on the topic yet."""
     published: int = 0
     """The learner's newest published version."""
     max_staleness: int = 0
@@ -66,6 +73,17 @@ class PaceWindow:
         return self.published - self.served > self.max_staleness
 
 
+@dataclass
+class _Launched:
+    """A task's rollouts this launcher started, and what became of them."""
+
+    rollouts: list[str] = field(default_factory=list)
+    ended: dict[str, float] = field(default_factory=dict)
+    """Rollout id -> when it was first seen no longer active."""
+    arrived: int = 0
+    """The task's trajectories seen on the topic since."""
+
+
 def window(progress: LearnerProgressV1, served: int, group_size: int) -> int:
     """In flight plus waiting that can still train in time (see the module docstring)."""
     steps_left = ((min(served, progress.version) + progress.max_staleness + 1) * progress.checkpoint_every
@@ -74,21 +92,37 @@ def window(progress: LearnerProgressV1, served: int, group_size: int) -> int:
 
 
 class Pace(Managed):
-    """Follows the checkpoints topic for one model's learner and engines; answers how much may start."""
+    """Answers how many rollouts may start, from the learner's and the engines' notices.
 
-    def __init__(self, kafka: KafkaSettings, registry: TopicRegistry, model: str | None = None) -> None:
-        """Pace by ``model``'s learner, or, when None, by every learner that reports (the tightest wins)."""
+    It follows the checkpoints topic for the learner's progress and the engines' versions, and the
+    trajectories topic's keys for the rollouts the launcher started and that have ended.
+    """
+
+    def __init__(self, kafka: KafkaSettings, registry: TopicRegistry, model: str | None = None, *,
+                 transit_timeout_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        """Pace by ``model``'s learner, or, when None, by every learner that reports (the tightest wins).
+
+        A rollout that ended counts as outstanding until its trajectory arrives, or for
+        ``transit_timeout_s`` at most (a trajectory the assembler could not publish never arrives).
+        """
         self._kafka = kafka
         self._registry = registry
         self._model = model
+        self._transit_timeout_s = transit_timeout_s
+        self._clock = clock
         self._progress: dict[str, LearnerProgressV1] = {}
         self._served: dict[str, int] = {}
+        self._launched: dict[str, _Launched] = {}
         kwargs = dict(**kafka.client_kwargs(), enable_auto_commit=False, group_id=None,
                       isolation_level="read_committed", request_timeout_ms=kafka.request_timeout_ms)
         self._follow = AIOKafkaConsumer(client_id=f"{kafka.client_id}-launcher-pace", **kwargs)
         # Its own client for end offsets: read_committed, so they are the last stable offsets.
         self._ends = AIOKafkaConsumer(client_id=f"{kafka.client_id}-launcher-ends", **kwargs)
-        self._task: asyncio.Task[None] | None = None
+        # Only keys are looked at; values are fetched (Kafka has no key-only fetch) and dropped.
+        self._arrivals = AIOKafkaConsumer(
+            client_id=f"{kafka.client_id}-launcher-arrivals",
+            max_partition_fetch_bytes=registry[TRAJECTORIES].spec.max_message_bytes, **kwargs)
+        self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = False
 
@@ -97,29 +131,37 @@ class Pace(Managed):
         if self._started:
             return
         self._started = True
-        topic = self._registry[CHECKPOINTS].name
+        topic, trajectories = self._registry[CHECKPOINTS].name, self._registry[TRAJECTORIES].name
         async with KafkaAdmin(self._kafka, self._registry) as admin:
             try:
                 tps = await admin.partitions(topic)
+                arrival_tps = await admin.partitions(trajectories)
             except KeyError:
-                raise MissingTopicsError.of([topic], self._kafka.bootstrap_servers) from None
+                raise MissingTopicsError.of([topic, trajectories], self._kafka.bootstrap_servers) from None
         await self._follow.start()
         await self._ends.start()
+        await self._arrivals.start()
         self._follow.assign(tps)
         await self._follow.seek_to_beginning(*tps)
-        self._task = asyncio.create_task(self._read(), name="launcher-pace")
+        # Only trajectories of rollouts launched from now on matter.
+        self._arrivals.assign(arrival_tps)
+        for tp, end in (await self._arrivals.end_offsets(arrival_tps)).items():
+            self._arrivals.seek(tp, end)
+        self._tasks = [asyncio.create_task(self._read(), name="launcher-pace"),
+                       asyncio.create_task(self._read_arrivals(), name="launcher-pace-arrivals")]
 
     async def stop(self) -> None:
-        """Stop following and close both clients. Idempotent."""
+        """Stop following and close the clients. Idempotent."""
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+                await task
         await self._follow.stop()
         await self._ends.stop()
+        await self._arrivals.stop()
 
     async def _read(self) -> None:
         while True:
@@ -131,6 +173,40 @@ class Pace(Managed):
                     except DecodeError:
                         continue  # the publisher and learner dead-letter what they cannot read
                     self.observe(event)
+
+    async def _read_arrivals(self) -> None:
+        while True:
+            batches = await self._arrivals.getmany(timeout_ms=1000)
+            for records in batches.values():
+                for record in records:
+                    self.arrived(record.key.decode("utf-8", "replace") if record.key is not None else "")
+
+    def launched(self, task_id: str, rollout_id: str) -> None:
+        """Note a rollout this launcher started, to count it after it ends until its trajectory arrives."""
+        self._launched.setdefault(task_id, _Launched()).rollouts.append(rollout_id)
+
+    def arrived(self, task_id: str) -> None:
+        """Note a trajectory of ``task_id`` on the trajectories topic (its key)."""
+        launched = self._launched.get(task_id)
+        if launched is not None:
+            launched.arrived += 1
+
+    def in_transit(self, active: set[str]) -> int:
+        """Rollouts this launcher started that ended (are not in ``active``) and whose trajectories have not arrived."""
+        now = self._clock()
+        total = 0
+        for task_id, launched in list(self._launched.items()):
+            if launched.arrived >= len(launched.rollouts):
+                del self._launched[task_id]
+                continue
+            for rollout_id in launched.rollouts:
+                if rollout_id not in active:
+                    launched.ended.setdefault(rollout_id, now)
+            # Trajectories arrive in no particular order within a task: the oldest endings are the
+            # ones taken as arrived, and an ending older than the timeout no longer counts.
+            waiting = sorted(launched.ended.values())[launched.arrived:]
+            total += sum(1 for ended in waiting if now - ended < self._transit_timeout_s)
+        return total
 
     def observe(self, event: object) -> None:
         """Take in one event of the checkpoints topic."""
@@ -145,17 +221,23 @@ class Pace(Managed):
         """The largest ``min_group_size`` of the learners paced by (None until one reported)."""
         return max((p.min_group_size for p in self._progress.values()), default=None)
 
-    async def room(self, group_size: int, in_flight: int) -> PaceWindow | None:
-        """How many rollouts of a task with ``group_size`` may start; None until a learner reported."""
+    async def room(self, group_size: int, active: set[str]) -> PaceWindow | None:
+        """How many rollouts of a task with ``group_size`` may start; None until a learner reported.
+
+        Args:
+            group_size: The task's group size (the window is counted in its rollouts).
+            active: The backend's rollouts that are running now.
+        """
         if not self._progress:
             return None
+        in_transit = self.in_transit(active)
         best: PaceWindow | None = None
         for model, progress in self._progress.items():
             served = self._served.get(model, 0)
             limit = window(progress, served, group_size)
-            outstanding = in_flight + progress.pending + await self._unread(progress)
-            pace = PaceWindow(max(0, limit - outstanding), limit, outstanding, served, progress.version,
-                              progress.max_staleness)
+            outstanding = len(active) + in_transit + progress.pending + await self._unread(progress)
+            pace = PaceWindow(max(0, limit - outstanding), limit, outstanding, served, in_transit,
+                              progress.version, progress.max_staleness)
             if best is None or pace.room < best.room:
                 best = pace
         return best

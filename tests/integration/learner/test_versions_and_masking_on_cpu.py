@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from trajectories import trajectory
 
-import learner.trainer as trainer_module
 from learner.checkpoint import checkpoint_folder
 from learner.protocol import TrainBatch
 from learner.settings import LearnerSettings
@@ -115,17 +114,15 @@ class NonFiniteOnceStandInWorker:
 
 
 async def test_a_skipped_step_bumps_no_version_writes_no_checkpoint_and_drops_its_trajectories(
-        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+        tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     made: list[NonFiniteOnceStandInWorker] = []
 
     def worker(settings: LearnerSettings, model_dir: Path) -> PolicyWorker:
         made.append(NonFiniteOnceStandInWorker(make_worker(settings, model_dir), skip_call=2))
         return made[0]
 
-    monkeypatch.setattr(trainer_module, "make_worker", worker)
     data = _group("a", "0") + _group("b", "0") + _group("c", "0")
-    learner = Learner(_settings(tiny_model, tmp_path), source=ListTrajectorySource(data))
+    learner = Learner(_settings(tiny_model, tmp_path), source=ListTrajectorySource(data), worker=worker)
     await _run(learner)
 
     assert made[0].calls == 3

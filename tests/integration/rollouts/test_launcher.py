@@ -16,12 +16,13 @@ import pytest
 from assembled import assemble, counted_in_groups
 from rollout_events import collect, lifecycle
 from rollout_tasks import KEY, PROBE, log_lines, task_dict
+from trajectories import trajectory
 
 from consumers.rollouts.launcher import Launcher, LauncherSettings, rollout_id_for
 from schemas import DeadLetterV1, RolloutEventV1, TaskV1
 from schemas.failures import FailureReason
 from schemas.rollout.v1 import RolloutPhase, RolloutReason
-from stream import CHECKPOINTS, DEAD_LETTERS, TASKS, EventProducer, KafkaSettings, TopicRegistry
+from stream import CHECKPOINTS, DEAD_LETTERS, TASKS, TRAJECTORIES, EventProducer, KafkaSettings, TopicRegistry
 
 pytestmark = pytest.mark.kafka
 
@@ -228,8 +229,16 @@ async def test_pacing_starts_only_what_the_learner_can_train_in_time(
         async with EventProducer(kafka_settings, registry=topics) as producer:
             await producer.publish(CHECKPOINTS, CheckpointAppliedV1(
                 model="m", version=1, replica="http://engine", applied_at=datetime.now(UTC), duration_s=1.0, ok=True))
+        # The engine serves v1 and the learner holds nothing, but the two rollouts that ended have no
+        # trajectory on the topic yet (the assembler publishes after its grace period): they still count.
+        assert await launched_after(3) == 2
+        starts = sorted((when, rollout) for rollout, what, when in log_lines(log) if what == "start")
+        first = next(t for t in tasks if rollout_id_for(t.task_id, 0) in {r for _, r in starts})
+        async with EventProducer(kafka_settings, registry=topics) as producer:
+            for index in range(2):
+                await producer.publish(TRAJECTORIES, trajectory(first.task_id, index, 2))
         by_rollout = await lifecycle(kafka_settings, topics, 4, timeout_s=60)
-        assert len(by_rollout) >= 4  # and the third task once those two ended: the learner holds nothing
+        assert len(by_rollout) >= 4  # and the next task once their trajectories arrived
         # Both rollouts of a task start together.
         starts = sorted((when, rollout) for rollout, what, when in log_lines(log) if what == "start")
         assert len({r.rsplit("-", 1)[0] for _, r in starts[:2]}) == 1, starts
