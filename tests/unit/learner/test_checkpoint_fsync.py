@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from learner.checkpoint import LearnerState, checkpoint_folder, write_checkpoint_folder
+from learner.checkpoint import LearnerState, state_folder, write_checkpoint_folder
 
 
 def _save(folder: Path) -> None:
-    # What a worker's save writes: weight and config files, here with a nested folder as well.
-    folder.mkdir(parents=True)
+    # What a worker's save writes into the (existing) temporary folder: files and a nested folder.
     (folder / "model.safetensors").write_bytes(b"\0" * 1024)
     (folder / "config.json").write_text("{}")
     (folder / "extra").mkdir()
@@ -26,8 +25,8 @@ def _save(folder: Path) -> None:
 
 def test_write_checkpoint_folder_fsyncs_every_file_and_both_folders_observed_as_calls_not_a_power_cut(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = tmp_path / "checkpoints"
-    final = checkpoint_folder(root, 3)
+    final = state_folder(tmp_path / "checkpoints", 3)
+    root = final.parent
     synced: list[tuple[Path, bool]] = []  # (what was synced, whether the folder was in place by then)
     real_fsync = os.fsync
 
@@ -36,7 +35,7 @@ def test_write_checkpoint_folder_fsyncs_every_file_and_both_folders_observed_as_
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", observed_fsync)
-    folder = write_checkpoint_folder(root, 3, _save, LearnerState(3, 3, {}, {}))
+    folder = write_checkpoint_folder(final, _save, LearnerState(3, 3, {}, {}))
     monkeypatch.undo()
 
     assert folder == final
@@ -51,5 +50,5 @@ def test_write_checkpoint_folder_fsyncs_every_file_and_both_folders_observed_as_
     assert before_rename == written | {Path()}
     # Then the rename, by syncing the parent once the folder is in place; it is the last call.
     assert synced[-1] == (root, True)
-    # The parent was created by this call, so its own parent records it.
-    assert (tmp_path, False) in synced
+    # The parents were created by this call, so their own parents record them.
+    assert (tmp_path, False) in synced and (root.parent, False) in synced
