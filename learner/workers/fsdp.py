@@ -4,15 +4,17 @@ What this is, exactly: veRL 0.9.1's FSDP *engine* (``verl.workers.engine.fsdp.FS
 driven here. It is built to be constructed inside veRL's Ray worker groups (``engine_workers``),
 takes its batches as nested ``TensorDict`` with veRL's padding modes, and pulls in LoRA, Ulysses and
 offload machinery this learner does not use. Instead the model is wrapped with torch FSDP2
-(``fully_shard``) through veRL's own helpers, as that engine's ``fsdp2`` strategy does:
+(``fully_shard``) much as that engine's ``fsdp2`` strategy does:
 
-* ``verl.utils.fsdp_utils.apply_fsdp2`` shards each decoder layer (``_no_split_modules``) and the
-  root, with a ``MixedPrecisionPolicy`` (float32 reduce; float32 or bfloat16 compute by
-  ``OPENFORGE_LEARNER_FSDP_PARAM_DTYPE``), on a one-dimensional device mesh over all ranks;
-* ``verl.utils.fsdp_utils.fsdp2_load_full_state_dict`` loads the float32 weights into the shards;
+* each decoder layer (``_no_split_modules``), the input embeddings when they are not tied to the
+  output projection, and the root are sharded with a ``MixedPrecisionPolicy`` (float32 reduce;
+  float32 or bfloat16 compute by ``OPENFORGE_LEARNER_FSDP_PARAM_DTYPE``) on a one-dimensional
+  device mesh over all ranks, while the model is still on the meta device;
+* each rank then reads its own slices of the safetensors (or of a training state) into its
+  shards (:mod:`learner.workers.weights`): no rank holds the full model;
 * ``verl.utils.fsdp_utils.fsdp2_clip_grad_norm_`` clips the sharded gradients;
-* ``verl.utils.fsdp_utils.get_fsdp_full_state_dict`` gathers the full state dict for saving, and
-  torch's ``get_optimizer_state_dict`` gathers the optimizer state.
+* serving weights are gathered one tensor at a time; training states are torch distributed
+  checkpoints, each rank writing its own shards.
 
 Forward, losses, rollout correction and micro-batching are the ``hf`` worker's (it is the base
 class), so both engines compute the same step. Process group: when ``torch.distributed`` is not
