@@ -72,7 +72,7 @@ class ToyLoop:
         self.generator = torch.Generator().manual_seed(sample_seed)
         self.lag, self.max_tokens, self.group_size = lag, max_tokens, options.group_size
         self._history: deque[dict[str, torch.Tensor]] = deque(maxlen=lag + 1)
-        self._history.append(copy.deepcopy(self.worker.model.state_dict()))
+        self._history.append(copy.deepcopy(self.worker.lm.state_dict()))
         self._sampler_version = 0
         self.tasks = 0
 
@@ -137,7 +137,7 @@ class ToyLoop:
         if batch.rows and batch.trained_tokens > 0:
             metrics.update(self.worker.train_step(batch))
             self.learner.version += 1
-            self._history.append(copy.deepcopy(self.worker.model.state_dict()))
+            self._history.append(copy.deepcopy(self.worker.lm.state_dict()))
             self.sampler.load_state_dict(self._history[0])
             self._sampler_version = max(0, self.learner.version - self.lag)
         return metrics

@@ -1,18 +1,17 @@
 """Micro-batching by token budget: bounded activation memory whatever the sequence lengths.
 
-A micro-batch is padded to its longest row, so its cost is ``rows x longest``. Rows are sorted by
-length first so similar lengths share a micro-batch and little is wasted on padding.
+A micro-batch's rows run packed into one sequence, without padding, so its cost is the sum of
+its rows' lengths. Rows are taken shortest first, which keeps the plan independent of the order
+rows arrive in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from learner.protocol import Row
-
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group row indices so that ``len(group) * max(length in group) <= token_budget``.
+    """Group row indices so that each group's lengths sum to at most ``token_budget``.
 
     A row longer than the budget forms a micro-batch of its own: it must train, and it cannot
     be split without changing what it means.
@@ -27,20 +26,14 @@ def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     batches: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    total = 0
     for i in order:
-        candidate = max(longest, lengths[i])
-        if current and candidate * (len(current) + 1) > token_budget:
+        if current and total + lengths[i] > token_budget:
             batches.append(current)
-            current, candidate = [], lengths[i]
+            current, total = [], 0
         current.append(i)
-        longest = candidate
+        total += lengths[i]
     if current:
         batches.append(current)
     return batches
 
-
-def micro_batches(rows: Sequence[Row], token_budget: int) -> list[list[Row]]:
-    """Rows split into token-budget micro-batches (see :func:`plan_micro_batches`)."""
-    plan = plan_micro_batches([len(r.input_ids) for r in rows], token_budget)
-    return [[rows[i] for i in group] for group in plan]

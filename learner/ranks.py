@@ -4,12 +4,14 @@ Only rank 0 talks to Kafka (reads trajectories, resumes from the newest checkpoi
 checkpoint folders and publishes their events): a second reader would train every trajectory
 twice and a second publisher would announce every checkpoint twice. The other ranks hold shards
 of the model, so they must enter the same collectives in the same order as rank 0: rank 0
-broadcasts an :class:`Order` before each one (load this checkpoint, train this batch, save), and
-the followers do exactly what it says until it says stop.
+broadcasts an :class:`Order` before each one (load this folder, train this batch, publish serving
+weights, save a training state), and the followers do exactly what it says until it says stop.
 
 Orders travel with ``broadcast_object_list`` on a gloo group (the default group itself on CPU, a
 gloo side group next to NCCL on GPUs), because they are Python objects and a follower waits for
-them on the host. While no batch is due rank 0 sends a keep-alive, so the process group's timeout
+them on the host. A step's batch follows its order as tensors
+(:meth:`~learner.tensors.TensorBatch.broadcast`), not pickled lists. While no batch is due rank 0
+sends a keep-alive, so the process group's timeout
 (``OPENFORGE_LEARNER_RANK_TIMEOUT_S``) can stay short enough to turn a dead or hung peer into an
 error on the others instead of a process that waits forever.
 
@@ -20,16 +22,19 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from learner.protocol import TrainBatch
 from learner.settings import LearnerSettings
+
+if TYPE_CHECKING:
+    from learner.protocol import TrainBatch
+    from learner.tensors import TensorBatch
 
 logger = logging.getLogger(__name__)
 
-OrderKind = Literal["start", "step", "save", "idle", "stop", "abort"]
+OrderKind = Literal["start", "step", "publish", "save_state", "idle", "stop", "abort"]
 
 
 @dataclass(frozen=True)
@@ -37,11 +42,15 @@ class Order:
     """What rank 0 tells the other ranks to do next."""
 
     kind: OrderKind
-    """``start`` (load ``model_dir``), ``step`` (train ``batch``), ``save`` (take part in saving
-    ``version``), ``idle`` (keep-alive), ``stop`` (leave cleanly), ``abort`` (leave with an error)."""
+    """``start`` (load ``model_dir``), ``step`` (train ``batch``), ``publish`` (take part in writing
+    the serving weights of ``version``), ``save_state`` (write this rank's shards of the training
+    state into ``folder``), ``idle`` (keep-alive), ``stop`` (leave cleanly), ``abort`` (leave with
+    an error)."""
     model_dir: str | None = None
-    batch: TrainBatch | None = None
+    batch: TrainBatch | TensorBatch | None = None
+    """Sent as tensors after the order itself, never pickled; the other ranks receive a :class:`TensorBatch`."""
     version: int = 0
+    folder: str | None = None
     reason: str = ""
 
 
@@ -95,7 +104,13 @@ class Ranks:
         """Rank 0: broadcast ``order`` to the other ranks (blocks until they can receive it)."""
         import torch.distributed as dist
 
-        dist.broadcast_object_list([order], src=0, group=self._group)
+        if order.kind == "step" and order.batch is None:
+            raise ValueError("a step order needs its batch")
+        dist.broadcast_object_list([replace(order, batch=None)], src=0, group=self._group)
+        if order.batch is not None:
+            from learner.tensors import TensorBatch
+
+            TensorBatch.of(order.batch).broadcast(self._group)
 
     def receive(self) -> Order:
         """Other ranks: wait for rank 0's next order (fails after the group's timeout or when rank 0 died)."""
@@ -106,6 +121,10 @@ class Ranks:
         order = box[0]
         if not isinstance(order, Order):
             raise RuntimeError(f"rank 0 sent {type(order).__name__}, not an order")
+        if order.kind == "step":
+            from learner.tensors import TensorBatch
+
+            order = replace(order, batch=TensorBatch.receive(self._group))
         return order
 
     def close(self) -> None:

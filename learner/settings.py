@@ -37,8 +37,22 @@ class LearnerSettings(BaseSettings):
 
     fsdp_param_dtype: Literal["float32", "bfloat16"] = "float32"
     """``fsdp`` engine: dtype of the forward/backward compute (FSDP2 mixed precision). Master
-    weights, gradient reduction, optimizer state and checkpoints stay float32; ``bfloat16`` is the
-    usual choice on GPUs, ``float32`` matches the ``hf`` engine exactly."""
+    weights, gradient reduction, optimizer state and training states stay float32; ``bfloat16`` is
+    the usual choice on GPUs, ``float32`` matches the ``hf`` engine exactly."""
+
+    serving_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """dtype of the serving weights written at each publish (what the engines load): ``auto`` is
+    the dtype the initial model's config names (bfloat16 for released models, float32 for the
+    tiny test model). Training state always keeps float32 master weights."""
+
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    activation memory of one layer instead of all, for about a third more compute."""
+
+    logprob_chunk_tokens: int = Field(default=512, ge=1)
+    """Tokens whose logits exist at once while logprobs and entropies are computed (a chunk's
+    float32 logits are this x the vocabulary, 311 MB at Qwen's 152k; the full tensor is never
+    made, forward or backward)."""
 
     seed: int = 0
     """Seeds torch before the model is loaded, for reproducible runs."""
@@ -61,7 +75,27 @@ class LearnerSettings(BaseSettings):
     """Gradient norm is clipped to this before each step; bounds the damage of an outlier batch."""
 
     checkpoint_every: int = Field(default=10, ge=1)
-    """K: write a checkpoint and publish it as the next weight version every K optimizer steps."""
+    """Publish every this many optimizer steps: serving weights (safetensors in the served dtype)
+    and a checkpoint event, the next weight version."""
+
+    state_every: int = Field(default=10, ge=1)
+    """Write a training state (float32 master weights, optimizer state, consumed offsets) every
+    this many optimizer steps, and when the learner stops. A restart resumes from the newest one;
+    the steps after it are trained again (from the same trajectories), never lost."""
+
+    serving_keep_last: int = Field(default=3, ge=1)
+    """Retention: serving-weight folders of the newest this many published versions are kept.
+    At least 2 keeps the version before the newest for a rollback; more covers publishes that
+    come faster than an engine reloads (a folder must outlive every reload of it)."""
+
+    serving_keep_every: int | None = Field(default=None, ge=1)
+    """Retention: also keep the serving weights of every version divisible by this (None: none)."""
+
+    state_keep_last: int = Field(default=2, ge=1)
+    """Retention: the newest this many training states are kept."""
+
+    state_keep_every: int | None = Field(default=None, ge=1)
+    """Retention: also keep every training state whose step is divisible by this (None: none)."""
 
     max_staleness: int = Field(default=4, ge=0)
     """Largest trained token age, in published versions: a token sampled by version v trains while
@@ -80,8 +114,8 @@ class LearnerSettings(BaseSettings):
     trajectories waiting) at most this often while it reads, so the launcher can pace rollouts."""
 
     token_budget: int = Field(default=8192, ge=16)
-    """Padded tokens per micro-batch (rows x longest row); bounds activation memory. A longer row
-    than this trains alone."""
+    """Tokens per micro-batch; bounds activation memory. A micro-batch's rows run packed into one
+    sequence, without padding. A longer row than this trains alone."""
 
     groups_per_step: int = Field(default=4, ge=1)
     """Task groups per optimizer step."""

@@ -7,7 +7,7 @@ worker.
 
 Under ``torchrun`` with several ranks (``fsdp`` engine) rank 0 runs this loop and alone reads
 Kafka, writes checkpoint folders and publishes their events; before each collective (load, step,
-save) it sends the other ranks an order, and they follow (see :mod:`learner.ranks`). With one
+publish, save a training state) it sends the other ranks an order, and they follow (see :mod:`learner.ranks`). With one
 process none of that exists: the loop is exactly the one-process loop.
 """
 
@@ -32,9 +32,16 @@ from learner import metrics as m
 from learner.checkpoint import (
     CheckpointError,
     LearnerState,
-    checkpoint_folder,
+    Retention,
+    apply_retention,
     latest_checkpoint,
+    newest_training_state,
     read_state,
+    remove_leftovers,
+    serving_folder,
+    state_folder,
+    temporary_folder,
+    training_states,
     write_checkpoint_folder,
 )
 from learner.grouping import Group, GroupBuffer
@@ -76,6 +83,9 @@ class LearnerStats:
     first_step_seconds: float = 0.0
     first_step_tokens: int = 0
     checkpoints: list[CheckpointV1 | Path] = field(default_factory=list)
+    """Published versions: their events, or their folders when no events are published."""
+    states: list[Path] = field(default_factory=list)
+    """Training-state folders written."""
     stale_tokens: int = 0
     """Sampled tokens masked for staleness in trained trajectories."""
     skipped_steps: int = 0
@@ -98,9 +108,10 @@ class _Ready:
 class Learner(Managed):
     """The off-policy learner process: ``start()``, ``wait()``, idempotent ``stop()``.
 
-    With ``source=None`` it reads the trajectories topic and resumes from the newest published
-    checkpoint of its model; with a source given (benchmarks) it starts from ``model_dir`` and
-    writes checkpoint folders without publishing events. Launched as several ranks, rank 0 does
+    With ``source=None`` it reads the trajectories topic and resumes from the newest training state
+    in its checkpoint folder, continuing the version lineage of its newest published checkpoint;
+    with a source given (benchmarks) it starts from ``model_dir`` and writes checkpoint folders
+    without publishing events. Launched as several ranks, rank 0 does
     all of that and the others only follow its orders (see the module docstring).
     """
 
@@ -140,6 +151,9 @@ class Learner(Managed):
         self._trained_since: list[str] = []
         self._dropped_since: dict[str, str] = {}
         self._since_checkpoint = 0
+        """Steps since the last publish (serving weights and event)."""
+        self._since_state = 0
+        """Steps since the last training state."""
         self.step = 0
         self.version = 0
         """The newest weight version published: 0 for the initial weights, then one per checkpoint."""
@@ -191,14 +205,7 @@ class Learner(Managed):
             self._producer = EventProducer(self.kafka, registry=self.registry,
                                            client_id=f"{self.kafka.client_id}-learner")
             await self._producer.start()
-            latest = await latest_checkpoint(self.kafka, self.registry, self.settings.model_name)
-            if latest is not None:
-                model_dir = Path(latest.uri)
-                state = read_state(model_dir)
-                self.step, self.version = latest.step, latest.version
-                self._ledger = PositionLedger.resume(state.watermarks, state.finished_above)
-                logger.info("resuming %s from checkpoint v%d (step %d) at %s", self.settings.model_name,
-                            latest.version, latest.step, state.watermarks)
+            model_dir = await self._resume(model_dir)
             self._source = KafkaTrajectorySource(self.kafka, self.registry, self._producer,
                                                  start_offsets=self._ledger.watermarks(),
                                                  prefetch=self.settings.prefetch_records)
@@ -213,6 +220,31 @@ class Learner(Managed):
         await self._source.start()
         await self._report_progress()  # the launcher starts rollouts once it has heard from the learner
         self._task = asyncio.create_task(self._run(), name="learner")
+
+    async def _resume(self, model_dir: Path | None) -> Path | None:
+        """Pick up the newest training state (weights, optimizer, offsets) and the version lineage.
+
+        The version continues from the newest published checkpoint even when it is newer than the
+        training state (the steps between are trained again, from the same trajectories): a
+        version number is never reused for other weights. Returns the folder to load.
+        """
+        root = self.settings.resolved_checkpoint_dir()
+        remove_leftovers(root)
+        latest = await latest_checkpoint(self.kafka, self.registry, self.settings.model_name)
+        self.version = latest.version if latest is not None else 0
+        folder = newest_training_state(root)
+        if folder is None:
+            if latest is not None:
+                logger.warning("%s has published v%d but %s holds no training state: starting again from %s",
+                               self.settings.model_name, latest.version, root, model_dir)
+            return model_dir
+        state = read_state(folder)
+        self.step, self.version = state.step, max(self.version, state.version)
+        self._ledger = PositionLedger.resume(state.watermarks, state.finished_above)
+        logger.info("resuming %s from %s (step %d; next version v%d) at %s", self.settings.model_name, folder,
+                    state.step, self.version + 1, state.watermarks)
+        self._retain()  # what an earlier run left beyond the policy
+        return folder
 
     async def wait(self) -> None:
         """Return when the loop ended (``max_steps``, exhausted source, stop); re-raise its failure."""
@@ -244,7 +276,9 @@ class Learner(Managed):
                         await self._task
                 elif not self._task.cancelled() and self._task.exception() is None:
                     if self._since_checkpoint:
-                        await self._checkpoint()
+                        await self._publish()
+                    if self._since_state:
+                        await self._save_state()
                     ended_cleanly = True
         finally:
             if self._ranks is not None:
@@ -320,10 +354,12 @@ class Learner(Managed):
                 if not skipped(values):  # every rank sees the same reduced loss and gradient norm
                     self.step += 1
                     self.stats.steps += 1
-            elif order.kind == "save":
-                # Takes part in gathering the full state; only rank 0 writes, so the folder is a name only.
-                self._worker.save(checkpoint_folder(self.settings.resolved_checkpoint_dir(), order.version))
+            elif order.kind == "publish":
+                # Takes part in gathering each tensor; only rank 0 writes, so the folder is a name only.
+                self._worker.save_serving(serving_folder(self.settings.resolved_checkpoint_dir(), order.version))
                 self.version = order.version
+            elif order.kind == "save_state" and order.folder is not None:
+                self._worker.save_state(Path(order.folder))  # each rank writes its own shards there
             elif order.kind == "stop":
                 return
             elif order.kind == "abort":
@@ -537,6 +573,7 @@ class Learner(Managed):
                 return False
             self.step += 1
             self._since_checkpoint += 1
+            self._since_state += 1
             values = {**values, **batch.info, "step": float(self.step), "version": float(self.version)}
             self.stats.steps += 1
             self.stats.trained_trajectories += len(members)
@@ -571,7 +608,9 @@ class Learner(Managed):
             for _, position in group.members:
                 self._ledger.finish(position)
         if took_step and self._since_checkpoint >= self.settings.checkpoint_every:
-            await self._checkpoint()
+            await self._publish()
+        if took_step and self._since_state >= self.settings.state_every:
+            await self._save_state()
         return took_step
 
     def _skip(self, values: dict[str, float], members: list[TrajectoryV1], groups: list[Group[Position]]) -> None:
@@ -617,31 +656,56 @@ class Learner(Managed):
             max_staleness=s.max_staleness, checkpoint_every=s.checkpoint_every, groups_per_step=s.groups_per_step,
             min_group_size=s.min_group_size))
 
-    async def _checkpoint(self) -> None:
-        """Save and publish the next version: versions count publishes, so engines serve every one."""
+    async def _publish(self) -> None:
+        """Write the serving weights of the next version and publish its event.
+
+        Versions count publishes, so engines serve every one. The event goes out only once the
+        folder is complete and durable.
+        """
         assert self._worker is not None
         version = self.version + 1
-        state = LearnerState(version, self.step, self._ledger.watermarks(), self._ledger.finished_above(),
-                             list(self._trained_since), dict(self._dropped_since))
-        folder = await self._on_all_ranks(
-            Order("save", version=version),
-            partial(write_checkpoint_folder, self.settings.resolved_checkpoint_dir(), version,
-                    self._worker.save, state))
+        final = serving_folder(self.settings.resolved_checkpoint_dir(), version)
+        write = partial(write_checkpoint_folder, final, self._worker.save_serving, manifest=True)
+        folder = await self._on_all_ranks(Order("publish", version=version), write)
         self.version = version
-        self._trained_since.clear()
-        self._dropped_since.clear()
         self._since_checkpoint = 0
         if self._producer is None:
             self.stats.checkpoints.append(folder)
-            return
-        event = CheckpointV1(
-            model=self.settings.model_name, version=self.version, uri=str(folder), step=self.step,
-            consumed_offsets=[TopicOffset(topic=t, partition=p, offset=o)
-                              for (t, p), o in sorted(state.watermarks.items())],
-            metrics={**{k: v for k, v in self.stats.last_metrics.items() if math.isfinite(v)},
-                     **self._totals(),
-                     "version": float(self.version)},  # this checkpoint's, not the one its last step trained under
-        )
-        await self._producer.publish(CHECKPOINTS, event)
-        self.stats.checkpoints.append(event)
-        logger.info("checkpoint v%d at %s (offsets %s)", self.version, folder, state.watermarks)
+        else:
+            event = CheckpointV1(
+                model=self.settings.model_name, version=self.version, uri=str(folder), step=self.step,
+                consumed_offsets=[TopicOffset(topic=t, partition=p, offset=o)
+                                  for (t, p), o in sorted(self._ledger.watermarks().items())],
+                metrics={**{k: v for k, v in self.stats.last_metrics.items() if math.isfinite(v)},
+                         **self._totals(),
+                         "version": float(self.version)},  # this checkpoint's, not the one its last step trained under
+            )
+            await self._producer.publish(CHECKPOINTS, event)
+            self.stats.checkpoints.append(event)
+            logger.info("published v%d at %s (step %d)", self.version, folder, self.step)
+        self._retain()
+
+    async def _save_state(self) -> None:
+        """Write a training state (master weights, optimizer, consumed offsets): what a restart resumes from."""
+        assert self._worker is not None
+        state = LearnerState(self.version, self.step, self._ledger.watermarks(), self._ledger.finished_above(),
+                             list(self._trained_since), dict(self._dropped_since))
+        final = state_folder(self.settings.resolved_checkpoint_dir(), self.step)
+        # Made before the order goes out: every rank writes its shards into this very folder.
+        tmp = temporary_folder(final)
+        folder = await self._on_all_ranks(
+            Order("save_state", folder=str(tmp)),
+            partial(write_checkpoint_folder, final, self._worker.save_state, state, tmp))
+        self._trained_since.clear()
+        self._dropped_since.clear()
+        self._since_state = 0
+        self.stats.states.append(folder)
+        logger.info("training state of step %d at %s (offsets %s)", self.step, folder, state.watermarks)
+        self._retain()
+
+    def _retain(self) -> None:
+        s = self.settings
+        root = s.resolved_checkpoint_dir()
+        apply_retention(root, Retention(s.serving_keep_last, s.serving_keep_every),
+                        Retention(s.state_keep_last, s.state_keep_every), self.version,
+                        max(training_states(root), default=None))

@@ -4,15 +4,17 @@ What this is, exactly: veRL 0.9.1's FSDP *engine* (``verl.workers.engine.fsdp.FS
 driven here. It is built to be constructed inside veRL's Ray worker groups (``engine_workers``),
 takes its batches as nested ``TensorDict`` with veRL's padding modes, and pulls in LoRA, Ulysses and
 offload machinery this learner does not use. Instead the model is wrapped with torch FSDP2
-(``fully_shard``) through veRL's own helpers, as that engine's ``fsdp2`` strategy does:
+(``fully_shard``) much as that engine's ``fsdp2`` strategy does:
 
-* ``verl.utils.fsdp_utils.apply_fsdp2`` shards each decoder layer (``_no_split_modules``) and the
-  root, with a ``MixedPrecisionPolicy`` (float32 reduce; float32 or bfloat16 compute by
-  ``OPENFORGE_LEARNER_FSDP_PARAM_DTYPE``), on a one-dimensional device mesh over all ranks;
-* ``verl.utils.fsdp_utils.fsdp2_load_full_state_dict`` loads the float32 weights into the shards;
+* each decoder layer (``_no_split_modules``), the input embeddings when they are not tied to the
+  output projection, and the root are sharded with a ``MixedPrecisionPolicy`` (float32 reduce;
+  float32 or bfloat16 compute by ``OPENFORGE_LEARNER_FSDP_PARAM_DTYPE``) on a one-dimensional
+  device mesh over all ranks, while the model is still on the meta device;
+* each rank then reads its own slices of the safetensors (or of a training state) into its
+  shards (:mod:`learner.workers.weights`): no rank holds the full model;
 * ``verl.utils.fsdp_utils.fsdp2_clip_grad_norm_`` clips the sharded gradients;
-* ``verl.utils.fsdp_utils.get_fsdp_full_state_dict`` gathers the full state dict for saving, and
-  torch's ``get_optimizer_state_dict`` gathers the optimizer state.
+* serving weights are gathered one tensor at a time; training states are torch distributed
+  checkpoints, each rank writing its own shards.
 
 Forward, losses, rollout correction and micro-batching are the ``hf`` worker's (it is the base
 class), so both engines compute the same step. Process group: when ``torch.distributed`` is not
@@ -38,16 +40,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from learner.settings import LearnerSettings
 from learner.workers.hf import HFPolicyWorker
+from learner.workers.model import PolicyModel
 
 logger = logging.getLogger(__name__)
 
@@ -197,36 +195,26 @@ class FSDPPolicyWorker(HFPolicyWorker):
             torch.cuda.set_device(requested)
         return requested
 
-    def _wrap(self, model: Any) -> Any:
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-        from verl.utils.fsdp_utils import apply_fsdp2, fsdp2_load_full_state_dict
+    def _wrap(self, model: PolicyModel) -> PolicyModel:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
         policy = MixedPrecisionPolicy(param_dtype=_DTYPES[self.settings.fsdp_param_dtype],
                                       reduce_dtype=torch.float32, cast_forward_inputs=True)
-        full_state = model.state_dict()
-        # veRL's FSDPEngine order for fsdp2: shard on the host, then load the full state into the
-        # shards on the device (rank 0's copy is broadcast to the others).
-        apply_fsdp2(model, {"mesh": mesh, "mp_policy": policy, "offload_policy": None,  # type: ignore[no-untyped-call]
-                            "reshard_after_forward": True}, {})
-        fsdp2_load_full_state_dict(model, full_state, mesh, None)
+        options: dict[str, Any] = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": True}
+        # Still on the meta device: sharding allocates nothing, and each rank then reads only its
+        # own shards (learner.workers.weights). veRL's apply_fsdp2 also shards the output
+        # projection on its own; here it stays with the root, gathered for the whole forward and
+        # backward, because the chunked logprobs use its weight outside its own forward.
+        layers = set(getattr(model.lm, "_no_split_modules", None) or ())
+        for module in model.lm.modules():
+            if type(module).__name__ in layers:
+                fully_shard(module, **options)
+        embeddings = model.lm.get_input_embeddings()
+        if embeddings.weight is not model.lm.get_output_embeddings().weight:
+            fully_shard(embeddings, **options)
+        fully_shard(model, **options)
         return model
-
-    def _load_optimizer(self, state: dict[str, Any]) -> None:
-        # Accept the hf worker's format (parameter indices) as well as this worker's (parameter names).
-        names = [name for name, _ in self.model.named_parameters()]
-        if state.get("state") and all(isinstance(k, int) for k in state["state"]):
-            state = {
-                "state": {names[k]: v for k, v in state["state"].items()},
-                "param_groups": [{**g, "params": [names[k] for k in g["params"]]} for g in state["param_groups"]],
-            }
-        set_optimizer_state_dict(self.model, self.optimizer, state,
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-
-    def _optimizer_state(self) -> dict[str, Any] | None:
-        state = get_optimizer_state_dict(self.model, self.optimizer,
-                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return state if self.rank == 0 else None
 
     def _clip_grad_norm(self) -> float:
         from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_
@@ -249,23 +237,6 @@ class FSDPPolicyWorker(HFPolicyWorker):
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor)
         return [float(v) for v in tensor.tolist()]
-
-    def _write_weights(self, folder: Path) -> bool:
-        from verl.utils.fsdp_utils import get_fsdp_full_state_dict
-
-        # Collective: every rank takes part; rank 0 receives the full float32 tensors on the host.
-        state = get_fsdp_full_state_dict(self.model, offload_to_cpu=True, rank0_only=True)
-        if self.rank != 0:
-            return False
-        # Tied parameters (embeddings and lm_head) come back as separate copies when gathered from
-        # several ranks; keep the first name of each, as save_pretrained does for shared storage,
-        # so the layout stays the reference model's.
-        first: dict[int, str] = {}
-        for name, param in self.model.named_parameters(remove_duplicate=False):
-            if first.setdefault(id(param), name) != name:
-                state.pop(name, None)
-        self.model.save_pretrained(folder, state_dict=state, safe_serialization=True)
-        return True
 
     def close(self) -> None:
         """Destroy the process group if this worker created it (tests, repeated workers in one process)."""

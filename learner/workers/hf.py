@@ -17,64 +17,94 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 from verl.trainer.ppo.core_algos import agg_loss
-from verl.utils import torch_functional as verl_F
 from verl.workers.config import ActorConfig
 
 from learner.algos import policy_loss, rollout_correction
-from learner.batching import micro_batches
+from learner.batching import plan_micro_batches
 from learner.entropy import EntropyControl
-from learner.protocol import Row, TrainBatch
+from learner.protocol import TrainBatch
 from learner.settings import LearnerSettings
+from learner.tensors import Packed, TensorBatch
+from learner.workers.model import PolicyModel
+from learner.workers.weights import (
+    TRAINING_STATE_DIR,
+    load_safetensors,
+    load_training_state,
+    materialize,
+    parameters_on_meta,
+    save_training_state,
+    served_dtype,
+    write_model_files,
+    write_serving_weights,
+)
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_FILE = "optimizer.pt"
-# Files of a model folder that save_pretrained does not write but an engine needs to serve it.
-_CARRIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-            "vocab.json", "merges.txt", "generation_config.json", "added_tokens.json")
 _WEIGHT_SAMPLE = 512  # importance weights reported per step, as evenly spaced quantiles of all of them
 # Kept in a step's metrics even when not finite: they are how a skipped update shows.
 _KEPT_WHEN_NONFINITE = ("loss", "grad_norm")
 
 
+def is_training_state(folder: Path) -> bool:
+    """Whether ``folder`` is a training state (weights and optimizer to resume) rather than a model folder."""
+    return (folder / TRAINING_STATE_DIR).is_dir()
+
+
 class HFPolicyWorker:
-    """A Hugging Face causal LM with AdamW, trained by :meth:`train_step`."""
+    """A Hugging Face causal LM with AdamW, trained by :meth:`train_step`.
+
+    ``model_dir`` is either a Hugging Face folder (the initial weights) or a training-state folder
+    written by :meth:`save_state` (weights and optimizer state to resume from). Either way the model
+    is built on the meta device, placed (sharded, in subclasses) and then filled: no full copy of
+    the model exists besides the one being trained.
+    """
 
     def __init__(self, settings: LearnerSettings, model_dir: Path) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
         self.settings = settings
         self.model_dir = model_dir
         self.rank, self.world_size = 0, 1
         """Data-parallel rank and size; the ``fsdp`` worker sets them from its process group."""
         self.device = self._setup_device()
         torch.manual_seed(settings.seed)
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                          attn_implementation="sdpa")
-        self.model = self._wrap(model)
+        self.config: Any = AutoConfig.from_pretrained(model_dir)
+        self.serving_dtype = served_dtype(settings.serving_dtype, self.config)
+        """The dtype of the serving weights (what the engines load)."""
+        # Parameters on the meta device (no memory); buffers for real, since some are computed
+        # at construction and carried by no checkpoint (rotary frequencies).
+        with parameters_on_meta():
+            lm: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                self.config, dtype=torch.float32, attn_implementation="sdpa")
+        if settings.gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.lm = lm
+        """The causal LM itself (its state-dict names are the checkpoint's)."""
+        self.model = self._wrap(PolicyModel(lm, settings.logprob_chunk_tokens))
+        materialize(self.model, self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, eps=settings.adam_eps,
                                            weight_decay=settings.weight_decay)
-        state = model_dir / OPTIMIZER_FILE
-        if state.exists():
-            self._load_optimizer(torch.load(state, map_location="cpu", weights_only=True))
+        if is_training_state(model_dir):
+            load_training_state(self.lm, self.optimizer, model_dir)
             # The saved state carries the hyperparameters it was made with; a restart with
             # changed settings means the new ones.
             for group in self.optimizer.param_groups:
                 group.update(lr=settings.lr, eps=settings.adam_eps, weight_decay=settings.weight_decay)
+        else:
+            load_safetensors(self.lm, model_dir)
         self._loss_fn = policy_loss(settings.policy_loss)
         self.entropy_control = EntropyControl(settings.entropy_coeff, settings.entropy_target,
                                               settings.entropy_coeff_delta, settings.entropy_coeff_max)
         self._actor = ActorConfig(strategy="fsdp", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
                                   rollout_n=1, clip_ratio=settings.clip_ratio, clip_ratio_low=settings.clip_ratio,
                                   clip_ratio_high=settings.clip_ratio)
-        self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._last_weights: list[float] = []
 
     # -- what an engine changes ------------------------------------------------------------------
@@ -82,16 +112,9 @@ class HFPolicyWorker:
     def _setup_device(self) -> torch.device:
         return torch.device(self.settings.device)
 
-    def _wrap(self, model: Any) -> Any:
-        """Place (and, in subclasses, shard) the freshly loaded float32 model."""
-        return model.to(self.device)
-
-    def _load_optimizer(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state)
-
-    def _optimizer_state(self) -> dict[str, Any] | None:
-        """The optimizer state to save (None on ranks that do not write)."""
-        return self.optimizer.state_dict()
+    def _wrap(self, model: PolicyModel) -> PolicyModel:
+        """Shard the model (in subclasses); it is still on the meta device."""
+        return model
 
     def _clip_grad_norm(self) -> float:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip))
@@ -103,47 +126,24 @@ class HFPolicyWorker:
     def _sum_across_ranks(self, values: list[float]) -> list[float]:
         return values
 
-    def _write_weights(self, folder: Path) -> bool:
-        """Write weights and config into ``folder``; return whether this rank wrote files."""
-        self.model.save_pretrained(folder, safe_serialization=True)
-        return True
+    # -- the step --------------------------------------------------------------------------------
 
-    def _tensors(self, rows: list[Row]) -> dict[str, torch.Tensor]:
-        width = max(len(r.input_ids) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        # Aligned with the predicted token: column j scores input_ids[:, j + 1].
-        mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-        behavior = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-        advantages = torch.zeros((len(rows), width - 1), dtype=torch.float32)
-        bonus = torch.tensor([[float(r.entropy_bonus)] for r in rows], dtype=torch.float32)
-        for i, row in enumerate(rows):
-            n, start = len(row.input_ids), row.prompt_len - 1
-            ids[i, :n] = torch.tensor(row.input_ids, dtype=torch.long)
-            attention[i, :n] = 1
-            stop = start + len(row.loss_mask)
-            mask[i, start:stop] = torch.tensor(row.loss_mask, dtype=torch.float32)
-            behavior[i, start:stop] = torch.tensor(row.behavior_logprobs, dtype=torch.float32)
-            advantages[i, start:stop] = row.advantage
-        out = {"ids": ids, "attention": attention, "mask": mask, "behavior": behavior, "advantages": advantages,
-               "bonus_rows": bonus}
-        return {k: v.to(self.device) for k, v in out.items()}
+    def token_logprobs(self, batch: TensorBatch, rows: list[int], *, entropy_grad: bool = False,
+                       ) -> tuple[torch.Tensor, torch.Tensor, Packed]:
+        """Current logprobs and entropies of every predicted token of ``rows``, padded per row.
 
-    def token_logprobs(self, rows: list[Row], *, entropy_grad: bool = False,
-                       ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """Current logprobs and entropies of every predicted token, with the padded tensors.
-
-        The entropies carry gradients only when ``entropy_grad`` is set (an entropy bonus is
-        trained); otherwise they are a metric and cost no graph.
+        The rows run as one packed sequence (no padding) and are scored in chunks (no full logits
+        tensor); the results come back in the ``(rows, longest - 1)`` layout the losses take. The
+        entropies carry gradients only when ``entropy_grad`` is set (an entropy bonus is trained);
+        otherwise they are a metric and cost no graph.
         """
-        t = self._tensors(rows)
-        logits = self.model(input_ids=t["ids"], attention_mask=t["attention"]).logits[:, :-1].float()
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, t["ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = verl_F.entropy_from_logits(logits)
-        return logprobs, entropy, t
+        packed = batch.pack(rows, self.device)
+        logprobs, entropy = self.model(packed.ids, packed.positions, packed.targets)
+        if not (entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy.detach()
+        return packed.padded(logprobs), packed.padded(entropy.float()), packed
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch | TensorBatch) -> dict[str, float]:
         """One learner step over ``batch``: ``ppo_epochs x ppo_mini_batches`` updates (module docstring).
 
         Returns:
@@ -153,20 +153,23 @@ class HFPolicyWorker:
             when every update was skipped, so the weights and the optimizer are exactly as before.
         """
         s = self.settings
-        every = [r for r in batch.rows if r.trained_tokens > 0]
+        tensors = TensorBatch.of(batch)
+        trained = tensors.trained_tokens()
+        every = [i for i, n in enumerate(trained) if n > 0]
         if not every:
             return {}
-        minis = self._plan(every)
+        minis = self._plan(tensors, every, trained)
         totals = _StepTotals()
         # With one update the policy being trained is the proximal one (veRL's actor takes the same
         # shortcut): its own detached logprobs serve, and no extra forward pass is spent.
-        proximal = None if len(minis) * s.ppo_epochs == 1 else self._proximal(minis, totals)
+        proximal = None if len(minis) * s.ppo_epochs == 1 else self._proximal(tensors, minis, totals)
         coeff = self.entropy_control.coeff
         losses: list[float] = []
         norms: list[float] = []
         for _ in range(s.ppo_epochs):
             for index, mini in enumerate(minis):
-                loss, norm = self._update(mini, None if proximal is None else proximal[index], coeff, totals)
+                loss, norm = self._update(tensors, mini, None if proximal is None else proximal[index], coeff,
+                                          totals)
                 losses.append(loss)
                 norms.append(norm)
         entropy_sum, mask_sum = self._sum_across_ranks([totals.entropy_sum, totals.mask_sum])
@@ -193,7 +196,7 @@ class HFPolicyWorker:
             })
         return {k: v for k, v in metrics.items() if math.isfinite(v) or k in _KEPT_WHEN_NONFINITE}
 
-    def _plan(self, every: list[Row]) -> list[_MiniBatch]:
+    def _plan(self, batch: TensorBatch, every: list[int], trained: list[int]) -> list[_MiniBatch]:
         """The step's mini-batches, each with this rank's micro-batches and its veRL normalisation.
 
         Every rank holds the whole batch, so every rank makes the same mini-batches; each rank then
@@ -204,19 +207,21 @@ class HFPolicyWorker:
         the width of the response tensor, which for the whole step at once is exactly that, and it
         is the same in every micro-batch and mini-batch of the step.
         """
-        horizon = max(len(r.loss_mask) for r in every)
+        completions, lengths = batch.completion_lengths(), batch.row_lengths()
+        horizon = max(completions[i] for i in every)
         plans: list[_MiniBatch] = []
         for mini in _split(every, self.settings.ppo_mini_batches):
             actor = dataclasses.replace(self._actor, global_batch_info={
-                "dp_size": self.world_size, "batch_num_tokens": sum(r.trained_tokens for r in mini),
+                "dp_size": self.world_size, "batch_num_tokens": sum(trained[i] for i in mini),
                 "global_batch_size": len(mini), "loss_scale_factor": horizon,
             })
             rows = mini[self.rank::self.world_size]
-            parts = micro_batches(rows, self.settings.token_budget) if rows else []
+            plan = plan_micro_batches([lengths[i] for i in rows], self.settings.token_budget) if rows else []
+            parts = [[rows[k] for k in part] for part in plan]
             plans.append(_MiniBatch(actor, parts, self._micro_batch_count(len(parts)), mini[0]))
         return plans
 
-    def _part(self, mini: _MiniBatch, index: int) -> tuple[list[Row], bool]:
+    def _part(self, mini: _MiniBatch, index: int) -> tuple[list[int], bool]:
         # A rank with fewer micro-batches than the others runs a zero-weighted one, so that every
         # rank enters the same number of (collective) forward and backward passes.
         if index >= len(mini.parts):
@@ -231,7 +236,7 @@ class HFPolicyWorker:
                                   threshold=s.rollout_is_threshold, rejection=s.rollout_rs,
                                   rejection_threshold=s.rollout_rs_threshold)
 
-    def _proximal(self, minis: list[_MiniBatch], totals: _StepTotals) -> list[list[_Proximal]]:
+    def _proximal(self, batch: TensorBatch, minis: list[_MiniBatch], totals: _StepTotals) -> list[list[_Proximal]]:
         """Logprobs, importance weights and masks of every micro-batch before any update, without gradients."""
         out: list[list[_Proximal]] = []
         with torch.no_grad():
@@ -239,7 +244,8 @@ class HFPolicyWorker:
                 entries: list[_Proximal] = []
                 for index in range(mini.count):
                     part, padding = self._part(mini, index)
-                    logprobs, entropy, t = self.token_logprobs(part)
+                    logprobs, entropy, packed = self.token_logprobs(batch, part)
+                    t = packed.loss
                     if padding:
                         continue  # the forward is collective under FSDP; its result is not needed
                     weights, mask, corr = self._correct(logprobs, t)
@@ -248,7 +254,7 @@ class HFPolicyWorker:
                 out.append(entries)
         return out
 
-    def _update(self, mini: _MiniBatch, proximal: list[_Proximal] | None, coeff: float,
+    def _update(self, batch: TensorBatch, mini: _MiniBatch, proximal: list[_Proximal] | None, coeff: float,
                 totals: _StepTotals) -> tuple[float, float]:
         """One optimizer update over ``mini``; return its loss and gradient norm.
 
@@ -261,7 +267,8 @@ class HFPolicyWorker:
         local_loss = 0.0
         for index in range(mini.count):
             part, padding = self._part(mini, index)
-            logprobs, entropy, t = self.token_logprobs(part, entropy_grad=coeff > 0)
+            logprobs, entropy, packed = self.token_logprobs(batch, part, entropy_grad=coeff > 0)
+            t = packed.loss
             if proximal is None or padding:
                 old = logprobs.detach()
                 weights, mask, corr = self._correct(old, t)
@@ -306,19 +313,27 @@ class HFPolicyWorker:
         """
         return list(self._last_weights)
 
-    def save(self, folder: Path) -> None:
-        """Weights as safetensors, the config, tokenizer files from the source folder, optimizer state."""
-        optimizer = self._optimizer_state()  # collective under FSDP: every rank takes part
-        if self.rank == 0:  # the other ranks take part in the gathering but write nothing
+    def save_serving(self, folder: Path) -> None:
+        """Serving weights into ``folder``: safetensors in the served dtype, config, tokenizer files.
+
+        What an engine loads and nothing else. Collective under FSDP (each tensor is gathered in
+        turn); only rank 0 writes.
+        """
+        if self.rank == 0:
             folder.mkdir(parents=True, exist_ok=True)
-        if not self._write_weights(folder):
-            return
-        for name in _CARRIED:
-            src = self.model_dir / name
-            if src.exists() and not (folder / name).exists():
-                shutil.copy2(src, folder / name)
-        if optimizer is not None:
-            torch.save(optimizer, folder / OPTIMIZER_FILE)
+        write_serving_weights(self.lm, folder, self.serving_dtype, self.rank)
+        if self.rank == 0:
+            write_model_files(self.config, self.serving_dtype, self.model_dir, folder)
+
+    def save_state(self, folder: Path) -> None:
+        """Training state into ``folder``: float32 master weights and optimizer state, config, tokenizer files.
+
+        Collective under FSDP: every rank writes its own shards into the same folder; a worker
+        made from the folder resumes exactly (on any number of ranks, either engine).
+        """
+        save_training_state(self.lm, self.optimizer, folder)
+        if self.rank == 0:
+            write_model_files(self.config, self.serving_dtype, self.model_dir, folder)
 
 
 def _quantile_sample(values: torch.Tensor, limit: int) -> list[float]:
@@ -347,11 +362,11 @@ class _MiniBatch:
 
     actor: ActorConfig
     """veRL's actor config with this mini-batch's normalisation (``global_batch_info``)."""
-    parts: list[list[Row]]
-    """This rank's micro-batches."""
+    parts: list[list[int]]
+    """This rank's micro-batches (row indices)."""
     count: int
     """Micro-batches every rank runs: the most any rank has."""
-    filler: Row
+    filler: int
     """What a rank short of micro-batches runs, zero-weighted."""
 
 
@@ -396,11 +411,11 @@ class _StepTotals:
         self.update_parts += 1
 
 
-def _split(rows: list[Row], count: int) -> list[list[Row]]:
+def _split(rows: list[int], count: int) -> list[list[int]]:
     """``rows`` in order, as ``count`` (at most one per row) consecutive parts of near-equal row count."""
     count = min(count, len(rows))
     size, extra = divmod(len(rows), count)
-    parts: list[list[Row]] = []
+    parts: list[list[int]] = []
     start = 0
     for index in range(count):
         stop = start + size + (1 if index < extra else 0)

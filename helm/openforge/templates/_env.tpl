@@ -181,6 +181,17 @@ OPENFORGE_LEARNER_MODEL_NAME: {{ .Values.vllm.servedModelName | quote }}
 {{- end }}
 OPENFORGE_LEARNER_MAX_STALENESS: {{ $v.maxStaleness | quote }}
 OPENFORGE_LEARNER_CHECKPOINT_EVERY: {{ $v.checkpointEvery | quote }}
+OPENFORGE_LEARNER_STATE_EVERY: {{ $v.stateEvery | quote }}
+OPENFORGE_LEARNER_SERVING_DTYPE: {{ $v.servingDtype | quote }}
+OPENFORGE_LEARNER_GRADIENT_CHECKPOINTING: {{ $v.gradientCheckpointing | quote }}
+OPENFORGE_LEARNER_SERVING_KEEP_LAST: {{ $v.retention.servingKeepLast | quote }}
+OPENFORGE_LEARNER_STATE_KEEP_LAST: {{ $v.retention.stateKeepLast | quote }}
+{{- with $v.retention.servingKeepEvery }}
+OPENFORGE_LEARNER_SERVING_KEEP_EVERY: {{ . | quote }}
+{{- end }}
+{{- with $v.retention.stateKeepEvery }}
+OPENFORGE_LEARNER_STATE_KEEP_EVERY: {{ . | quote }}
+{{- end }}
 OPENFORGE_LEARNER_DRAIN_TIMEOUT_S: {{ $v.drainSeconds | quote }}
 {{ include "openforge.env.checkpoints" . }}
 {{- end }}

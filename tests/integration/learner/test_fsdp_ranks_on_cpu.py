@@ -2,9 +2,9 @@
 
 Rank 0 alone reads the trajectories and publishes checkpoints; rank 1 holds half of the model and
 follows rank 0's orders. Checked here: every checkpoint event is published once and its folder
-written once, the weights equal a one-process run's on the same batches, SIGTERM to torchrun
-drains (a final collective checkpoint) and ends every process in bounded time, and a restart
-resumes from the last event's offsets, stays up while idle past the collective timeout (rank 0's
+written once, each rank writes its shards of the training state, the weights equal a one-process
+run's on the same batches, SIGTERM to torchrun drains (a final publish and training state) and
+ends every process in bounded time, and a restart resumes from the newest training state, stays up while idle past the collective timeout (rank 0's
 keep-alives) and ends cleanly by itself (``max_steps``).
 """
 
@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 from trajectories import groups
 
-from learner.checkpoint import STATE_FILE, checkpoint_folder
+from learner.checkpoint import STATE_FILE, serving_folder, serving_versions, state_folder, training_states
 from learner.settings import LearnerSettings
 from learner.sources import ListTrajectorySource
 from learner.trainer import Learner
@@ -40,8 +40,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 GROUPS_PER_STEP = 2
 # Same settings for both runs; a large lr so the comparison's tolerance is far below what a step moves.
-SETTINGS = {"LR": "1e-3", "GROUPS_PER_STEP": str(GROUPS_PER_STEP), "CHECKPOINT_EVERY": "2", "MAX_STALENESS": "100",
-            "BATCH_WAIT_S": "60", "TOKEN_BUDGET": "96"}
+SETTINGS = {"LR": "1e-3", "GROUPS_PER_STEP": str(GROUPS_PER_STEP), "CHECKPOINT_EVERY": "2", "STATE_EVERY": "2",
+            "MAX_STALENESS": "100", "BATCH_WAIT_S": "60", "TOKEN_BUDGET": "96"}
 # Weights of two ranks and of one process differ only by the order of float sums (gradient
 # reduction, clipping norm). Three AdamW steps at lr 1e-3 move every weight by up to 3e-3; AdamW
 # divides each gradient by its own running magnitude, so a rounding difference in a gradient
@@ -95,6 +95,7 @@ def _end(proc: subprocess.Popen[bytes], workers: list[int]) -> None:
 def _reference(tiny_model: Path, folder: Path, data: list[TrajectoryV1], steps: int) -> Path:
     """One process (world size 1), same engine, seed and batches; a checkpoint after every step."""
     settings = LearnerSettings(model_dir=tiny_model, engine="fsdp", checkpoint_dir=folder, checkpoint_every=1,
+                               serving_keep_last=10,
                                **{k.lower(): v for k, v in SETTINGS.items() if k != "CHECKPOINT_EVERY"})  # type: ignore[arg-type]
 
     async def run() -> None:
@@ -171,9 +172,12 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
 
     published = await _checkpoints(kafka, registry)
     assert [c.version for c in published] == [1, 2], "one event per save, none from rank 1"
-    assert sorted(p.name for p in ckpt.iterdir()) == [checkpoint_folder(ckpt, v).name for v in (1, 2)]
+    assert sorted(serving_versions(ckpt)) == [1, 2]
+    assert sorted(training_states(ckpt)) == [2, 3]  # every 2 steps, and the drain's
+    # Both ranks wrote their shards of each training state.
+    assert len(list((state_folder(ckpt, 3) / "distcp").glob("*.distcp"))) == 2
     assert sum(o.offset for o in published[-1].consumed_offsets) == len(first)
-    trained = [i for c in published for i in json.loads((Path(c.uri) / STATE_FILE).read_text())["trained_ids"]]
+    trained = [i for step in (2, 3) for i in json.loads((state_folder(ckpt, step) / STATE_FILE).read_text())["trained_ids"]]
     assert sorted(trained) == sorted(t.trajectory_id for t in first)
 
     from transformers import AutoModelForCausalLM
@@ -182,20 +186,20 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
     loaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32)
     name = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(loaded.state_dict()[name], load_file(str(saved / "model.safetensors"))[name])
-    _assert_same_weights(saved, checkpoint_folder(reference, 3), tiny_model, "after 3 steps")
+    _assert_same_weights(saved, serving_folder(reference, 3), tiny_model, "after 3 steps")
 
-    # Restart: rank 0 resumes from v2's offsets (3 steps), both ranks load v2. Nothing is there to train for
+    # Restart: rank 0 resumes from the training state of step 3, both ranks load it. Nothing is there to train for
     # longer than the collective timeout, which rank 0's keep-alives bridge; then one step on new
     # groups, max_steps ends rank 0's loop and its stop order ends rank 1's: torchrun exits 0.
     resume_env = {k: v for k, v in env.items() if k != "OPENFORGE_LEARNER_MODEL_DIR"}  # only the checkpoint to load
     again = _torchrun({**resume_env, "OPENFORGE_LEARNER_MAX_STEPS": "1", "OPENFORGE_LEARNER_RANK_TIMEOUT_S": "5"}, log)
     try:
         deadline = time.monotonic() + 120
-        while f"all 2 ranks loaded {published[-1].uri}" not in log.read_text():
+        while f"all 2 ranks loaded {state_folder(ckpt, 3)}" not in log.read_text():
             assert again.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             await asyncio.sleep(0.2)
-        assert "resuming tiny from checkpoint v2 (step 3)" in log.read_text()
+        assert f"resuming tiny from {state_folder(ckpt, 3)} (step 3; next version v3)" in log.read_text()
         await asyncio.sleep(7)
         assert again.poll() is None, f"an idle rank timed out\n{log.read_text()[-4000:]}"
         await _publish(kafka, later)
@@ -204,6 +208,6 @@ async def test_two_ranks_publish_once_match_one_process_drain_on_sigterm_and_res
         _end(again, [])
     published = await _checkpoints(kafka, registry)
     assert [c.version for c in published] == [1, 2, 3]
-    resumed = json.loads((Path(published[-1].uri) / STATE_FILE).read_text())["trained_ids"]
+    resumed = json.loads((state_folder(ckpt, 4) / STATE_FILE).read_text())["trained_ids"]
     assert sorted(resumed) == sorted(t.trajectory_id for t in later)
-    _assert_same_weights(Path(published[-1].uri), checkpoint_folder(reference, 4), tiny_model, "resumed, step 4")
+    _assert_same_weights(Path(published[-1].uri), serving_folder(reference, 4), tiny_model, "resumed, step 4")

@@ -61,7 +61,7 @@ def _rank_main(model: Path, out: Path) -> None:
 
     worker = FSDPPolicyWorker(_settings(model), model)
     report: dict[str, Any] = {"steps": [worker.train_step(_batch())]}
-    worker.save(out / "weights")
+    worker.save_serving(out / "weights")
     shards = [_local(p) for p in worker.model.parameters()]
     moments = [_local(s["exp_avg"]) for s in (worker.optimizer.state[p] for p in worker.model.parameters())]
     if worker.rank == 1:
@@ -111,7 +111,7 @@ def test_two_ranks_take_the_one_process_updates_and_skip_a_nonfinite_update_toge
     single = FSDPPolicyWorker(_settings(tiny_model), tiny_model)
     try:
         single.train_step(_batch())
-        single.save(tmp_path / "single")
+        single.save_serving(tmp_path / "single")
     finally:
         single.close()
     ranks, one = load_file(str(tmp_path / "weights" / "model.safetensors")), load_file(

@@ -1,8 +1,9 @@
 """The ``fsdp`` worker against the ``hf`` worker, on CPU: real torch FSDP2 (gloo, float32) on the tiny model.
 
-Nothing is faked: the model is sharded with ``fully_shard`` through veRL's ``apply_fsdp2`` on a
-one-process gloo group, gradients are clipped with veRL's ``fsdp2_clip_grad_norm_`` and the
-checkpoint is gathered with veRL's ``get_fsdp_full_state_dict``. Only the device is the CPU.
+Nothing is faked: the model is built on the meta device, sharded with ``fully_shard`` on a
+one-process gloo group and filled from the safetensors shard by shard; gradients are clipped with
+veRL's ``fsdp2_clip_grad_norm_``; serving weights are gathered tensor by tensor and the training
+state is a torch distributed checkpoint. Only the device is the CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from learner.sources import ListTrajectorySource
 from learner.trainer import Learner
 from learner.workers import make_worker
 from learner.workers.fsdp import FSDPPolicyWorker
-from learner.workers.hf import OPTIMIZER_FILE, HFPolicyWorker
+from learner.workers.hf import HFPolicyWorker
+from learner.workers.weights import TRAINING_STATE_DIR
 
 COMPARED = ("loss", "grad_norm", "entropy", "pg_clipfrac", "is_weight_mean", "micro_batches")
 
@@ -76,8 +78,8 @@ def test_fsdp_worker_is_sharded_and_takes_the_hf_workers_step(
     for seed in range(2):
         batch = _batch(seed)
         _assert_same_step(hf.train_step(batch), fsdp.train_step(batch))
-    hf.save(tmp_path / "hf")
-    fsdp.save(tmp_path / "fsdp")
+    hf.save_serving(tmp_path / "hf")
+    fsdp.save_serving(tmp_path / "fsdp")
     # Two AdamW steps at lr 1e-3 moved the weights by ~2e-3; the engines agree far below that.
     assert _max_weight_diff(tmp_path / "hf", tmp_path / "fsdp") < 1e-6
 
@@ -86,12 +88,14 @@ def test_fsdp_checkpoint_has_the_reference_layout_and_loads_in_transformers(
         workers: tuple[HFPolicyWorker, FSDPPolicyWorker], tiny_model: Path, tmp_path: Path) -> None:
     hf, fsdp = workers
     fsdp.train_step(_batch(0))
-    fsdp.save(tmp_path / "fsdp")
-    hf.save(tmp_path / "hf")
+    fsdp.save_serving(tmp_path / "fsdp")
+    hf.save_serving(tmp_path / "hf")
     reference = read_layout(tiny_model)
     assert read_layout(tmp_path / "fsdp", reference) == read_layout(tmp_path / "hf", reference)
     assert {p.name for p in (tmp_path / "fsdp").iterdir()} == {p.name for p in (tmp_path / "hf").iterdir()}
-    assert (tmp_path / "fsdp" / "tokenizer.json").exists() and (tmp_path / "fsdp" / OPTIMIZER_FILE).exists()
+    # What an engine loads and nothing else: no optimizer state, no learner state.
+    assert {p.name for p in (tmp_path / "fsdp").iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json"}
+    assert not (tmp_path / "fsdp" / TRAINING_STATE_DIR).exists()
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp", dtype=torch.float32)
@@ -102,20 +106,21 @@ def test_fsdp_checkpoint_has_the_reference_layout_and_loads_in_transformers(
     assert not torch.equal(trained[name], initial[name])  # the step changed the weights
 
 
-def test_fsdp_resumes_from_its_own_and_from_hf_optimizer_state(
+def test_fsdp_resumes_from_its_own_and_from_hf_training_state(
         workers: tuple[HFPolicyWorker, FSDPPolicyWorker], tmp_path: Path) -> None:
     hf, fsdp = workers
     first = _batch(0)
     hf.train_step(first)
     fsdp.train_step(first)
-    hf.save(tmp_path / "hf")
-    fsdp.save(tmp_path / "fsdp")
+    hf.save_state(tmp_path / "hf")
+    fsdp.save_state(tmp_path / "fsdp")
     second = _batch(1)
     reference = HFPolicyWorker(hf.settings, tmp_path / "hf").train_step(second)
-    # AdamW's moments travel in both formats: a resumed step equals an uninterrupted one.
+    # Master weights and AdamW's moments travel either way: a resumed step equals an uninterrupted one.
     for folder in ("fsdp", "hf"):
         resumed = FSDPPolicyWorker(fsdp.settings, tmp_path / folder)
         _assert_same_step(reference, resumed.train_step(second))
+        resumed.close()
 
 
 async def test_learner_runs_steps_and_checkpoints_with_the_fsdp_engine(tiny_model: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The learner against the real broker: trains, checkpoints with offsets, survives a kill."""
+"""The learner against the real broker: trains, publishes, saves training states with offsets, survives a kill."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from trajectories import groups
 
-from learner.checkpoint import STATE_FILE, latest_checkpoint
+from learner.checkpoint import STATE_FILE, latest_checkpoint, serving_versions, state_folder, training_states
 from learner.settings import LearnerSettings
 from learner.trainer import Learner
 from schemas import CheckpointV1, DeadLetterV1, decode
@@ -67,9 +67,12 @@ async def test_learner_trains_from_kafka_and_publishes_checkpoints_with_offsets(
     assert all(o.topic == topics[TRAJECTORIES].name for o in last.consumed_offsets)
     folder = Path(last.uri)
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    assert not (folder / STATE_FILE).exists()  # serving weights carry nothing but what an engine loads
     assert math.isfinite(last.metrics["loss"])
-    state = json.loads((folder / STATE_FILE).read_text())
-    assert len(state["trained_ids"]) == 8
+    # The default policy: a training state every 10 steps and when the learner stops.
+    assert sorted(training_states(tmp_path / "ckpt")) == [4]
+    state = json.loads((state_folder(tmp_path / "ckpt", 4) / STATE_FILE).read_text())
+    assert len(state["trained_ids"]) == 16 and state["version"] == 2
     letters = [e for e in await _events(kafka_settings, topics[DEAD_LETTERS].name) if isinstance(e, DeadLetterV1)]
     assert len(letters) == 1 and letters[0].value == b"not an event"
 
@@ -173,6 +176,9 @@ def _run_learner(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
 
 async def test_killed_learner_restarts_without_losing_or_repeating_a_trajectory(
         topics: TopicRegistry, kafka_settings: KafkaSettings, tiny_model: Path, tmp_path: Path) -> None:
+    # A version every 2 steps, a training state every 4: killed after v3 (step 6), the restart
+    # resumes from the state of step 4, trains steps 5 and 6 again from the same trajectories and
+    # goes on publishing v4, so no version number names two different weights.
     data = groups(8, 4, prefix="k")
     await _publish(kafka_settings, data)
     ckpt = tmp_path / "ckpt"
@@ -180,19 +186,20 @@ async def test_killed_learner_restarts_without_losing_or_repeating_a_trajectory(
            "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka_settings.topic_prefix, "OPENFORGE_KAFKA_PARTITIONS": "2",
            "OPENFORGE_LEARNER_MODEL_DIR": str(tiny_model), "OPENFORGE_LEARNER_CHECKPOINT_DIR": str(ckpt),
            "OPENFORGE_LEARNER_GROUPS_PER_STEP": "1", "OPENFORGE_LEARNER_CHECKPOINT_EVERY": "2",
+           "OPENFORGE_LEARNER_STATE_EVERY": "4", "OPENFORGE_LEARNER_STATE_KEEP_LAST": "100",
            "OPENFORGE_LEARNER_LR": "3e-4", "OPENFORGE_LEARNER_BATCH_WAIT_S": "0.5",
            "OPENFORGE_LEARNER_MAX_STALENESS": "100"}  # all data was sampled by version 0
     log = tmp_path / "learner.log"
 
     first = _run_learner(env, log)
     deadline = time.monotonic() + 90
-    while not (ckpt / "v00000002").exists():  # the first checkpoint is on disk: kill it mid-run
+    while not serving_versions(ckpt).get(3):  # between two training states: kill it mid-run
         assert first.poll() is None, log.read_text()[-3000:]
         assert time.monotonic() < deadline, log.read_text()[-3000:]
         await asyncio.sleep(0.05)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    killed_at = max(int(p.name[1:]) for p in ckpt.glob("v*"))
+    killed_at = max(training_states(ckpt))
 
     second = _run_learner(env, log)
     try:
@@ -211,8 +218,9 @@ async def test_killed_learner_restarts_without_losing_or_repeating_a_trajectory(
     versions = [c.version for c in published]
     assert versions == sorted(set(versions)), versions  # the restart continued the lineage
     assert killed_at < 8, "the first run finished before it was killed; the test proved nothing"
+    assert len(versions) > 4, "the restart did not train the lost steps again"
     trained: list[str] = []
-    for c in published:
-        trained += json.loads((Path(c.uri) / STATE_FILE).read_text())["trained_ids"]
+    for folder in training_states(ckpt).values():
+        trained += json.loads((folder / STATE_FILE).read_text())["trained_ids"]
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     assert sorted(trained) == sorted(t.trajectory_id for t in data), "a trajectory was lost"

@@ -61,7 +61,7 @@ def test_the_bonus_acts_only_on_rows_marked_for_it(tiny_model: Path) -> None:
 def test_a_resumed_worker_takes_this_runs_optimizer_settings(tiny_model: Path, tmp_path: Path) -> None:
     first = HFPolicyWorker(LearnerSettings(model_dir=tiny_model, lr=1e-3, adam_eps=1e-8, token_budget=96), tiny_model)
     first.train_step(_zero_advantage_batch())
-    first.save(tmp_path / "ckpt")
+    first.save_state(tmp_path / "ckpt")
     settings = LearnerSettings(model_dir=tmp_path / "ckpt", lr=5e-4, adam_eps=1e-5, weight_decay=0.01, token_budget=96)
     resumed = HFPolicyWorker(settings, tmp_path / "ckpt")
     assert resumed.optimizer.state  # the moments came back ...

@@ -148,7 +148,9 @@ def _weights(worker: HFPolicyWorker) -> torch.Tensor:
 
 # The committed single-update step on this batch, as it was before mini-batches and epochs existed:
 # (loss, grad_norm, entropy) of two steps, the norm of the weight change and its projection on a
-# fixed probe. Both engines gave exactly these numbers.
+# fixed probe. Both engines gave exactly these numbers with padded rows and full-vocabulary logits;
+# packed rows and chunked logprobs sum in another order, which moves the projection (a sum of
+# 1.4M terms that mostly cancel) by about 1e-5 of the change's norm and nothing else beyond 1e-6.
 COMMITTED_STEPS = ((0.03224118798971176, 3.6815309524536133, 8.29195820201527),
                    (-0.06717044115066528, 3.7811567783355713, 8.292244651100852))
 COMMITTED_CHANGE = (0.015255800932304948, -0.007335926319020006)
@@ -167,7 +169,8 @@ def test_the_default_settings_take_the_committed_step(tiny_model: Path, engine: 
         got = (metrics["loss"], metrics["grad_norm"], metrics["entropy"])
         assert got == pytest.approx(committed, rel=1e-6)
     probe = torch.sin(torch.arange(change.numel(), dtype=torch.float64))
-    assert (float(change.norm()), float((change * probe).sum())) == pytest.approx(COMMITTED_CHANGE, rel=1e-6)
+    assert float(change.norm()) == pytest.approx(COMMITTED_CHANGE[0], rel=1e-6)
+    assert float((change * probe).sum()) == pytest.approx(COMMITTED_CHANGE[1], abs=5e-5 * COMMITTED_CHANGE[0])
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from trajectories import trajectory
 
-from learner.checkpoint import checkpoint_folder
+from learner.checkpoint import serving_folder, serving_versions
 from learner.protocol import TrainBatch
 from learner.settings import LearnerSettings
 from learner.sources import ListTrajectorySource
@@ -64,8 +64,8 @@ async def test_versions_count_publishes_and_stale_tokens_are_masked_not_their_tr
     await _run(learner)
 
     assert learner.stats.steps == 3 and learner.version == 3
-    assert [Path(str(c)).name for c in learner.stats.checkpoints] == [
-        checkpoint_folder(tmp_path / "ckpt", v).name for v in (1, 2, 3)]
+    assert [Path(str(c)) for c in learner.stats.checkpoints] == [
+        serving_folder(tmp_path / "ckpt", v) for v in (1, 2, 3)]
     assert learner.stats.dropped == {"stale": 1}
     half = sum(mixed[0].samples[0].loss_mask.to_bytes()[:8])
     assert learner.stats.stale_tokens == half > 0
@@ -106,8 +106,11 @@ class NonFiniteOnceStandInWorker:
             return {"loss": math.nan, "grad_norm": math.nan, "nonfinite": 1.0}
         return self._real.train_step(batch)
 
-    def save(self, folder: Path) -> None:
-        self._real.save(folder)
+    def save_serving(self, folder: Path) -> None:
+        self._real.save_serving(folder)
+
+    def save_state(self, folder: Path) -> None:
+        self._real.save_state(folder)
 
     def importance_weights(self) -> Sequence[float]:
         return self._real.importance_weights()
@@ -129,8 +132,7 @@ async def test_a_skipped_step_bumps_no_version_writes_no_checkpoint_and_drops_it
     assert learner.stats.steps == 2 and learner.stats.skipped_steps == 1
     assert learner.version == 2 and learner.step == 2
     # One folder per real step: versions 1 and 2, none from the skipped one.
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        checkpoint_folder(tmp_path / "ckpt", v).name for v in (1, 2)]
+    assert sorted(serving_versions(tmp_path / "ckpt")) == [1, 2]
     assert learner.stats.dropped == {"nonfinite_step": 2}
     assert math.isfinite(learner.stats.last_metrics["loss"])
     assert any("step skipped" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)

@@ -327,3 +327,34 @@ async def test_reload_the_engine_rejects_still_resumes_the_replica(
         assert len(failed) == 1 and not failed[0].ok and "collective_rpc answered 500" in (failed[0].error or "")
         assert await _engine_state(engine.url) == (before, False), "resumed, label unchanged"
         assert publisher.replicas[engine.url].failures == 1
+
+
+async def test_the_learners_serving_weights_are_served_exactly(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int], tmp_path: Path,
+) -> None:
+    # What the learner writes at a publish (serving weights in the served dtype, gathered tensor by
+    # tensor, written atomically), after a step large enough to change the answers.
+    from learner.checkpoint import serving_folder, write_checkpoint_folder
+    from learner.protocol import Row, TrainBatch
+    from learner.settings import LearnerSettings
+    from learner.workers.hf import HFPolicyWorker
+
+    base = checkpoints.base
+    worker = HFPolicyWorker(LearnerSettings(model_dir=base, lr=3e-2), base)
+    ids = [(7 * i) % 200 + 3 for i in range(48)]
+    worker.train_step(TrainBatch([Row(input_ids=ids, prompt_len=16, loss_mask=[1] * 32,
+                                      behavior_logprobs=[-5.0] * 32, advantage=1.0)]))
+    version = next(versions)
+    folder = write_checkpoint_folder(serving_folder(tmp_path, version), worker.save_serving)
+    assert {p.name for p in folder.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    model, urls = str(base), [e.url for e in engines]
+    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics), \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        before = await _greedy(urls[0], model)
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, folder))
+        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, version) for u in urls))
+        for url in urls:
+            assert await _engine_state(url) == (str(version), False)
+            assert await _served_exactly(url, model, folder) < 1e-3, "the engine does not serve the learner's weights"
+        assert (await _greedy(urls[0], model))[1] != before[1], "the step must change the logprobs"

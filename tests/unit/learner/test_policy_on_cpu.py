@@ -141,8 +141,8 @@ def test_micro_batches_respect_the_token_budget() -> None:
     plan = plan_micro_batches(lengths, 80)
     assert sorted(i for batch in plan for i in batch) == list(range(6))
     for batch in plan:
-        assert len(batch) * max(lengths[i] for i in batch) <= 80
-    assert plan[0] == [5, 0, 2]  # shortest first, packed together
+        assert sum(lengths[i] for i in batch) <= 80  # packed: no padding to the longest row
+    assert plan == [[5, 0, 2, 4], [3], [1]]  # shortest first
 
 
 def test_a_row_longer_than_the_budget_trains_alone() -> None:
