@@ -1,4 +1,4 @@
-"""The built-in toy harness: two turns against an OpenAI-compatible endpoint, one tool.
+"""The built-in toy harness: two turns against an OpenAI-compatible endpoint, one tool on both.
 
 It behaves like any agent harness the proxy serves: it reads ``OPENAI_BASE_URL`` and
 ``OPENAI_API_KEY``, offers one tool (``secret``), runs it when the model calls it, and otherwise
@@ -69,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             messages.append({"role": "assistant", "content": reply.get("content") or ""})
             messages.append(tool_answer_turn(word))
-        second = _chat(client, {"model": model, "messages": messages, "max_tokens": max_tokens,
-                                "temperature": 1.0})
+        # The same tools as the first call: a request whose tools changed renders another system
+        # prompt, so its prompt could never extend the first call's and the two turns would train
+        # as separate samples.
+        second = _chat(client, {"model": model, "messages": messages, "tools": [SECRET_TOOL],
+                                "max_tokens": max_tokens, "temperature": 1.0})
     answer = second["choices"][0]["message"].get("content") or ""
     messages.append({"role": "assistant", "content": answer})
     Path(ANSWER_FILE).write_text(answer, encoding="utf-8")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from consumers.weight_digests import expected_digests
+from learner.checkpoint import serving_versions
 from openforge.demo import DemoOptions, run_demo
 from stream import KafkaSettings
 
@@ -59,3 +61,25 @@ def test_tiny_model_learns_the_toy_task_through_the_whole_loop(kafka_settings: K
     first_entropy = next(m["entropy"] for _, _, m in curve.checkpoints if "entropy" in m)
     assert summary.entropy_last is not None and summary.entropy_last < first_entropy, "the policy never sharpened"
     assert (tmp_path / next(tmp_path.iterdir()).name / "reward_curve.png").exists()
+
+
+@pytest.mark.timeout(900)
+def test_the_control_run_with_learning_rate_0_stays_flat(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+    """``openforge demo --control``: every part runs and publishes as in the learning run, with the
+    weights never changing, so the reward stays where the random policy puts it. This is what makes
+    the learning run's rise evidence of learning rather than of the loop's timing."""
+    summary, curve = run_demo(DemoOptions(control=True, minutes=4, stop_at=1.1, seed=0, workdir=tmp_path,
+                                          bootstrap=kafka_settings.bootstrap_servers))
+    assert summary.control and summary.learner_steps >= 3 and summary.versions_served >= 2, summary
+    rewards = [p.reward for p in curve.rewards]
+    assert len(rewards) >= 64, f"only {len(rewards)} rollouts finished"
+    early, late = rewards[:len(rewards) // 2], rewards[len(rewards) // 2:]
+    drift = statistics.fmean(late) - statistics.fmean(early)
+    assert abs(drift) < 0.05 and abs(welch_t(early, late)) < 4, f"control drifted by {drift:+.3f}"
+    # Every published version holds the initial weights, byte for byte (the learner's own digests).
+    [run] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    versions = serving_versions(run / "checkpoints")
+    assert len(versions) >= 2, versions
+    first_weights, _ = expected_digests(versions[min(versions)])
+    last_weights, _ = expected_digests(versions[max(versions)])
+    assert first_weights == last_weights, "the weights moved in a control run"
