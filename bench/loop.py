@@ -212,9 +212,9 @@ class MeasuredLearner(Learner):
             self.steps_behind.append(self.step - self._published_at.get(self.version - age, 0))
         return batch, members
 
-    async def _checkpoint(self) -> None:
+    async def _publish(self) -> None:
         start = time.time()
-        await super()._checkpoint()
+        await super()._publish()
         self.checkpoint_times.append((start, time.time()))
         self._published_at[self.version] = self.step
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from learner.protocol import TrainBatch
+from learner.tensors import TensorBatch
 
 
 @dataclass(frozen=True)
@@ -63,21 +64,31 @@ class SimulatedWorker:
         self.model_dir = model_dir
         self.timeline = timeline
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch | TensorBatch) -> dict[str, float]:
         """Sleep as long as the real step on ``batch`` would take; report a finite, empty step."""
+        if not isinstance(batch, TrainBatch):
+            raise TypeError("the simulated worker runs in one process, where steps come as rows")
         start = time.time()
         time.sleep(self.model.seconds(batch.total_tokens))
         with self.timeline.lock:
             self.timeline.steps.append(Step(start, time.time(), batch.total_tokens, batch.trained_tokens))
         return {"loss": 0.0, "grad_norm": 0.0, "updates": 1.0, "nonfinite_updates": 0.0}
 
-    def save(self, folder: Path) -> None:
+    def save_serving(self, folder: Path) -> None:
         """Write the initial model's files into ``folder`` (weights, config, tokenizer)."""
         start = time.time()
         folder.mkdir(parents=True, exist_ok=True)
         for path in self.model_dir.iterdir():
             if path.is_file():
                 shutil.copyfile(path, folder / path.name)
+        with self.timeline.lock:
+            self.timeline.saves.append((start, time.time()))
+
+    def save_state(self, folder: Path) -> None:
+        """Write a stand-in training state: nothing is trained, so there is nothing to resume."""
+        start = time.time()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "simulated").write_text("the benchmark's simulated worker trains nothing\n")
         with self.timeline.lock:
             self.timeline.saves.append((start, time.time()))
 
