@@ -305,6 +305,42 @@ async def test_a_replica_that_fails_verification_with_nothing_to_roll_back_to_le
         assert await _served_exactly(url, str(checkpoints.base), recorded) < 1e-3
 
 
+async def test_a_hung_replica_times_out_with_an_error_event_while_the_others_update(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    """A replica that takes connections and never answers (a wedged engine) must not hold the publish
+    of the others, nor hang the publisher: each of its calls ends at the request timeout."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # kept open, unanswered
+
+    hung_server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    hung = f"http://127.0.0.1:{hung_server.sockets[0].getsockname()[1]}"
+    live = engines[0].url
+    version = next(versions)
+    settings = _settings(kafka_settings, engines[:1]).model_copy(update={"replicas": [live, hung],
+                                                                          "request_timeout_s": 2.0})
+    try:
+        async with CheckpointPublisher(settings, registry=topics) as publisher, \
+                EventProducer(kafka_settings, registry=topics) as producer:
+            started = time.monotonic()
+            await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled_more))
+            events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, live, version) and any(
+                e.replica == hung and e.version == version and not e.ok for e in ev))
+            assert time.monotonic() - started < 60
+            [failed] = [e for e in events if e.replica == hung and e.version == version]
+            assert "Timeout" in (failed.error or ""), failed.error
+            assert await _engine_state(live) == (str(version), False)
+            assert publisher.replicas[hung].serving is None and accepted
+    finally:
+        for writer in accepted:
+            writer.close()
+        hung_server.close()
+        await hung_server.wait_closed()
+
+
 async def test_reload_the_engine_rejects_still_resumes_the_replica(
     kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
     versions: itertools.count[int],
