@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import orjson
 
 from producers.capture import REASONING_KEYS
+from proxy.chat_fields import admit
 from proxy.errors import InvalidRequestError
 from proxy.media import ImagePolicy, check_chat_media
 from schemas.call.v1 import ApiProtocol
@@ -128,13 +129,16 @@ class ChatAdapter:
         self.images: ImagePolicy = images
 
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Validate the minimum the engine needs, and the media it may be given; the rest is the engine's to judge."""
+        """The fields the engine may get (:mod:`proxy.chat_fields`), with the minimum it needs and its media checked.
+
+        The values of the passed fields are the engine's to judge.
+        """
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list")
         if not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("every entry of messages must be an object")
-        sent = dict(body)
+        sent = admit(body)
         sent["messages"] = check_chat_media(messages, self.images)
         # The fields the proxy itself reads (to record the call, to stream it) are checked here,
         # so a wrong type is a 400 and a recorded refusal, not a fault of the proxy; "false" as

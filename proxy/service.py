@@ -186,22 +186,27 @@ class CallService:
         return self._context.get(replica)
 
     async def _fit_output(self, chat: dict[str, Any], capture: CallCapture, replica: str) -> None:
-        """Lower a translated call's ``max_tokens`` to what the engine's context can hold.
+        """Lower a call's output budget (``max_tokens``, ``max_completion_tokens``) to the engine's context.
 
-        Claude Code asks for 32,000 output tokens whatever the model, as Anthropic's API allows
-        up to the model's output limit; vLLM refuses any ``max_tokens`` over its context length
-        with a 400, which would fail every call to an engine with a shorter context. The number
-        is only a ceiling (vLLM itself stops where the context ends), so lowering it changes no
-        answer. Chat completions pass through as sent: there the harness speaks the engine's
-        own API and would get the same answer from it directly.
+        Claude Code asks for 32,000 output tokens whatever the model, as Anthropic's API allows up
+        to the model's output limit; vLLM refuses a budget over its context length with a 400,
+        which would fail every call to an engine with a shorter context. The proxy does not know
+        the prompt's length before the engine renders it, so it lowers the budget to the context
+        length; vLLM lowers it further to what the prompt leaves. The number is only a ceiling,
+        so lowering it changes no answer.
         """
-        wanted = chat.get("max_tokens")
-        if type(wanted) is not int:
-            return
-        limit = await self.context_length(replica)
-        if limit is not None and wanted > limit:
-            chat["max_tokens"] = limit
-            capture.request.sampling["max_tokens"] = limit  # the event records what the engine got
+        limit: int | None = None
+        for key in ("max_tokens", "max_completion_tokens"):
+            wanted = chat.get(key)
+            if type(wanted) is not int:
+                continue
+            if limit is None:
+                limit = await self.context_length(replica)
+                if limit is None:
+                    return
+            if wanted > limit:
+                chat[key] = limit
+                capture.request.sampling[key] = limit  # the event records what the engine got
 
     async def handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes) -> Response:
         """One harness call, end to end."""
@@ -326,14 +331,13 @@ class CallService:
     async def _engine_request(self, call: _Call, replica: str) -> bytes:
         """The engine request for ``replica``, in chat mode: the chat request as the engine takes it.
 
-        It names the served model, keeps a translated call's output within the engine's context,
+        It names the served model, keeps the call's output budget within the engine's context,
         and asks the engine for everything capture needs (taken out of the answer again:
         :func:`proxy.adapters.strip_capture`).
         """
         chat = call.chat
         chat["model"] = call.capture.model = await self.served_model(replica)
-        if call.adapter.protocol is not ApiProtocol.OPENAI_CHAT:
-            await self._fit_output(chat, call.capture, replica)
+        await self._fit_output(chat, call.capture, replica)
         chat["logprobs"] = True
         chat["return_token_ids"] = True
         chat["return_weight_versions"] = True

@@ -182,7 +182,7 @@ async def test_malformed_and_mistyped_requests_get_400_and_are_recorded(proxy: R
     for field, value in (("tools", "x"), ("stream", "false"), ("stream_options", [1])):
         mistyped = await post(url, json={**CHAT, "stream": True, field: value}, token=token)
         assert mistyped.status_code == 400 and field in mistyped.json()["error"]["message"], mistyped.text
-    engine_refuses = await post(url, json={**CHAT, "max_tokens": 100_000}, token=token)
+    engine_refuses = await post(url, json={**CHAT, "temperature": -1}, token=token)
     assert engine_refuses.status_code == 400  # the engine's own verdict, passed on
     events = await calls_of(proxy, 7)
     assert [e.status for e in events] == [CallStatus.INVALID_REQUEST] * 6 + [CallStatus.UPSTREAM_ERROR]
