@@ -59,6 +59,15 @@ class StreamSession(Protocol):
         """An event that only says the answer is still coming (may be empty: none needed or possible yet)."""
 
     @property
+    def tool_closed(self) -> bool:
+        """Whether what the session made so far closes a tool call (its whole arguments).
+
+        Harnesses run the tool on that event (Anthropic's ``content_block_stop``, Responses'
+        ``response.output_item.done``), so it and everything after it wait for the call's record,
+        as the terminal events do.
+        """
+
+    @property
     def ended(self) -> bool:
         """Whether what the session made so far already ends the harness's answer (its terminal event).
 
@@ -174,6 +183,7 @@ class ChatAdapter:
 
 class _ChatStream:
     failure = None  # chunks pass through as the engine sent them
+    tool_closed = False  # a chat tool call has no event of its own that ends it: the finish chunk does
 
     def __init__(self, model: str | None, asked: dict[str, Any]) -> None:
         self.model = model

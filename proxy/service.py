@@ -573,7 +573,8 @@ class _StreamRelay:
     """One streamed answer on its way from the engine to the harness, and how it ended.
 
     Chunks go to the harness as they come; what ends its answer (the closing events, or the error
-    that replaces them) is held until the call's record is durable. ``choices`` is how many
+    that replaces them) is held until the call's record is durable, and so is a tool call's
+    closing event, on which harnesses run the tool, with everything after it. ``choices`` is how many
     answers the engine samples (``n``): what follows the end of one choice still streams while
     another goes on.
     """
@@ -656,8 +657,12 @@ class _StreamRelay:
         self._hold(out)
 
     def _keepalive(self) -> bytes:
-        """An event that only says the answer is coming, when the harness has been sent nothing for a while."""
-        if not self.finished and time.monotonic() - self.sent_at >= self.keepalive_s:
+        """An event that only says the answer is coming, when the harness has been sent nothing for a while.
+
+        None once something is held: it would come before what is held (and, in a Responses stream,
+        take a sequence number after it).
+        """
+        if not self.finished and not self.held and time.monotonic() - self.sent_at >= self.keepalive_s:
             return self.session.keepalive()
         return b""
 
@@ -703,7 +708,9 @@ class _StreamRelay:
             return b""
         if not out:
             out = self._keepalive()  # a long think the translation carries nothing of
-        if out and self.finished:
+        if out and (self.finished or self.held or session.tool_closed):
+            # The answer's end, or a tool call's closing event, which harnesses act on as on the
+            # end: held with all that follows until the call is recorded.
             self._hold(out)
             return b""
         return out
