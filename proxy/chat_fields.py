@@ -27,9 +27,6 @@ PASSED = frozenset({
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
     # What capture asks for anyway; a harness that asks for them too gets them in its answer.
     "logprobs", "top_logprobs", "return_token_ids", "return_weight_versions", "include_reasoning",
-    # The engine's work beyond one answer of the policy; still passed until the tests that use
-    # them to load the engine make that load another way.
-    "n", "ignore_eos",
 })
 """Fields passed to the engine as the harness sent them."""
 
@@ -42,6 +39,7 @@ REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "allowed_token_ids": ((None,), _DISTRIBUTION),
     "bad_words": ((None, []), _DISTRIBUTION),
     "min_tokens": ((None, 0), _DISTRIBUTION),
+    "ignore_eos": ((None, False), _DISTRIBUTION),
     "response_format": ((None, {"type": "text"}), _DISTRIBUTION),
     "structured_outputs": ((None,), _DISTRIBUTION),
     "guided_json": ((None,), _DISTRIBUTION),
@@ -55,6 +53,7 @@ REFUSED: dict[str, tuple[tuple[object, ...], str]] = {
     "watermarking": ((None, False), _DISTRIBUTION),
     "repetition_detection": ((None,), _DISTRIBUTION),
     "vllm_xargs": ((None, {}), _DISTRIBUTION),
+    "n": ((None, 1), _WORK),
     "best_of": ((None, 1), _WORK),
     "use_beam_search": ((None, False), _WORK),
     "prompt_logprobs": ((None,), _WORK),

@@ -33,7 +33,6 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from pydantic import TypeAdapter, ValidationError
 
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request, session_headers
 from producers.raw_calls import EngineExchange
@@ -53,10 +52,6 @@ from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-_COUNT: TypeAdapter[int] = TypeAdapter(int)
-"""Reads a count as vLLM's request model does (see :func:`_choices`)."""
-
 
 _ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
 
@@ -474,7 +469,7 @@ class CallService:
     def _stream(self, call: _Call, attempt: _Attempt) -> StreamingResponse:
         """Relay the engine's stream as it comes; only its end waits for the call's record."""
         session = call.adapter.stream(call.body, call.asked, context=self._context.get(attempt.replica))
-        relay = _StreamRelay(self, call, attempt, session, choices=_choices(call.chat.get("n")))
+        relay = _StreamRelay(self, call, attempt, session)
         return StreamingResponse(relay.run(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
@@ -574,24 +569,18 @@ class _StreamRelay:
 
     Chunks go to the harness as they come; what ends its answer (the closing events, or the error
     that replaces them) is held until the call's record is durable, and so is a tool call's
-    closing event, on which harnesses run the tool, with everything after it. ``choices`` is how many
-    answers the engine samples (``n``): what follows the end of one choice still streams while
-    another goes on.
+    closing event, on which harnesses run the tool, with everything after it.
     """
 
-    def __init__(self, service: CallService, call: _Call, attempt: _Attempt, session: StreamSession, *,
-                 choices: int) -> None:
+    def __init__(self, service: CallService, call: _Call, attempt: _Attempt, session: StreamSession) -> None:
         self.service = service
         self.call = call
         self.attempt = attempt
         self.session = session
-        self.choices = choices
         self.held: list[bytes] = []
-        """What ends the answer, sent once the call is recorded."""
+        """What ends the answer (from a tool call's closing event on), sent once the call is recorded."""
         self.finished = False
-        """Every choice has its finish reason: what comes now is the end."""
-        self.ended: set[Any] = set()
-        """The indexes of the choices that have."""
+        """The answer has its finish reason: what comes now is the end."""
         self.stopped = False
         """The relay ended the answer early (an engine error, an abort, a refused chunk)."""
         self.broken = False
@@ -691,17 +680,13 @@ class _StreamRelay:
             raise _ChunkShapeError(f"an engine chunk not understood: {exc!r}") from exc
         if opening and call.capture.prompt_token_count:
             session.prompt_length(call.capture.prompt_token_count)
-        ends = False
-        for c in chunk.get("choices") or ():
-            if c.get("finish_reason"):
-                ends = True
-                self.ended.add(c.get("index", 0))
-        if ends and _aborted(chunk["choices"]):  # looked for only in the chunk that ends a choice
+        ends = any(c.get("finish_reason") for c in chunk.get("choices") or ())  # one choice: n is refused
+        if ends and _aborted(chunk["choices"]):  # looked for only in the chunk that ends the answer
             if call.adapter.protocol is not ApiProtocol.OPENAI_CHAT:
                 self._stop(CallStatus.UPSTREAM_ERROR, ABORTED, session.fail(ABORTED))
                 return b""
             self.cut = ENGINE_ABORTED
-        self.finished = self.finished or len(self.ended) >= self.choices
+        self.finished = self.finished or ends
         out = session.feed(chunk)
         if session.failure is not None:  # the translator refused the chunk and ended the stream
             self._stop(CallStatus.UPSTREAM_ERROR, session.failure, out)
@@ -853,20 +838,6 @@ def _context_length(models: object) -> int | None:
 
 class _ChunkShapeError(Exception):
     """A stream chunk that is JSON but not a chat completion chunk: the engine's fault, as broken JSON is."""
-
-
-def _choices(n: Any) -> int:
-    """How many choices a request's ``n`` asks the engine for (the engine refuses what is not a count).
-
-    Read as vLLM's request model (pydantic, lax) reads it: ``2.0`` and ``"2"`` are 2. Taken for
-    1, the other choices' output was held back from the harness once the first choice ended.
-    """
-    if type(n) is not int and n is not None:
-        try:
-            n = _COUNT.validate_python(n)
-        except ValidationError:
-            return 1
-    return n if type(n) is int and n > 1 else 1
 
 
 def _same(before: str | None, after: str | None) -> str | None:

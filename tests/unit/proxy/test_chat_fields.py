@@ -12,6 +12,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 ASKING: dict[str, object] = {
     "logit_bias": {"12": -100}, "allowed_token_ids": [1, 2], "bad_words": ["no"], "min_tokens": 5,
+    "ignore_eos": True, "n": 2,
     "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a+"}, "guided_json": {},
     "guided_regex": "a+", "guided_choice": ["a", "b"], "guided_grammar": "root ::= 'a'",
     "guided_decoding_backend": "xgrammar", "guided_whitespace_pattern": " ", "structural_tag": "{}",
@@ -47,7 +48,7 @@ def test_a_refused_field_that_asks_nothing_is_dropped(field: str, value: object)
     assert field not in ChatAdapter().to_chat({"model": "m", "messages": MESSAGES, field: value})
 
 
-@pytest.mark.parametrize(("field", "value"), [("min_tokens", False), ("best_of", True), ("priority", 0.0),
+@pytest.mark.parametrize(("field", "value"), [("min_tokens", False), ("n", True), ("n", 1.0), ("priority", 0.0),
                                               ("add_generation_prompt", 1)])
 def test_a_value_equal_to_a_default_only_in_python_is_refused(field: str, value: object) -> None:
     with pytest.raises(UnsupportedFeatureError):
