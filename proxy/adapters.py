@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import orjson
 
 from producers.capture import REASONING_KEYS
+from proxy.chat_fields import admit
 from proxy.errors import InvalidRequestError
 from proxy.media import ImagePolicy, check_chat_media
 from schemas.call.v1 import ApiProtocol
@@ -56,6 +57,15 @@ class StreamSession(Protocol):
 
     def keepalive(self) -> bytes:
         """An event that only says the answer is still coming (may be empty: none needed or possible yet)."""
+
+    @property
+    def tool_closed(self) -> bool:
+        """Whether what the session made so far closes a tool call (its whole arguments).
+
+        Harnesses run the tool on that event (Anthropic's ``content_block_stop``, Responses'
+        ``response.output_item.done``), so it and everything after it wait for the call's record,
+        as the terminal events do.
+        """
 
     @property
     def ended(self) -> bool:
@@ -128,13 +138,16 @@ class ChatAdapter:
         self.images: ImagePolicy = images
 
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Validate the minimum the engine needs, and the media it may be given; the rest is the engine's to judge."""
+        """The fields the engine may get (:mod:`proxy.chat_fields`), with the minimum it needs and its media checked.
+
+        The values of the passed fields are the engine's to judge.
+        """
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequestError("messages must be a non-empty list")
         if not all(isinstance(m, dict) for m in messages):
             raise InvalidRequestError("every entry of messages must be an object")
-        sent = dict(body)
+        sent = admit(body)
         sent["messages"] = check_chat_media(messages, self.images)
         # The fields the proxy itself reads (to record the call, to stream it) are checked here,
         # so a wrong type is a 400 and a recorded refusal, not a fault of the proxy; "false" as
@@ -170,6 +183,7 @@ class ChatAdapter:
 
 class _ChatStream:
     failure = None  # chunks pass through as the engine sent them
+    tool_closed = False  # a chat tool call has no event of its own that ends it: the finish chunk does
 
     def __init__(self, model: str | None, asked: dict[str, Any]) -> None:
         self.model = model

@@ -1,6 +1,16 @@
-"""The call pipeline shared by every protocol.
+"""The call path shared by every protocol, as a sequence of named steps.
 
-Admit, translate, call the engine, capture, make the event durable, answer.
+1. **Normalise** (:func:`_normalise`): the harness's request in chat form, or a recorded refusal.
+2. **Begin** (:meth:`CallService._begin`): the run's sampling applied, the call counted as an
+   attempt of its rollout, its capture opened.
+3. **Choose a replica** (:meth:`CallService._serve`): the rollout's own first, the others after it.
+4. **Build the engine request** (:meth:`CallService._engine_request`): the one step where the
+   engine modes differ; chat mode sends the chat request with the capture fields asked for.
+5. **Exchange** (:meth:`CallService._exchange`): the request sent, the engine's answer begun.
+6. **Relay**: a whole answer read and translated (:meth:`CallService._relay_whole`), or a stream
+   relayed chunk by chunk (:class:`_StreamRelay`).
+7. **Record** (:meth:`CallService._record`): the call's event, on every way out, the failures
+   included (:meth:`CallService._fail`).
 
 The event of a call is durable (in the local journal) before the harness sees the end of its
 answer: for a whole answer, before the response is sent; for a stream, before the
@@ -15,21 +25,20 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TypeVar
 
 import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from pydantic import TypeAdapter, ValidationError
 
 from producers.capture import CAPTURE_KEYS, CallCapture, cut_prompt_ids, normalize_request, session_headers
 from producers.raw_calls import EngineExchange
 from producers.shipper import JournalPublisher
 from proxy import exact_json, telemetry
-from proxy.adapters import Adapter
+from proxy.adapters import Adapter, StreamSession
 from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError
@@ -43,10 +52,6 @@ from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-_COUNT: TypeAdapter[int] = TypeAdapter(int)
-"""Reads a count as vLLM's request model does (see :func:`_choices`)."""
-
 
 _ROLLOUT_SEGMENT = re.compile(r"/rollouts/[^/]+/")
 
@@ -68,6 +73,63 @@ class Caller:
 
     rollout_id: str
     task_id: str | None
+
+
+@dataclass
+class _Attempt:
+    """The call at one replica: the engine request sent, the engine call's span, and the engine's answer."""
+
+    replica: str
+    sent: bytes
+    span: trace.Span
+    version_before: str | None
+    """The replica's weight version as the request went out (see :meth:`CallService._weight_version`)."""
+    started: float = field(default_factory=time.perf_counter)
+    response: EngineResponse = field(init=False)
+    """The engine's answer: its status and headers; the body is read by the relay."""
+    _ended: bool = field(default=False, init=False)
+
+    def end(self) -> None:
+        """End the engine call's span; idempotent, as every way out of a call ends it."""
+        if not self._ended:
+            self._ended = True
+            self.span.end()
+
+
+@dataclass
+class _Call:
+    """One call on its way down the path: what normalising made of it, and what later steps add."""
+
+    request: Request
+    adapter: Adapter
+    caller: Caller
+    span: trace.Span
+    body: dict[str, Any]
+    """The harness's request (with the run's sampling: answers that echo their request show it)."""
+    chat: dict[str, Any]
+    """The request in chat form; chat mode sends it to the engine."""
+    asked: dict[str, Any]
+    """The capture fields the harness itself asked for (the others are taken out of its answer)."""
+    streamed: bool
+    capture: CallCapture
+    fingerprint: bytes
+    """The conversation's digest: a re-send of it is a retry (:class:`~proxy.retries.RetryTracker`)."""
+    watch: HangupWatch
+    replica: str | None = None
+    """The replica the call is at (None: none yet, or none reachable)."""
+    attempt: _Attempt | None = None
+
+
+class _CallFailed(Exception):
+    """Why a step ends the call with an error answer; :meth:`CallService._fail` records and answers it."""
+
+    def __init__(self, http_status: int, status: CallStatus, message: str, *,
+                 upstream_status: int | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.status = status
+        self.message = message
+        self.upstream_status = upstream_status
 
 
 class CallService:
@@ -119,22 +181,27 @@ class CallService:
         return self._context.get(replica)
 
     async def _fit_output(self, chat: dict[str, Any], capture: CallCapture, replica: str) -> None:
-        """Lower a translated call's ``max_tokens`` to what the engine's context can hold.
+        """Lower a call's output budget (``max_tokens``, ``max_completion_tokens``) to the engine's context.
 
-        Claude Code asks for 32,000 output tokens whatever the model, as Anthropic's API allows
-        up to the model's output limit; vLLM refuses any ``max_tokens`` over its context length
-        with a 400, which would fail every call to an engine with a shorter context. The number
-        is only a ceiling (vLLM itself stops where the context ends), so lowering it changes no
-        answer. Chat completions pass through as sent: there the harness speaks the engine's
-        own API and would get the same answer from it directly.
+        Claude Code asks for 32,000 output tokens whatever the model, as Anthropic's API allows up
+        to the model's output limit; vLLM refuses a budget over its context length with a 400,
+        which would fail every call to an engine with a shorter context. The proxy does not know
+        the prompt's length before the engine renders it, so it lowers the budget to the context
+        length; vLLM lowers it further to what the prompt leaves. The number is only a ceiling,
+        so lowering it changes no answer.
         """
-        wanted = chat.get("max_tokens")
-        if type(wanted) is not int:
-            return
-        limit = await self.context_length(replica)
-        if limit is not None and wanted > limit:
-            chat["max_tokens"] = limit
-            capture.request.sampling["max_tokens"] = limit  # the event records what the engine got
+        limit: int | None = None
+        for key in ("max_tokens", "max_completion_tokens"):
+            wanted = chat.get(key)
+            if type(wanted) is not int:
+                continue
+            if limit is None:
+                limit = await self.context_length(replica)
+                if limit is None:
+                    return
+            if wanted > limit:
+                chat[key] = limit
+                capture.request.sampling[key] = limit  # the event records what the engine got
 
     async def handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes) -> Response:
         """One harness call, end to end."""
@@ -161,46 +228,50 @@ class CallService:
 
     async def _handle(self, request: Request, adapter: Adapter, caller: Caller, raw: bytes,
                       span: trace.Span) -> Response:
+        """The call path: normalise, then serve (choose a replica, exchange, relay, record)."""
         headers = session_headers(request.headers)
         body: Any = None
         try:
             body = orjson.loads(raw)
-            if not isinstance(body, dict):
-                raise InvalidRequestError("the request body must be a JSON object")
-            try:
-                chat = adapter.to_chat(body)
-            except (TypeError, ValueError, AttributeError, KeyError) as exc:
-                # A shape the translator's checks did not foresee (a list where a name belongs):
-                # still the request's fault, and still answered in the API's own error shape.
-                logger.warning("request translation failed on unexpected input", exc_info=True)
-                raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
-            # A re-send of the same conversation is a retry even if transport details differ:
-            # Claude Code falls back from streaming to a whole answer with a smaller max_tokens.
-            conversation = dumps_within_depth({k: chat.get(k) for k in _CONVERSATION_KEYS},
-                                              option=orjson.OPT_SORT_KEYS)
-            # The rest is sent whole later, once the call counts as an attempt, and a Responses
-            # answer echoes most of its request (metadata, text, reasoning, tools): encoded now
-            # only to learn that they can be, and be recorded, so a field too deep is refused
-            # here and not answered 500 without a record. The whole Responses body rather than a
-            # list of the echoed fields, so a field the echo gains later is covered too.
-            dumps_within_depth({k: v for k, v in chat.items() if k not in _CONVERSATION_KEYS})
-            if adapter.protocol is ApiProtocol.OPENAI_RESPONSES:
-                dumps_within_depth(body)
+            chat, conversation = _normalise(adapter, body)
         except (orjson.JSONDecodeError, ProxyError) as exc:
-            error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
-            error.message = _clipped(error.message)
-            # Not tracked as an attempt: a refused request is never a turn, and no re-send of it
-            # is a retry of anything the assembler could count.
-            capture = CallCapture(rollout_id=caller.rollout_id, call_id=new_event_id(), protocol=adapter.protocol,
-                                  model=str(self._served_model or "unknown"), request=_untranslated(body),
-                                  streamed=False, task_id=caller.task_id, headers=headers)
-            await self._record(capture, CallStatus.INVALID_REQUEST, error_message=error.message,
-                               upstream_status_code=None)
-            span.set_status(Status(StatusCode.ERROR, error.message))
-            span.end()
-            param = error.field if isinstance(error, UnsupportedFeatureError) else None
-            return _json(adapter.error(error.status_code, error.message, error.error_type, param), error.status_code)
+            return await self._refuse(adapter, caller, headers, span, body, exc)
+        call = self._begin(request, adapter, caller, span, headers, body, chat, conversation)
+        try:
+            return await self._serve(call)
+        except (asyncio.CancelledError, HarnessGoneError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and not _taken_back(call.watch):
+                # Not (only) the watch's: the server is stopping, past its drain time. The call
+                # is still recorded, as a stream cut off the same way is.
+                if not call.capture.recording:
+                    self._record_in_background(call, CallStatus.INTERNAL_ERROR, PROXY_STOPPED)
+                raise
+            return await self._hung_up(call)
+        finally:
+            call.watch.stop()
 
+    async def _refuse(self, adapter: Adapter, caller: Caller, headers: dict[str, str], span: trace.Span,
+                      body: Any, exc: orjson.JSONDecodeError | ProxyError) -> Response:
+        """Record a request refused as it came, and answer it in its API's error shape.
+
+        Not tracked as an attempt: a refused request is never a turn, and no re-send of it is a
+        retry of anything the assembler could count.
+        """
+        error = exc if isinstance(exc, ProxyError) else InvalidRequestError(f"malformed JSON: {exc}")
+        error.message = _clipped(error.message)
+        capture = CallCapture(rollout_id=caller.rollout_id, call_id=new_event_id(), protocol=adapter.protocol,
+                              model=str(self._served_model or "unknown"), request=_untranslated(body),
+                              streamed=False, task_id=caller.task_id, headers=headers)
+        await self._record(capture, CallStatus.INVALID_REQUEST, error_message=error.message,
+                           upstream_status_code=None)
+        span.set_status(Status(StatusCode.ERROR, error.message))
+        span.end()
+        param = error.field if isinstance(error, UnsupportedFeatureError) else None
+        return _json(adapter.error(error.status_code, error.message, error.error_type, param), error.status_code)
+
+    def _begin(self, request: Request, adapter: Adapter, caller: Caller, span: trace.Span,
+               headers: dict[str, str], body: dict[str, Any], chat: dict[str, Any], conversation: bytes) -> _Call:
+        """Apply the run's sampling, count the call as an attempt of its rollout and open its capture."""
         if self.settings.sampling:
             chat.update(self.settings.sampling)  # before the capture, which records what the engine gets
             # Answers that echo the request's sampling (Responses) show what the engine got.
@@ -210,7 +281,6 @@ class CallService:
         fingerprint = self.retries.fingerprint(conversation)
         call_id = new_event_id()
         attempt, retry_of = self.retries.begin(caller.rollout_id, fingerprint, call_id)
-        replicas = self.upstream.order(caller.rollout_id)
         capture = CallCapture(
             rollout_id=caller.rollout_id, call_id=call_id, protocol=adapter.protocol,
             model=self._served_model or str(chat.get("model") or "unknown"),
@@ -218,7 +288,51 @@ class CallService:
             attempt=attempt, retry_of=retry_of, headers=headers,
         )
         span.set_attribute("openforge.call_id", call_id)
-        # Ask the engine for everything capture needs.
+        # A whole answer's harness that hangs up while the engine works cancels the engine's work
+        # (a stream's is cancelled by the server): see proxy/hangup.py.
+        watch = HangupWatch(request.receive, enabled=not streamed)
+        return _Call(request, adapter, caller, span, body, chat, asked, streamed, capture, fingerprint, watch)
+
+    async def _serve(self, call: _Call) -> Response:
+        """Choose a replica (the rollout's, then the others), exchange with it, relay its answer and record.
+
+        A replica that cannot be reached is marked down and the next one tried; any other failure
+        ends the call with its error answer (:meth:`_fail`).
+        """
+        try:
+            last_error = "no replica configured"
+            for replica in self.upstream.order(call.caller.rollout_id):
+                call.replica = replica
+                try:
+                    attempt = await self._exchange(call, replica)
+                except EngineTimeoutError as exc:
+                    raise _CallFailed(504, CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}") from exc
+                except EngineError as exc:
+                    self.upstream.mark_down(replica)
+                    last_error = f"{replica}: {exc!r}"
+                    continue
+                self.upstream.mark_up(replica)
+                if attempt.response.status >= 400:
+                    await self._engine_refused(attempt)
+                if call.streamed:
+                    return self._stream(call, attempt)
+                return await self._relay_whole(call, attempt)
+            call.replica = None
+            raise _CallFailed(502, CallStatus.UPSTREAM_UNREACHABLE,
+                              f"no engine replica reachable; last error: {last_error}")
+        except _CallFailed as failed:
+            return await self._fail(call, failed)
+
+    async def _engine_request(self, call: _Call, replica: str) -> bytes:
+        """The engine request for ``replica``, in chat mode: the chat request as the engine takes it.
+
+        It names the served model, keeps the call's output budget within the engine's context,
+        and asks the engine for everything capture needs (taken out of the answer again:
+        :func:`proxy.adapters.strip_capture`).
+        """
+        chat = call.chat
+        chat["model"] = call.capture.model = await self.served_model(replica)
+        await self._fit_output(chat, call.capture, replica)
         chat["logprobs"] = True
         chat["return_token_ids"] = True
         chat["return_weight_versions"] = True
@@ -226,341 +340,172 @@ class CallService:
             # vLLM withholds every token id and logprob of an answer whose reasoning is hidden;
             # the reasoning is taken out of the answer here instead (proxy/adapters.py).
             chat["include_reasoning"] = True
-        if streamed:
+        if call.streamed:
             chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
+        return orjson.dumps(chat)
 
-        # A whole answer's harness that hangs up while the engine works cancels the engine's work
-        # (a stream's is cancelled by the server): see proxy/hangup.py.
-        watch = HangupWatch(request.receive, enabled=not streamed)
-        replica: str | None = None
-        try:
-            last_error = "no replica configured"
-            for replica in replicas:
-                try:
-                    chat["model"] = await self.served_model(replica)
-                    capture.model = chat["model"]
-                    if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
-                        await self._fit_output(chat, capture, replica)
-                    client_span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
-                                                              attributes={"server.address": replica})
-                    upstream_t0 = time.perf_counter()
-                    version_before = self.upstream.weight_version(replica)
-                    sent = orjson.dumps(chat)
-                    with watch.armed():
-                        upstream_response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
-                except EngineTimeoutError as exc:
-                    with contextlib.suppress(UnboundLocalError):
-                        client_span.end()
-                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 504,
-                                            CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}", replica)
-                except EngineError as exc:
-                    with contextlib.suppress(UnboundLocalError):
-                        client_span.end()
-                    self.upstream.mark_down(replica)
-                    last_error = f"{replica}: {exc!r}"
-                    continue
-                self.upstream.mark_up(replica)
-                if upstream_response.status >= 400:
-                    read_whole = False  # an error answer read whole leaves its connection fit to reuse
-                    try:
-                        detail = (await upstream_response.read()).decode("utf-8", "replace")[:2000]
-                        read_whole = True
-                    except EngineError as exc:
-                        detail = repr(exc)
-                    finally:
-                        upstream_response.close(finished=read_whole)
-                    client_span.end()
-                    return await self._fail(adapter, capture, span, self.retries, fingerprint,
-                                            upstream_response.status, CallStatus.UPSTREAM_ERROR,
-                                            _engine_message(detail), replica)
-                if streamed:
-                    return self._stream(adapter, body, asked, capture, upstream_response, replica, span,
-                                        client_span, fingerprint, version_before, upstream_t0,
-                                        choices=_choices(chat.get("n")))
-                finished = False
-                try:
-                    with watch.armed():
-                        answer_bytes = await upstream_response.read()
-                    parsed, prompt_ids = _without_prompt_ids(answer_bytes, asked)
-                    payload = orjson.loads(parsed)
-                    capture.prompt_ids_json = prompt_ids  # only a readable answer's
-                    finished = True
-                except EngineTimeoutError as exc:  # the answer began and did not end in time
-                    client_span.end()
-                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 504,
-                                            CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}", replica)
-                except (EngineError, orjson.JSONDecodeError) as exc:
-                    client_span.end()
-                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                            CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}", replica)
-                finally:
-                    upstream_response.close(finished=finished)
-                upstream_s = time.perf_counter() - upstream_t0
-                client_span.end()
-                engine_status = upstream_response.status
-                try:
-                    if not isinstance(payload, dict):
-                        raise TypeError(f"a JSON {type(payload).__name__}, not an object")
-                    capture.on_response(payload)
-                except (TypeError, AttributeError, KeyError, ValueError) as exc:  # not a chat completion
-                    capture.discard_answer()
-                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                            CallStatus.UPSTREAM_ERROR, f"engine answer not understood: {exc!r}",
-                                            replica, upstream_status=engine_status)
-                aborted = _aborted(payload.get("choices"))
-                if aborted and adapter.protocol is not ApiProtocol.OPENAI_CHAT:
-                    return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                            CallStatus.UPSTREAM_ERROR, ABORTED, replica, upstream_status=engine_status)
-                try:
-                    # Translated before the call is recorded ok: an answer the harness never got is not ok.
-                    answer = adapter.from_chat(payload, body, asked, context=self._context.get(replica))
-                except Exception as exc:  # whatever broke, the call is recorded
-                    if not isinstance(exc, ProxyError):
-                        logger.exception("translating the engine's answer failed (call %s)", call_id)
-                    capture.discard_answer()
-                    status, code = ((CallStatus.UPSTREAM_ERROR, 502) if isinstance(exc, ProxyError)
-                                    else (CallStatus.INTERNAL_ERROR, 500))
-                    return await self._fail(adapter, capture, span, self.retries, fingerprint, code, status,
-                                            f"engine answer not translated: {exc!r}", replica,
-                                            upstream_status=engine_status)
-                capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-                watch.stop()
-                gone = watch.gone or await request.is_disconnected()
-                if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
-                    await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
-                                       upstream_status_code=engine_status, replica=replica, fingerprint=fingerprint)
-                    span.set_status(Status(StatusCode.ERROR, ENGINE_ABORTED))
-                elif gone:
-                    # Nobody takes this answer: a harness that timed out sends the call again, and
-                    # that must be linked to this one as its retry, not counted as the next turn.
-                    await self._record(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=engine_status,
-                                       replica=replica, fingerprint=fingerprint)
-                    span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
-                else:
-                    await self._record(capture, CallStatus.OK, upstream_status_code=engine_status, replica=replica,
-                                       exchange=EngineExchange(sent, answer_bytes, asked), fingerprint=fingerprint)
-                self.retries.end(caller.rollout_id, fingerprint, call_id, ok=not (aborted or gone))
-                if not (aborted or gone):  # as for streams and refusals: only answers that served the harness
-                    telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
-                                                   {"protocol": adapter.protocol.value, "streamed": False})
-                span.end()
-                return _json(answer, 200)
-            return await self._fail(adapter, capture, span, self.retries, fingerprint, 502,
-                                    CallStatus.UPSTREAM_UNREACHABLE,
-                                    f"no engine replica reachable; last error: {last_error}", None)
-        except (asyncio.CancelledError, HarnessGoneError) as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                task = asyncio.current_task()
-                if not watch.cancelled or task is None or task.uncancel() > 0:
-                    # Not (only) the watch's: the server is stopping, past its drain time. The call
-                    # is still recorded, as a stream cut off the same way is.
-                    if not capture.recording:
-                        self._record_in_background(capture, CallStatus.INTERNAL_ERROR, PROXY_STOPPED, replica,
-                                                   span, fingerprint)
-                    raise
-            # Either way it came from an armed block, which runs inside the engine call's span.
-            client_span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
-            client_span.end()
-            watch.stop()
-            return await self._fail(adapter, capture, span, self.retries, fingerprint, 499,
-                                    CallStatus.CLIENT_DISCONNECTED, HARNESS_GONE, replica)
-        finally:
-            watch.stop()
+    async def _exchange(self, call: _Call, replica: str) -> _Attempt:
+        """Send the engine request to ``replica``; its answer's status is in, its body still to read.
 
-    def _stream(self, adapter: Adapter, body: dict[str, Any], asked: dict[str, Any], capture: CallCapture,
-                upstream: EngineResponse, replica: str, span: trace.Span, client_span: trace.Span,
-                fingerprint: bytes, version_before: str | None, upstream_t0: float, *,
-                choices: int = 1) -> StreamingResponse:
-        """Relay the engine's stream as it comes; only its end waits for the call's record.
-
-        ``choices`` is how many answers the engine samples (``n``): what follows the end of
-        one choice still streams while another goes on.
+        Raises:
+            EngineError: no answer (the caller tries the next replica, or times the call out).
         """
-        session = adapter.stream(body, asked, context=self._context.get(replica))
+        sent = await self._engine_request(call, replica)
+        span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
+                                           attributes={"server.address": replica})
+        attempt = call.attempt = _Attempt(replica, sent, span, self.upstream.weight_version(replica))
+        try:
+            with call.watch.armed():
+                attempt.response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
+        except EngineError:
+            attempt.end()
+            raise
+        return attempt
 
-        async def relay() -> AsyncIterator[bytes]:
-            held: list[bytes] = []  # closing events wait until the event is durable
+    async def _engine_refused(self, attempt: _Attempt) -> NoReturn:
+        """End a call the engine answered with an error status, with the engine's own message."""
+        response = attempt.response
+        read_whole = False  # an error answer read whole leaves its connection fit to reuse
+        try:
+            detail = (await response.read()).decode("utf-8", "replace")[:2000]
+            read_whole = True
+        except EngineError as exc:
+            detail = repr(exc)
+        finally:
+            response.close(finished=read_whole)
+        raise _CallFailed(response.status, CallStatus.UPSTREAM_ERROR, _engine_message(detail))
 
-            def hold(out: bytes) -> None:
-                # Tells the session that the call which made ``out`` began what is held back
-                # (what ``unrecorded`` replaces).
-                if not held:
-                    session.hold()
-                held.append(out)
+    async def _relay_whole(self, call: _Call, attempt: _Attempt) -> Response:
+        """Read the engine's whole answer, translate it, record the call, then answer the harness."""
+        payload, answer_bytes = await self._read_whole(call, attempt)
+        upstream_s = time.perf_counter() - attempt.started
+        attempt.end()
+        aborted = _aborted(payload.get("choices"))
+        if aborted and call.adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+            raise _CallFailed(502, CallStatus.UPSTREAM_ERROR, ABORTED, upstream_status=attempt.response.status)
+        answer = self._translate_whole(call, attempt, payload)
+        call.capture.weight_version = self._weight_version(attempt)
+        call.watch.stop()
+        gone = call.watch.gone or await call.request.is_disconnected()
+        await self._record_whole(call, attempt, answer_bytes, aborted=aborted, gone=gone)
+        if not (aborted or gone):  # as for streams and refusals: only answers that served the harness
+            telemetry.added_latency.record(max(0.0, call.capture.elapsed() - upstream_s),
+                                           {"protocol": call.adapter.protocol.value, "streamed": False})
+        call.span.end()
+        return _json(answer, 200)
 
-            finished = False  # every choice has its finish reason: what comes now is the end
-            ended: set[Any] = set()  # the indexes of the choices that have
-            broken = False  # the engine's stream failed: its connection is not reused
-            cut: str | None = None  # why a chat answer relayed as the engine sent it is not whole
-            first = True
-            status = CallStatus.CLIENT_DISCONNECTED
-            error: str | None = None
-            keepalive_s = self.settings.stream_keepalive_s
-            # A translated stream is told when the engine goes silent (a queue or a prefill before
-            # the first token, a pause for new weights) as well as when its chunks make no event.
-            idle_s = None if adapter.protocol is ApiProtocol.OPENAI_CHAT else keepalive_s
-            sent_at = time.monotonic()
-            try:
-                async for line in upstream.lines(idle_s=idle_s):
-                    if line is IDLE:
-                        if not finished and time.monotonic() - sent_at >= keepalive_s:
-                            out = session.keepalive()
-                            if out:
-                                yield out
-                                sent_at = time.monotonic()
-                        continue
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    prompt_ids = None
-                    opening = first
-                    if first:  # vLLM sends the prompt's ids once, with the first chunk
-                        first = False
-                        data, prompt_ids = _without_prompt_ids(data, asked)
-                    chunk = orjson.loads(data)
-                    if type(chunk) is not dict or type(chunk.get("choices") or []) is not list \
-                            or any(type(c) is not dict for c in chunk.get("choices") or ()):
-                        raise _ChunkShapeError(f"an engine chunk that is not a chat completion chunk: {data[:200]!r}")
-                    if prompt_ids is not None:  # only a readable chunk's
-                        capture.prompt_ids_json = prompt_ids
-                    if "error" in chunk and not chunk.get("choices"):
-                        detail = chunk["error"]
-                        error = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
-                        status = CallStatus.UPSTREAM_ERROR
-                        hold(session.fail(_engine_message(error)))
-                        break
-                    try:
-                        capture.on_chunk(chunk)
-                    except (TypeError, AttributeError, KeyError, ValueError) as exc:
-                        raise _ChunkShapeError(f"an engine chunk not understood: {exc!r}") from exc
-                    if opening and capture.prompt_token_count:
-                        session.prompt_length(capture.prompt_token_count)
-                    ends = False
-                    for c in chunk.get("choices") or ():
-                        if c.get("finish_reason"):
-                            ends = True
-                            ended.add(c.get("index", 0))
-                    if ends and _aborted(chunk["choices"]):  # looked for only in the chunk that ends a choice
-                        if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
-                            status, error = CallStatus.UPSTREAM_ERROR, ABORTED
-                            hold(session.fail(error))
-                            break
-                        cut = ENGINE_ABORTED
-                    finished = finished or len(ended) >= choices
-                    out = session.feed(chunk)
-                    if session.failure is not None:  # the translator refused the chunk and ended the stream
-                        status, error = CallStatus.UPSTREAM_ERROR, session.failure
-                        hold(out)
-                        break
-                    if not out and not finished and time.monotonic() - sent_at >= keepalive_s:
-                        out = session.keepalive()  # a long think the translation carries nothing of
-                    if out:
-                        if finished:
-                            hold(out)
-                        else:
-                            yield out
-                            sent_at = time.monotonic()
-                            # With the engine ahead of us, reading and writing never suspend; give
-                            # the disconnect listener its turn, or a gone harness goes unnoticed.
-                            await asyncio.sleep(0)
-                else:
-                    if not finished:
-                        raise EngineError("engine stream ended without [DONE]")
-                if error is None and not finished and capture.completion_tokens == 0:
-                    # [DONE] before any finish reason or token: how vLLM ends an answer aborted
-                    # before its first token (its final chunk comes only with a token). An answer
-                    # with tokens and no finish reason goes on as it came: an engine that drops
-                    # its last chunk would otherwise fail the same call on every retry.
-                    if adapter.protocol is not ApiProtocol.OPENAI_CHAT:
-                        status, error = CallStatus.UPSTREAM_ERROR, UNFINISHED
-                        hold(session.fail(error))
-                    else:
-                        cut = ENGINE_UNFINISHED
-                if error is None:
-                    status, error = (CallStatus.OK, None) if cut is None else (CallStatus.UPSTREAM_ERROR, cut)
-                    hold(session.finish())
-                    if session.failure is not None:  # e.g. a Responses answer without an end
-                        status, error = CallStatus.UPSTREAM_ERROR, session.failure
-            except (EngineError, orjson.JSONDecodeError, _ChunkShapeError) as exc:
-                broken = True
-                if error is None and session.ended and session.failure is None:
-                    # Only the engine's [DONE] was missing: the harness's answer is whole and
-                    # ends as it would have, and the call is recorded as what it served.
-                    status, error = (CallStatus.OK, None) if cut is None else (CallStatus.UPSTREAM_ERROR, cut)
-                else:
-                    timed_out = isinstance(exc, EngineTimeoutError)
-                    status = CallStatus.UPSTREAM_TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
-                    error = f"engine {'timed out' if timed_out else 'stream broke'}: {exc!r}"
-                    hold(session.fail(error))
-            except BaseException as exc:
-                # The harness went away (the task is cancelled or the generator closed): cancel
-                # the engine request by closing it, and still record what was sampled. Anything
-                # else is a fault of the proxy, recorded as such.
-                disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
-                upstream.close(finished=False)
-                client_span.end()
-                capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-                self._in_background(self._finish_stream(
-                    capture, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
-                    None if disconnected else f"proxy failed mid-stream: {exc!r}", replica, span, fingerprint))
-                raise
-            upstream.close(finished=not broken and (status is CallStatus.OK or cut is not None
-                                                     or error == UNFINISHED))
-            client_span.end()
-            upstream_s = time.perf_counter() - upstream_t0
-            capture.weight_version = _same(version_before, self.upstream.weight_version(replica))
-            # Shielded: a harness that hangs up while the record is written (its flush to disk, with
-            # JOURNAL_FSYNC_INTERVAL_MS=0) cancelled this between the record and the retry tracker's end,
-            # leaving the attempt in flight for good. The recording now runs to its end regardless.
-            unrecorded = await asyncio.shield(
-                self._in_background(self._finish_stream(capture, status, error, replica, span, fingerprint)))
-            if unrecorded is not None:
-                # The harness must not keep an answer whose record is lost: it gets the stream's
-                # error instead of its end, and sends the call again.
-                held = [session.unrecorded(unrecorded)]
-            elif status is CallStatus.OK:
-                # As for whole answers: the proxy's own time before the engine's stream and after
-                # it (recording the call); relaying chunks overlaps the engine's generation.
-                telemetry.added_latency.record(max(0.0, capture.elapsed() - upstream_s),
-                                               {"protocol": adapter.protocol.value, "streamed": True})
-            for out in held:
-                yield out
+    async def _read_whole(self, call: _Call, attempt: _Attempt) -> tuple[dict[str, Any], bytes]:
+        """The engine's whole answer, parsed and taken in by the capture, and its bytes as they came.
 
-        return StreamingResponse(relay(), media_type="text/event-stream",
+        A harness that hangs up while the answer is read cancels the read (and the engine's work).
+        """
+        response = attempt.response
+        finished = False
+        try:
+            with call.watch.armed():
+                answer_bytes = await response.read()
+            parsed, prompt_ids = _without_prompt_ids(answer_bytes, call.asked)
+            payload = orjson.loads(parsed)
+            call.capture.prompt_ids_json = prompt_ids  # only a readable answer's
+            finished = True
+        except EngineTimeoutError as exc:  # the answer began and did not end in time
+            raise _CallFailed(504, CallStatus.UPSTREAM_TIMEOUT, f"engine timed out: {exc!r}") from exc
+        except (EngineError, orjson.JSONDecodeError) as exc:
+            raise _CallFailed(502, CallStatus.UPSTREAM_ERROR, f"engine answer unreadable: {exc!r}") from exc
+        finally:
+            response.close(finished=finished)
+        try:
+            if not isinstance(payload, dict):
+                raise TypeError(f"a JSON {type(payload).__name__}, not an object")
+            call.capture.on_response(payload)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:  # not a chat completion
+            call.capture.discard_answer()
+            raise _CallFailed(502, CallStatus.UPSTREAM_ERROR, f"engine answer not understood: {exc!r}",
+                              upstream_status=response.status) from exc
+        return payload, answer_bytes
+
+    def _translate_whole(self, call: _Call, attempt: _Attempt, payload: dict[str, Any]) -> dict[str, Any]:
+        """The harness's answer, translated before the call is recorded: an answer it never got is not ok."""
+        try:
+            return call.adapter.from_chat(payload, call.body, call.asked, context=self._context.get(attempt.replica))
+        except Exception as exc:  # whatever broke, the call is recorded
+            if not isinstance(exc, ProxyError):
+                logger.exception("translating the engine's answer failed (call %s)", call.capture.call_id)
+            call.capture.discard_answer()
+            status, code = ((CallStatus.UPSTREAM_ERROR, 502) if isinstance(exc, ProxyError)
+                            else (CallStatus.INTERNAL_ERROR, 500))
+            raise _CallFailed(code, status, f"engine answer not translated: {exc!r}",
+                              upstream_status=attempt.response.status) from exc
+
+    async def _record_whole(self, call: _Call, attempt: _Attempt, answer_bytes: bytes, *, aborted: bool,
+                            gone: bool) -> None:
+        """Record a whole answer's call as what it served: an abort, an answer nobody took, or the answer."""
+        capture, engine_status = call.capture, attempt.response.status
+        if aborted:  # a chat answer: passed on as the engine sent it, recorded as its failure
+            await self._record(capture, CallStatus.UPSTREAM_ERROR, error_message=ENGINE_ABORTED,
+                               upstream_status_code=engine_status, replica=attempt.replica,
+                               fingerprint=call.fingerprint)
+            call.span.set_status(Status(StatusCode.ERROR, ENGINE_ABORTED))
+        elif gone:
+            # Nobody takes this answer: a harness that timed out sends the call again, and that
+            # must be linked to this one as its retry, not counted as the next turn.
+            await self._record(capture, CallStatus.CLIENT_DISCONNECTED, upstream_status_code=engine_status,
+                               replica=attempt.replica, fingerprint=call.fingerprint)
+            call.span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
+        else:
+            await self._record(capture, CallStatus.OK, upstream_status_code=engine_status, replica=attempt.replica,
+                               exchange=EngineExchange(attempt.sent, answer_bytes, call.asked),
+                               fingerprint=call.fingerprint)
+        self.retries.end(capture.rollout_id, call.fingerprint, capture.call_id, ok=not (aborted or gone))
+
+    async def _hung_up(self, call: _Call) -> Response:
+        """End a whole answer's call whose harness hung up while the engine worked on it."""
+        if call.attempt is not None:  # the watch fires only in armed blocks, which run inside the engine call
+            call.attempt.span.set_status(Status(StatusCode.ERROR, HARNESS_GONE))
+            call.attempt.end()
+        call.watch.stop()
+        return await self._fail(call, _CallFailed(499, CallStatus.CLIENT_DISCONNECTED, HARNESS_GONE))
+
+    def _stream(self, call: _Call, attempt: _Attempt) -> StreamingResponse:
+        """Relay the engine's stream as it comes; only its end waits for the call's record."""
+        session = call.adapter.stream(call.body, call.asked, context=self._context.get(attempt.replica))
+        relay = _StreamRelay(self, call, attempt, session)
+        return StreamingResponse(relay.run(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
-    async def _finish_stream(self, capture: CallCapture, status: CallStatus, error: str | None,
-                             replica: str, span: trace.Span, fingerprint: bytes) -> str | None:
+    def _weight_version(self, attempt: _Attempt) -> str | None:
+        """The weight version that made the answer, if the replica's did not change during the call."""
+        return _same(attempt.version_before, self.upstream.weight_version(attempt.replica))
+
+    async def _finish_stream(self, call: _Call, status: CallStatus, error: str | None) -> str | None:
         """Record a stream's call; the message to end the stream with when its record could not be kept."""
+        capture = call.capture
         unrecorded: str | None = None
-        with trace.use_span(span, end_on_exit=True):
+        with trace.use_span(call.span, end_on_exit=True):
             try:
                 await self._record(capture, status, error_message=error, upstream_status_code=200,
-                                   replica=replica, fingerprint=fingerprint)
+                                   replica=call.replica, fingerprint=call.fingerprint)
             except CallLogUnavailableError as exc:  # the answer's headers are long gone: no 503 now
                 unrecorded = exc.message
             else:
-                self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=status is CallStatus.OK)
+                self.retries.end(capture.rollout_id, call.fingerprint, capture.call_id, ok=status is CallStatus.OK)
             ok = status is CallStatus.OK and unrecorded is None
             if not ok:
-                span.set_status(Status(StatusCode.ERROR, unrecorded or status.value))
+                call.span.set_status(Status(StatusCode.ERROR, unrecorded or status.value))
         return unrecorded
 
-    def _record_in_background(self, capture: CallCapture, status: CallStatus, message: str, replica: str | None,
-                              span: trace.Span, fingerprint: bytes) -> None:
+    def _record_in_background(self, call: _Call, status: CallStatus, message: str) -> None:
         """Record a call whose handler is being cancelled; the server drains these before the journal closes."""
-        span.set_status(Status(StatusCode.ERROR, message))  # the handler ends the span as it unwinds
+        call.span.set_status(Status(StatusCode.ERROR, message))  # the handler ends the span as it unwinds
 
         async def record() -> None:
-            with trace.use_span(span, end_on_exit=False):  # the event carries the call's trace
+            with trace.use_span(call.span, end_on_exit=False):  # the event carries the call's trace
                 try:
-                    await self._record(capture, status, error_message=message, replica=replica,
-                                       fingerprint=fingerprint)
+                    await self._record(call.capture, status, error_message=message, replica=call.replica,
+                                       fingerprint=call.fingerprint)
                 except CallLogUnavailableError:
                     return  # logged where it failed; nobody is left to answer
-                self.retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
+                self.retries.end(call.capture.rollout_id, call.fingerprint, call.capture.call_id, ok=False)
 
         self._in_background(record())
 
@@ -571,23 +516,25 @@ class CallService:
         task.add_done_callback(self._background.discard)
         return task
 
-    async def _fail(self, adapter: Adapter, capture: CallCapture, span: trace.Span, retries: RetryTracker,
-                    fingerprint: bytes, http_status: int, status: CallStatus, message: str,
-                    replica: str | None, *, upstream_status: int | None = None) -> Response:
-        """Record the failed call and answer the harness ``http_status`` in its API's shape.
+    async def _fail(self, call: _Call, failed: _CallFailed) -> Response:
+        """Record the failed call and answer the harness ``failed.http_status`` in its API's shape.
 
-        ``upstream_status`` is the engine's own status when it answered (an answer that could not
-        be used); otherwise an engine error's status is the one the harness gets.
+        ``failed.upstream_status`` is the engine's own status when it answered (an answer that
+        could not be used); otherwise an engine error's status is the one the harness gets.
         """
-        if upstream_status is None and status is CallStatus.UPSTREAM_ERROR:
-            upstream_status = http_status
-        await self._record(capture, status, error_message=message, upstream_status_code=upstream_status,
-                           replica=replica, fingerprint=fingerprint)
-        retries.end(capture.rollout_id, fingerprint, capture.call_id, ok=False)
-        span.set_status(Status(StatusCode.ERROR, message))
-        span.end()
-        kind = "api_error" if http_status >= 500 else "invalid_request_error"
-        return _json(adapter.error(http_status, message, kind), http_status)
+        upstream_status = failed.upstream_status
+        if upstream_status is None and failed.status is CallStatus.UPSTREAM_ERROR:
+            upstream_status = failed.http_status
+        if call.attempt is not None:
+            call.attempt.end()
+        capture = call.capture
+        await self._record(capture, failed.status, error_message=failed.message,
+                           upstream_status_code=upstream_status, replica=call.replica, fingerprint=call.fingerprint)
+        self.retries.end(capture.rollout_id, call.fingerprint, capture.call_id, ok=False)
+        call.span.set_status(Status(StatusCode.ERROR, failed.message))
+        call.span.end()
+        kind = "api_error" if failed.http_status >= 500 else "invalid_request_error"
+        return _json(call.adapter.error(failed.http_status, failed.message, kind), failed.http_status)
 
     async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,
                       upstream_status_code: int | None = None, replica: str | None = None,
@@ -615,6 +562,250 @@ class CallService:
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})
         if capture.first_token_s is not None:
             telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
+
+
+class _StreamRelay:
+    """One streamed answer on its way from the engine to the harness, and how it ended.
+
+    Chunks go to the harness as they come; what ends its answer (the closing events, or the error
+    that replaces them) is held until the call's record is durable, and so is a tool call's
+    closing event, on which harnesses run the tool, with everything after it.
+    """
+
+    def __init__(self, service: CallService, call: _Call, attempt: _Attempt, session: StreamSession) -> None:
+        self.service = service
+        self.call = call
+        self.attempt = attempt
+        self.session = session
+        self.held: list[bytes] = []
+        """What ends the answer (from a tool call's closing event on), sent once the call is recorded."""
+        self.finished = False
+        """The answer has its finish reason: what comes now is the end."""
+        self.stopped = False
+        """The relay ended the answer early (an engine error, an abort, a refused chunk)."""
+        self.broken = False
+        """The engine's stream failed: its connection is not reused."""
+        self.cut: str | None = None
+        """Why a chat answer relayed as the engine sent it is not whole."""
+        self.first = True
+        self.status = CallStatus.CLIENT_DISCONNECTED
+        self.error: str | None = None
+        self.keepalive_s = service.settings.stream_keepalive_s
+        # A translated stream is told when the engine goes silent (a queue or a prefill before the
+        # first token, a pause for new weights) as well as when its chunks make no event.
+        self.idle_s = None if call.adapter.protocol is ApiProtocol.OPENAI_CHAT else self.keepalive_s
+        self.sent_at = 0.0
+
+    async def run(self) -> AsyncIterator[bytes]:
+        """The harness's stream: the engine's chunks as they come, then what was held once the call is recorded."""
+        self.sent_at = time.monotonic()
+        try:
+            async for line in self.attempt.response.lines(idle_s=self.idle_s):
+                if line is IDLE:
+                    out = self._keepalive()
+                    if out:
+                        yield out
+                        self.sent_at = time.monotonic()
+                    continue
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                out = self._take(data)
+                if self.stopped:
+                    break
+                if out:
+                    yield out
+                    self.sent_at = time.monotonic()
+                    # With the engine ahead of us, reading and writing never suspend; give the
+                    # disconnect listener its turn, or a gone harness goes unnoticed.
+                    await asyncio.sleep(0)
+            else:
+                if not self.finished:
+                    raise EngineError("engine stream ended without [DONE]")
+            self._end()
+        except (EngineError, orjson.JSONDecodeError, _ChunkShapeError) as exc:
+            self._broke(exc)
+        except BaseException as exc:
+            self._abandoned(exc)
+            raise
+        for out in await self._recorded():
+            yield out
+
+    def _hold(self, out: bytes) -> None:
+        # Tells the session that the call which made ``out`` began what is held back (what
+        # ``unrecorded`` replaces).
+        if not self.held:
+            self.session.hold()
+        self.held.append(out)
+
+    def _stop(self, status: CallStatus, error: str, out: bytes) -> None:
+        """End the answer here, with ``out`` (held) as its last bytes."""
+        self.status, self.error, self.stopped = status, error, True
+        self._hold(out)
+
+    def _keepalive(self) -> bytes:
+        """An event that only says the answer is coming, when the harness has been sent nothing for a while.
+
+        None once something is held: it would come before what is held (and, in a Responses stream,
+        take a sequence number after it).
+        """
+        if not self.finished and not self.held and time.monotonic() - self.sent_at >= self.keepalive_s:
+            return self.session.keepalive()
+        return b""
+
+    def _take(self, data: bytes) -> bytes:
+        """Capture and translate one engine chunk; what to send the harness now (what ends its answer is held)."""
+        call, session = self.call, self.session
+        prompt_ids = None
+        opening = self.first
+        if opening:  # vLLM sends the prompt's ids once, with the first chunk
+            self.first = False
+            data, prompt_ids = _without_prompt_ids(data, call.asked)
+        chunk = orjson.loads(data)
+        if type(chunk) is not dict or type(chunk.get("choices") or []) is not list \
+                or any(type(c) is not dict for c in chunk.get("choices") or ()):
+            raise _ChunkShapeError(f"an engine chunk that is not a chat completion chunk: {data[:200]!r}")
+        if prompt_ids is not None:  # only a readable chunk's
+            call.capture.prompt_ids_json = prompt_ids
+        if "error" in chunk and not chunk.get("choices"):
+            detail = chunk["error"]
+            error = detail if isinstance(detail, str) else orjson.dumps(detail).decode()
+            self._stop(CallStatus.UPSTREAM_ERROR, error, session.fail(_engine_message(error)))
+            return b""
+        try:
+            call.capture.on_chunk(chunk)
+        except (TypeError, AttributeError, KeyError, ValueError) as exc:
+            raise _ChunkShapeError(f"an engine chunk not understood: {exc!r}") from exc
+        if opening and call.capture.prompt_token_count:
+            session.prompt_length(call.capture.prompt_token_count)
+        ends = any(c.get("finish_reason") for c in chunk.get("choices") or ())  # one choice: n is refused
+        if ends and _aborted(chunk["choices"]):  # looked for only in the chunk that ends the answer
+            if call.adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                self._stop(CallStatus.UPSTREAM_ERROR, ABORTED, session.fail(ABORTED))
+                return b""
+            self.cut = ENGINE_ABORTED
+        self.finished = self.finished or ends
+        out = session.feed(chunk)
+        if session.failure is not None:  # the translator refused the chunk and ended the stream
+            self._stop(CallStatus.UPSTREAM_ERROR, session.failure, out)
+            return b""
+        if not out:
+            out = self._keepalive()  # a long think the translation carries nothing of
+        if out and (self.finished or self.held or session.tool_closed):
+            # The answer's end, or a tool call's closing event, which harnesses act on as on the
+            # end: held with all that follows until the call is recorded.
+            self._hold(out)
+            return b""
+        return out
+
+    def _outcome(self) -> tuple[CallStatus, str | None]:
+        """How a stream that reached its end is recorded."""
+        return (CallStatus.OK, None) if self.cut is None else (CallStatus.UPSTREAM_ERROR, self.cut)
+
+    def _end(self) -> None:
+        """Hold the answer's end: its closing events, or the error of an answer that never began."""
+        if self.error is None and not self.finished and self.call.capture.completion_tokens == 0:
+            # [DONE] before any finish reason or token: how vLLM ends an answer aborted before its
+            # first token (its final chunk comes only with a token). An answer with tokens and no
+            # finish reason goes on as it came: an engine that drops its last chunk would
+            # otherwise fail the same call on every retry.
+            if self.call.adapter.protocol is not ApiProtocol.OPENAI_CHAT:
+                self._stop(CallStatus.UPSTREAM_ERROR, UNFINISHED, self.session.fail(UNFINISHED))
+            else:
+                self.cut = ENGINE_UNFINISHED
+        if self.error is None:
+            self.status, self.error = self._outcome()
+            self._hold(self.session.finish())
+            if self.session.failure is not None:  # e.g. a Responses answer without an end
+                self.status, self.error = CallStatus.UPSTREAM_ERROR, self.session.failure
+
+    def _broke(self, exc: Exception) -> None:
+        """The engine's stream failed or broke its form."""
+        self.broken = True
+        if self.error is None and self.session.ended and self.session.failure is None:
+            # Only the engine's [DONE] was missing: the harness's answer is whole and ends as it
+            # would have, and the call is recorded as what it served.
+            self.status, self.error = self._outcome()
+        else:
+            timed_out = isinstance(exc, EngineTimeoutError)
+            self.status = CallStatus.UPSTREAM_TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
+            self.error = f"engine {'timed out' if timed_out else 'stream broke'}: {exc!r}"
+            self._hold(self.session.fail(self.error))
+
+    def _abandoned(self, exc: BaseException) -> None:
+        """The harness went away (the task is cancelled or the generator closed), or the proxy failed.
+
+        The engine request is cancelled by closing it, and what was sampled is still recorded.
+        Anything but a hang-up is a fault of the proxy, recorded as such.
+        """
+        disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
+        self.attempt.response.close(finished=False)
+        self.attempt.end()
+        self.call.capture.weight_version = self.service._weight_version(self.attempt)
+        self.service._in_background(self.service._finish_stream(
+            self.call, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
+            None if disconnected else f"proxy failed mid-stream: {exc!r}"))
+
+    async def _recorded(self) -> list[bytes]:
+        """Record the call; then what was held, or the stream's error when the record was lost."""
+        call, attempt = self.call, self.attempt
+        attempt.response.close(finished=not self.broken and (self.status is CallStatus.OK or self.cut is not None
+                                                              or self.error == UNFINISHED))
+        attempt.end()
+        upstream_s = time.perf_counter() - attempt.started
+        call.capture.weight_version = self.service._weight_version(attempt)
+        # Shielded: a harness that hangs up while the record is written (its flush to disk, with
+        # JOURNAL_FSYNC_INTERVAL_MS=0) cancelled this between the record and the retry tracker's end,
+        # leaving the attempt in flight for good. The recording now runs to its end regardless.
+        unrecorded = await asyncio.shield(
+            self.service._in_background(self.service._finish_stream(call, self.status, self.error)))
+        if unrecorded is not None:
+            # The harness must not keep an answer whose record is lost: it gets the stream's error
+            # instead of its end, and sends the call again.
+            return [self.session.unrecorded(unrecorded)]
+        if self.status is CallStatus.OK:
+            # As for whole answers: the proxy's own time before the engine's stream and after it
+            # (recording the call); relaying chunks overlaps the engine's generation.
+            telemetry.added_latency.record(max(0.0, call.capture.elapsed() - upstream_s),
+                                           {"protocol": call.adapter.protocol.value, "streamed": True})
+        return self.held
+
+
+def _normalise(adapter: Adapter, body: Any) -> tuple[dict[str, Any], bytes]:
+    """The request in chat form, and its conversation (what makes a re-send the same turn).
+
+    Raises:
+        ProxyError: the request is refused (the harness's fault), in its API's terms.
+    """
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    try:
+        chat = adapter.to_chat(body)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # A shape the translator's checks did not foresee (a list where a name belongs): still
+        # the request's fault, and still answered in the API's own error shape.
+        logger.warning("request translation failed on unexpected input", exc_info=True)
+        raise InvalidRequestError(f"the request could not be translated: {exc!r}") from exc
+    # A re-send of the same conversation is a retry even if transport details differ: Claude Code
+    # falls back from streaming to a whole answer with a smaller max_tokens.
+    conversation = dumps_within_depth({k: chat.get(k) for k in _CONVERSATION_KEYS}, option=orjson.OPT_SORT_KEYS)
+    # The rest is sent whole later, once the call counts as an attempt, and a Responses answer
+    # echoes most of its request (metadata, text, reasoning, tools): encoded now only to learn
+    # that they can be, and be recorded, so a field too deep is refused here and not answered 500
+    # without a record. The whole Responses body rather than a list of the echoed fields, so a
+    # field the echo gains later is covered too.
+    dumps_within_depth({k: v for k, v in chat.items() if k not in _CONVERSATION_KEYS})
+    if adapter.protocol is ApiProtocol.OPENAI_RESPONSES:
+        dumps_within_depth(body)
+    return chat, conversation
+
+
+def _taken_back(watch: HangupWatch) -> bool:
+    """Whether the task's cancellation was the hang-up watch's alone; then it is taken back."""
+    task = asyncio.current_task()
+    return watch.cancelled and task is not None and task.uncancel() == 0
 
 
 def _aborted(choices: Any) -> bool:
@@ -647,20 +838,6 @@ def _context_length(models: object) -> int | None:
 
 class _ChunkShapeError(Exception):
     """A stream chunk that is JSON but not a chat completion chunk: the engine's fault, as broken JSON is."""
-
-
-def _choices(n: Any) -> int:
-    """How many choices a request's ``n`` asks the engine for (the engine refuses what is not a count).
-
-    Read as vLLM's request model (pydantic, lax) reads it: ``2.0`` and ``"2"`` are 2. Taken for
-    1, the other choices' output was held back from the harness once the first choice ended.
-    """
-    if type(n) is not int and n is not None:
-        try:
-            n = _COUNT.validate_python(n)
-        except ValidationError:
-            return 1
-    return n if type(n) is int and n > 1 else 1
 
 
 def _same(before: str | None, after: str | None) -> str | None:

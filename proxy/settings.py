@@ -102,7 +102,8 @@ class ProxySettings(BaseSettings):
     (the local engine's) they are the model's own at temperature 1, so the ratios look right
     and the bias goes unseen. The event records the forced values (what the engine got; the
     harness's values they replaced are not kept). Keys and ranges:
-    :data:`FORCEABLE_SAMPLING`; a ``logit_bias`` or a structured-output grammar the harness sends
+    :data:`FORCEABLE_SAMPLING`. Chat completions' other fields that bend the distribution are
+    refused (:mod:`proxy.chat_fields`); a structured-output format a translated request asks for
     still applies."""
 
     upstream_timeout_s: float = Field(default=600.0, gt=0)

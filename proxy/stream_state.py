@@ -52,6 +52,8 @@ class ChunkTranslator(ABC):
         self._usage: dict[str, Any] | None = None
         self._held_between_calls = ""
         self._tool_calls: dict[int, ToolCall] = {}
+        self.tool_closed = False
+        """A tool call's closing event (its whole arguments) is out: harnesses run the tool on it."""
         """The answer's tool calls by their key, in the engine's order."""
 
     def _read(self, chunk: dict[str, Any], events: list[Event]) -> None:

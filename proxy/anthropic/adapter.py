@@ -88,5 +88,9 @@ class _AnthropicStream:
         return b"".join(sse_encode(name, data) for name, data in self.translator.keepalive())
 
     @property
+    def tool_closed(self) -> bool:
+        return self.translator.tool_closed
+
+    @property
     def ended(self) -> bool:
         return self.translator.done

@@ -1047,6 +1047,7 @@ class StreamTranslator(ChunkTranslator):
         tool, self._open_tool = self._open_tool, None
         if tool is not None:
             self._stopped_tools.add(tool.key)
+            self.tool_closed = True
             text = tool.arguments
             if text:
                 parsed = _parse_arguments(text)

@@ -1412,6 +1412,7 @@ class StreamTranslator(ChunkTranslator):
                 self._emit(events, "response.function_call_arguments.done", **where, name=done["name"],
                            arguments=item.text)
             self._tool = None
+            self.tool_closed = True
         self._emit(events, "response.output_item.done", output_index=item.output_index, item=done)
 
     def _close_all(self, events: list[Event], status: str) -> None:

@@ -1,7 +1,8 @@
 """An engine that answers 200 with something that is not a chat completion, or whose stream ends
 in an error or breaks: the harness gets a clear error in its own API's shape, and the call is
-still recorded, as an engine error. Also the stream shapes real vLLM sends only rarely (two
-choices; a break after the answer's end), which the proxy must neither hold back nor fail.
+still recorded, as an engine error. Also the stream shapes real vLLM sends only rarely (a break
+after the answer's end, two tool calls in one answer), which the proxy must neither fail nor relay
+before their time.
 
 The engine is the scripted one (:mod:`scripted_engine`) because real vLLM never sends such an
 answer; every other part is real (the proxy on uvicorn, the broker).
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -199,40 +199,6 @@ async def test_a_translated_stream_whose_engine_breaks_after_its_usage_chunk_is_
     assert event.choices[0].completion_token_ids == [11, 12] and event.usage is not None
 
 
-async def test_a_stream_of_two_choices_goes_on_streaming_after_the_first_ends(
-        kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
-    """With ``n: 2`` the second choice's tokens stream as they come after the first has ended;
-    only the stream's end waits for the call's record (before the fix, all of it was held)."""
-    pause = 1.5
-    script: list[bytes | float] = [
-        _chunk([_piece("a", 11, index=0)], prompt_token_ids=[1, 2, 3]), _chunk([_piece("", 12, index=0, finish="stop")]),
-        _chunk([_piece("b", 13, index=1)]), pause, _chunk([_piece("", 14, index=1, finish="stop")]),
-        _chunk([], usage={"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}), b"[DONE]"]
-    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, stream=script)])
-    async with engine.running(free_port()) as engine_url:
-        settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
-                                 spool_dir=tmp_path / "spool", kafka=kafka_settings, publish_timeout_s=5.0)
-        server, task = await serve(settings)
-        try:
-            token = mint_token(KEY, "r-two", Role.AGENT, 600)
-            arrived: list[tuple[float, bytes]] = []  # each data line, when it came
-            async with httpx.AsyncClient(timeout=30) as client, client.stream(
-                    "POST", f"http://127.0.0.1:{settings.port}/rollouts/r-two/v1/chat/completions",
-                    headers={"authorization": f"Bearer {token}"},
-                    json={"model": "m", "n": 2, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-            ) as answer:
-                arrived.extend([(time.monotonic(), line.encode()) async for line in answer.aiter_lines()
-                                if line.startswith("data:")])
-        finally:
-            await shutdown(server, task)
-    second = next(t for t, line in arrived if b'"content":"b"' in line)
-    assert arrived[-1][1] == b"data: [DONE]"
-    assert arrived[-1][0] - second > pause / 2, [(round(t - second, 2), line[:60]) for t, line in arrived]
-    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
-    assert event.status is CallStatus.OK
-    assert [c.completion_token_ids for c in sorted(event.choices, key=lambda c: c.index)] == [[11, 12], [13, 14]]
-
-
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_an_answer_the_engine_began_and_did_not_end_in_time_is_a_timeout(
         streamed: bool, kafka_settings: KafkaSettings, topics: TopicRegistry, tmp_path: Path) -> None:
@@ -309,3 +275,65 @@ async def test_a_whole_answers_tool_input_keeps_integers_past_64_bits(
     assert block["input"] == {"id": 1234567890123456789012345678901, "small": 7, "ratio": 0.25, "name": "x"}
     [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
     assert event.status is CallStatus.OK and list(event.choices[0].completion_token_ids) == [5, 6, 7]
+
+
+def _tool_piece(call: int, call_id: str, arguments: str, token: int) -> dict[str, object]:
+    return {"index": 0, "delta": {"role": "assistant", "tool_calls": [
+        {"index": call, "id": call_id, "type": "function", "function": {"name": "get", "arguments": arguments}}]},
+        "logprobs": {"content": [{"token": "t", "logprob": -0.5, "bytes": None, "top_logprobs": []}]},
+        "finish_reason": None, "token_ids": [token]}
+
+
+def _journal_bytes(spool: Path) -> int:
+    return sum(segment.stat().st_size for segment in (spool / "journal").glob("*.log"))
+
+
+@pytest.mark.parametrize(("path", "body", "closes_first_call"), [
+    ("/v1/messages", {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "go"}],
+                      "tools": [{"name": "get", "input_schema": {"type": "object"}}]},
+     lambda event: event.get("type") == "content_block_stop" and event.get("index") == 0),
+    ("/v1/responses", {"model": "m", "input": "go", "stream": True,
+                       "tools": [{"type": "function", "name": "get", "parameters": {"type": "object"}}]},
+     lambda event: event.get("type") == "response.output_item.done" and event["item"]["type"] == "function_call"),
+])
+async def test_a_tool_call_s_closing_event_waits_for_the_call_s_record(
+        path: str, body: dict[str, object], closes_first_call: Any, kafka_settings: KafkaSettings,
+        topics: TopicRegistry, tmp_path: Path) -> None:
+    """A harness runs a tool on its call's closing event, not on the answer's end: that event waits
+    until the call's record is durable, as the terminal events do. The engine closes the first of
+    two calls by beginning the second, then pauses before the answer's end: the first call's
+    closing event went out during that pause, before anything of the call was recorded."""
+    script: list[bytes | float] = [
+        _chunk([_tool_piece(0, "call_a", '{"a": 1}', 11)], prompt_token_ids=[1, 2, 3]),
+        _chunk([_tool_piece(1, "call_b", '{"b": 2}', 12)]), 1.0,
+        _chunk([{"index": 0, "delta": {}, "finish_reason": "tool_calls", "token_ids": [13],
+                 "logprobs": {"content": [{"token": "e", "logprob": -0.5, "bytes": None, "top_logprobs": []}]}}]),
+        _chunk([], usage={"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}), b"[DONE]"]
+    engine = ScriptedEngine(command="true", faults=[Fault(match=lambda _b: True, stream=script)])
+    spool = tmp_path / "spool"
+    async with engine.running(free_port()) as engine_url:
+        settings = ProxySettings(port=free_port(), upstreams=[engine_url], credential_key=KEY.decode(),
+                                 spool_dir=spool, kafka=kafka_settings, publish_timeout_s=5.0)
+        server, task = await serve(settings)
+        try:
+            token = mint_token(KEY, "r-tools", Role.AGENT, 600)
+            before = _journal_bytes(spool)
+            recorded_at_close: int | None = None
+            types: list[str] = []
+            async with httpx.AsyncClient(timeout=30) as client, client.stream(
+                    "POST", f"http://127.0.0.1:{settings.port}/rollouts/r-tools{path}", json=body,
+                    headers={"authorization": f"Bearer {token}"}) as answer:
+                assert answer.status_code == 200
+                async for line in answer.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    event = orjson.loads(line[5:])
+                    types.append(event.get("type"))
+                    if recorded_at_close is None and closes_first_call(event):
+                        recorded_at_close = _journal_bytes(spool)  # what the journal holds as the harness acts
+        finally:
+            await shutdown(server, task)
+    assert recorded_at_close is not None, types
+    assert recorded_at_close > before, "the tool call's closing event came before the call's record"
+    [event] = await read_events(kafka_settings, topics, CALLS, expect=1)
+    assert event.status is CallStatus.OK and event.choices[0].completion_token_ids == [11, 12, 13]

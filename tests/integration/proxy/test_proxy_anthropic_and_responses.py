@@ -197,11 +197,13 @@ async def test_a_refused_request_is_recorded_once_without_its_media_or_its_deepe
     # would be answered and then fail to be recorded (it got a 500 and left no event).
     bodies = {"r-refused-deep": ("chat/completions", {"model": "m", "messages": [{"role": "user",
                                                                                    "content": nested(300)}]}),
-              "r-refused-deep-metadata": ("chat/completions", {"model": "m", "metadata": {"trace": nested(300)},
+              "r-refused-deep-metadata": ("chat/completions", {"model": "m", "stream": True,
+                                                               "stream_options": {"trace": nested(300)},
                                                                "messages": [{"role": "user", "content": "hi"}]}),
               "r-refused-deep-responses": ("responses", {"model": "m", "input": "hi",
                                                          "metadata": {"trace": nested(300)}}),
-              "r-refused-writable": ("chat/completions", {"model": "m", "max_tokens": 4, "metadata": {"trace": nested(252)},
+              "r-refused-writable": ("chat/completions", {"model": "m", "max_tokens": 4, "stream": True,
+                                                          "stream_options": {"trace": nested(252)},
                                                           "messages": [{"role": "user", "content": "hi"}]})}
     async with httpx.AsyncClient(timeout=30) as http:
         for rollout, (path, body) in bodies.items():
@@ -211,14 +213,15 @@ async def test_a_refused_request_is_recorded_once_without_its_media_or_its_deepe
         # The most a request may nest (128 levels, the body counted) is answered and recorded whole.
         answer = await http.post(f"{proxy.base('r-deepest')}/v1/chat/completions",
                                  headers={"authorization": f"Bearer {proxy.token('r-deepest')}"},
-                                 json={"model": "m", "max_tokens": 4, "metadata": {"trace": nested(126)},
+                                 json={"model": "m", "max_tokens": 4, "stream": True,
+                                       "stream_options": {"trace": nested(126)},
                                        "messages": [{"role": "user", "content": "hi"}]})
         assert answer.status_code == 200, answer.text
     events = {e.rollout_id: e for e in await calls_of(proxy, 6)}
     assert events["r-refused-deep-metadata"].status is events["r-refused-deep-responses"].status \
         is events["r-refused-writable"].status is CallStatus.INVALID_REQUEST
     assert events["r-deepest"].status is CallStatus.OK
-    assert events["r-deepest"].request.extra["metadata"] == {"trace": nested(126)}
+    assert events["r-deepest"].request.extra["stream_options"] == {"trace": nested(126)}
     image, deep = events["r-refused-image"], events["r-refused-deep"]
     assert image.status is deep.status is CallStatus.INVALID_REQUEST
     assert image.request.messages == [] and deep.request.messages == []  # the body once, not twice
@@ -423,10 +426,10 @@ async def test_responses_previous_response_id_is_refused_by_name(proxy) -> None:
         assert refused_part.value.param == "input[0].content[0].type", refused_part.value.body
 
 
-async def test_output_ceiling_over_the_engines_context_is_lowered_for_translated_calls(proxy, vllm_url) -> None:
+async def test_output_ceiling_over_the_engines_context_is_lowered(proxy, vllm_url) -> None:
     """Claude Code asks for 32,000 output tokens whatever the model; vLLM refuses a max_tokens
-    over its context length. Translated calls get the engine's context length as their ceiling
-    (the event records what the engine got); chat completions reach the engine as sent."""
+    over its context length. Calls get the engine's context length as their ceiling (the event
+    records what the engine got), chat completions as well."""
     async with httpx.AsyncClient() as http:
         context = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]["max_model_len"]
     assert context < 32_000
@@ -441,9 +444,9 @@ async def test_output_ceiling_over_the_engines_context_is_lowered_for_translated
     assert recorded.request.sampling["max_tokens"] == context
     assert recorded.status in {CallStatus.CLIENT_DISCONNECTED, CallStatus.OK}
     async with responses_client(proxy, "r-ceiling-chat") as chat:  # the same client speaks chat
-        with pytest.raises(openai.BadRequestError, match="max_tokens"):
-            await chat.chat.completions.create(model="m", max_tokens=32_000,
-                                               messages=[{"role": "user", "content": "Hi"}])
+        await chat.chat.completions.create(model="m", max_tokens=32_000, messages=[{"role": "user", "content": "Hi"}])
+    [_, chat_call] = await calls_of(proxy, 2)
+    assert chat_call.status is CallStatus.OK and chat_call.request.sampling["max_tokens"] == context
 
 
 async def test_an_answer_that_fills_the_context_says_so_to_an_anthropic_harness(proxy, vllm_url) -> None:

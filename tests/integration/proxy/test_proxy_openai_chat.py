@@ -243,3 +243,27 @@ async def test_forced_sampling_reaches_the_engine_whatever_the_harness_asked(pro
     assert [e.request.sampling for e in events[:4]] == [{**POLICY_SAMPLING, "max_tokens": 8, "seed": 7 + i}
                                                         for i in range(4)]
     assert events[4].request.sampling["temperature"] == POLICY_SAMPLING["temperature"]
+
+
+async def test_a_field_that_bends_sampling_is_refused_by_name_and_the_budget_fits_the_context(
+        proxy, vllm_url) -> None:
+    # Through the openai SDK, as a harness sends them: an OpenAI field and a vLLM one (extra_body).
+    async with client_for(proxy, "r-fields") as client:
+        with pytest.raises(openai.BadRequestError, match="logit_bias") as bias:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                 logit_bias={"12": -100}, max_tokens=2)
+        with pytest.raises(openai.BadRequestError) as tokens:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=2, extra_body={"min_tokens": 2})
+        # Over the engine's context, which vLLM refuses: lowered to it, and vLLM lowers it to what
+        # the prompt leaves.
+        answer = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=32_000, extra_body={"store": False})
+    assert (bias.value.param, tokens.value.param) == ("logit_bias", "min_tokens")
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    async with httpx.AsyncClient() as http:
+        context = (await http.get(f"{vllm_url}/v1/models")).json()["data"][0]["max_model_len"]
+    refused_bias, refused_tokens, fitted = await calls_of(proxy, 3)
+    assert refused_bias.status is refused_tokens.status is CallStatus.INVALID_REQUEST
+    assert fitted.status is CallStatus.OK and fitted.request.sampling["max_tokens"] == context
+    assert "store" not in fitted.request.extra  # dropped: not the engine's to see

@@ -182,7 +182,7 @@ async def test_malformed_and_mistyped_requests_get_400_and_are_recorded(proxy: R
     for field, value in (("tools", "x"), ("stream", "false"), ("stream_options", [1])):
         mistyped = await post(url, json={**CHAT, "stream": True, field: value}, token=token)
         assert mistyped.status_code == 400 and field in mistyped.json()["error"]["message"], mistyped.text
-    engine_refuses = await post(url, json={**CHAT, "max_tokens": 100_000}, token=token)
+    engine_refuses = await post(url, json={**CHAT, "temperature": -1}, token=token)
     assert engine_refuses.status_code == 400  # the engine's own verdict, passed on
     events = await calls_of(proxy, 7)
     assert [e.status for e in events] == [CallStatus.INVALID_REQUEST] * 6 + [CallStatus.UPSTREAM_ERROR]
@@ -408,41 +408,47 @@ async def test_helper_routes_answer_502_when_the_engine_cannot_name_its_model(pr
 
 async def test_client_disconnect_mid_stream_is_recorded_and_retry_is_linked(proxy: RunningProxy,
                                                                             vllm_url: str) -> None:
-    # The harness leaves after the first token; the engine must stop making the answers nobody
-    # reads (with EOS ignored it would make them whole). The engine is paused (mode keep: its
+    # The harness leaves after the first token; the engine must stop making the answer nobody
+    # reads (greedy, this prompt's answer runs to max_tokens). The engine is paused (mode keep: its
     # requests frozen where they are) the moment the harness has its first token, so the race
     # between the proxy hearing the harness leave and the engine finishing is decided by the proxy
     # alone, however long the machine holds either process off the CPU: held for seconds on a
     # loaded two-core machine, the proxy used to hear the harness only after the engine had made
-    # every token. Only the pause itself must land before the engine is done: 256 answers of 990
-    # tokens, twice what the engine's cache holds at once, are some forty seconds of its work.
+    # every token. Only the pause itself must land before the engine is done: with 255 answers of
+    # 990 tokens beside it (asked of the engine itself), twice what its cache holds at once, that is
+    # some forty seconds of its work.
     answers, tokens = 256, 990
-    body = {**CHAT, "max_tokens": tokens, "n": answers, "ignore_eos": True, "stream": True,
+    body = {**CHAT, "max_tokens": tokens, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Tell a story."}]}
     whole = answers * tokens
     url = f"{proxy.base('r-cut')}/v1/chat/completions"
+    model = await _served(vllm_url)
     generated_before = await _engine_idle(vllm_url)
+    made_whole = await _engine_metric(vllm_url, "vllm:request_success_total", finished_reason="length")
     async with _engine_held(vllm_url) as hold:
         async with httpx.AsyncClient(timeout=60, verify=PLAIN) as client, \
                 client.stream("POST", url, json=body, headers=auth(proxy.token("r-cut"))) as response:
             assert response.status_code == 200
-            async for line in response.aiter_lines():
-                if line.startswith("data:") and any(choice["delta"].get("content")
-                                                    for choice in orjson.loads(line[5:])["choices"]):
-                    break  # the first token (the first chunks only open the answers)
-            await hold.pause()
+            async with _engine_load(vllm_url, model, answers - 1, tokens):
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and any(choice["delta"].get("content")
+                                                        for choice in orjson.loads(line[5:])["choices"]):
+                        break  # the first token (the first chunks only open the answer)
+                await hold.pause()
         # The harness has left; the proxy records the call once it has cut its engine request.
         [cut] = await calls_of(proxy, 1)
     assert cut.status is CallStatus.CLIENT_DISCONNECTED, cut.status
-    assert 0 < sum(len(c.completion_token_ids) for c in cut.choices) < whole  # what was made before the cut
+    assert 0 < sum(len(c.completion_token_ids) for c in cut.choices) < tokens  # what was made before the cut
     made = await _made_since(vllm_url, generated_before)
     assert 0 < made < whole, made
+    # No answer was made whole: the proxy cut its engine request (and the test its load).
+    assert await _engine_metric(vllm_url, "vllm:request_success_total", finished_reason="length") == made_whole
     # The harness re-sends the conversation (as Claude Code does after a broken stream: whole
     # answer this time); it is linked to the cut attempt. Once that succeeded, the next request of
     # the same conversation is a new call. (A retry is told by its conversation, not by its
     # sampling: short answers here keep the test quick.)
-    again = await post(url, json={**body, "n": 1, "stream": False, "max_tokens": 8}, token=proxy.token("r-cut"))
-    fresh = await post(url, json={**body, "n": 1, "max_tokens": 8}, token=proxy.token("r-cut"))
+    again = await post(url, json={**body, "stream": False, "max_tokens": 8}, token=proxy.token("r-cut"))
+    fresh = await post(url, json={**body, "max_tokens": 8}, token=proxy.token("r-cut"))
     assert again.status_code == 200 and fresh.status_code == 200
     [_, linked, new_call] = await calls_of(proxy, 3)
     assert (linked.streamed, linked.retry_of, linked.attempt, linked.status) == (False, cut.call_id, 1, CallStatus.OK)
@@ -505,7 +511,7 @@ async def test_the_model_list_refuses_an_anthropic_client_in_its_own_shape(proxy
 async def test_the_same_request_twice_at_once_is_two_calls(proxy: RunningProxy) -> None:
     # Two sub-agents of one rollout with one prompt: both answers are used, so neither call may
     # be linked to the other as its retry (the assembler leaves out every call a retry names).
-    body = {**CHAT, "max_tokens": 24, "ignore_eos": True}
+    body = {**CHAT, "max_tokens": 24}
     url = f"{proxy.base('r-twice')}/v1/chat/completions"
     answers = await asyncio.gather(*(post(url, json=body, token=proxy.token("r-twice")) for _ in range(2)))
     assert [a.status_code for a in answers] == [200, 200]
@@ -572,6 +578,24 @@ async def _engine_began(vllm_url: str, generated_before: float) -> None:
     raise AssertionError("the engine made no token in 30 s")
 
 
+async def _served(vllm_url: str) -> str:
+    """The engine's model name, as a request to it names it."""
+    return str((await get(f"{vllm_url}/v1/models")).json()["data"][0]["id"])
+
+
+@contextlib.asynccontextmanager
+async def _engine_load(vllm_url: str, model: str, answers: int, tokens: int) -> AsyncIterator[None]:
+    """``answers`` answers of ``tokens`` tokens the engine makes beside the call under test, asked of
+    the engine itself (the proxy refuses ``n`` and ``ignore_eos``), cut when the block ends: vLLM
+    aborts a request whose connection closes."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Load."}], "n": answers,
+            "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(timeout=60, verify=PLAIN) as client, \
+            client.stream("POST", f"{vllm_url}/v1/chat/completions", json=body) as stream:
+        assert stream.status_code == 200, await stream.aread()
+        yield
+
+
 async def _made_since(vllm_url: str, generated_before: float) -> float:
     """Tokens the engine made since ``generated_before``, read once the count has not moved for a
     second (an engine still at work moves it every step)."""
@@ -590,12 +614,13 @@ async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_
     # stream's test, the engine is paused once it has begun, before the harness leaves, so only
     # the pause must land before the engine's forty seconds of work are done.
     answers, tokens = 256, 990
-    body = {**CHAT, "max_tokens": tokens, "n": answers, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "Go on."}]}
+    body = {**CHAT, "max_tokens": tokens, "temperature": 0, "messages": [{"role": "user", "content": "Go on."}]}
     whole = answers * tokens
     raw = orjson.dumps(body)
     port = int(proxy.url.rsplit(":", 1)[1])
+    model = await _served(vllm_url)
     generated_before = await _engine_idle(vllm_url)
+    made_whole = await _engine_metric(vllm_url, "vllm:request_success_total", finished_reason="length")
     async with _engine_held(vllm_url) as hold:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
@@ -604,18 +629,21 @@ async def test_a_whole_answer_whose_harness_left_stops_the_engine_and_its_retry_
                          b"content-type: application/json\r\ncontent-length: " + str(len(raw)).encode()
                          + b"\r\n\r\n" + raw)
             await writer.drain()
-            await _engine_began(vllm_url, generated_before)
-            await hold.pause()
+            async with _engine_load(vllm_url, model, answers - 1, tokens):
+                await _engine_began(vllm_url, generated_before)
+                await hold.pause()
         finally:
             writer.close()
             await writer.wait_closed()
         [event] = await calls_of(proxy, 1)
     assert (event.rollout_id, event.streamed, event.status) == ("r-left", False, CallStatus.CLIENT_DISCONNECTED)
     assert event.upstream_replica and not event.choices  # cut before the engine answered
-    # With EOS ignored, answers made to the end have all their tokens.
     made = await _made_since(vllm_url, generated_before)
     assert 0 < made < whole, (made, event.timings)  # the engine began, and stopped short
-    again = await post(f"{proxy.base('r-left')}/v1/chat/completions", json={**body, "n": 1, "max_tokens": 8},
+    # No answer was made whole (greedy, this prompt's answer runs to max_tokens): the proxy cut its
+    # engine request, whether the engine had begun it or still queued it behind the load.
+    assert await _engine_metric(vllm_url, "vllm:request_success_total", finished_reason="length") == made_whole
+    again = await post(f"{proxy.base('r-left')}/v1/chat/completions", json={**body, "max_tokens": 8},
                        token=proxy.token("r-left"))
     assert again.status_code == 200
     [_, second] = await calls_of(proxy, 2)
@@ -885,7 +913,8 @@ async def test_sigterm_to_the_process_group_lets_a_stream_finish_and_ships_its_c
         chunks = 0
         async with httpx.AsyncClient(timeout=60) as client, client.stream(
                 "POST", url, headers=auth(token),
-                json={**CHAT, "seed": 1, "stream": True, "max_tokens": 600, "ignore_eos": True}) as stream:
+                json={**CHAT, "seed": 1, "stream": True, "max_tokens": 600, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Tell a story."}]}) as stream:
             assert stream.status_code == 200
             async for line in stream.aiter_lines():
                 if line.startswith("data: {"):
