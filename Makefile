@@ -7,8 +7,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench image kafka-jars engine harnesses browser learner helm kube parts \
-        python-parts clean
+.PHONY: install test test-fast lint demo observe bench image kafka-jars engine harnesses browser learner helm kube \
+        prometheus jaeger parts python-parts clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing OpenForge with its test and lint tools"
@@ -50,6 +50,14 @@ helm:
 kube:
 	@bash scripts/kube/install.sh >/dev/null
 
+# Prometheus (with promtool) and Jaeger built from the Go module proxy, for the dashboard and trace
+# tests and `make observe` (once each, cached).
+prometheus:
+	@bash scripts/prometheus/install.sh >/dev/null
+
+jaeger:
+	@bash scripts/jaeger/install.sh >/dev/null
+
 # Everything the suite needs, installed side by side: unpacking wheels keeps about one core busy while the
 # Go builds can use both, so on a fresh machine the overlap saves minutes. The learner waits for
 # the engine because it reuses the torch wheels the engine's install downloads, and Kafka's jars are
@@ -58,7 +66,7 @@ kube:
 # scripts' own progress lines say which script they come from ([kube-install +95s] ...).
 PARTS_JOBS ?= 3
 parts:
-	@$(MAKE) --no-print-directory -j$(PARTS_JOBS) kube python-parts helm harnesses browser
+	@$(MAKE) --no-print-directory -j$(PARTS_JOBS) kube python-parts helm prometheus jaeger harnesses browser
 
 python-parts: engine $(STAMP)
 	@$(MAKE) --no-print-directory learner
@@ -77,6 +85,11 @@ lint: install
 
 demo: install kafka-jars learner
 	@$(VENV)/bin/openforge demo
+
+# The demo with Prometheus (:9090) and Jaeger (:16686) receiving its metrics and traces.
+observe: install kafka-jars learner prometheus jaeger
+	@$(VENV)/bin/openforge observe --prometheus "$$(bash scripts/prometheus/install.sh 2>/dev/null | tail -n 1)/prometheus" \
+		--jaeger "$$(bash scripts/jaeger/install.sh 2>/dev/null | tail -n 1)/jaeger"
 
 bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer

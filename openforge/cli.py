@@ -30,6 +30,7 @@ _COMMANDS = {
     "watcher": ("openforge.watcher", "watcher_command"),
     "learner": ("openforge.cli", "learner_command"),
     "demo": ("openforge.demo_cli", "demo"),
+    "observe": ("openforge.observe_cli", "observe"),
     "ui": ("openforge.ui.cli", "ui_command"),
     "report": ("openforge.report", "report_group"),
 }

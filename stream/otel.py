@@ -7,6 +7,9 @@ whose calls are no-ops until a process installs an SDK. Each process's command c
 ``..._METRICS_ENDPOINT``) it installs tracer and meter providers that export over OTLP/HTTP;
 without one it installs nothing, so a laptop run pays nothing for telemetry it does not collect.
 ``OTEL_SDK_DISABLED=true`` turns it off whatever else is set, as the specification says.
+The exporters speak OTLP/HTTP (protobuf) only: a process told to speak gRPC
+(``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``) refuses to start rather than post HTTP to a gRPC port and
+lose every span and point in silence.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ __all__ = ["configure_telemetry"]
 _log = logging.getLogger(__name__)
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                   "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+_PROTOCOL_VARS = ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                  "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+_PROTOCOL = "http/protobuf"
 _configured: Callable[[], None] | None = None
 
 
@@ -34,6 +40,9 @@ def configure_telemetry(service_name: str) -> Callable[[], None]:
         A function that flushes and shuts the providers down; call it when the process drains.
         It does nothing when nothing was installed. Calling :func:`configure_telemetry` again
         returns the first call's function: providers can be set only once per process.
+
+    Raises:
+        ValueError: an OTLP protocol variable names a protocol other than ``http/protobuf``.
     """
     global _configured
     if _configured is not None:
@@ -42,6 +51,10 @@ def configure_telemetry(service_name: str) -> Callable[[], None]:
             os.environ.get(v) for v in _ENDPOINT_VARS):
         _configured = _nothing
         return _configured
+    for var in _PROTOCOL_VARS:
+        if os.environ.get(var, _PROTOCOL) != _PROTOCOL:
+            raise ValueError(f"{var}={os.environ[var]}: OpenForge exports OTLP over HTTP only; set it to "
+                             f"{_PROTOCOL} and point the endpoint at the collector's OTLP/HTTP port (4318)")
 
     from opentelemetry import metrics, trace
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter

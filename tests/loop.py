@@ -98,8 +98,13 @@ def _wait_ready(url: str, process: Process, timeout_s: float = 60) -> None:
 
 
 @contextlib.contextmanager
-def running_loop(kafka: KafkaSettings, folder: Path, learner_env: dict[str, str]) -> Iterator[Loop]:
-    """Start engine and processes (learner with ``learner_env``); stop them all on exit."""
+def running_loop(kafka: KafkaSettings, folder: Path, learner_env: dict[str, str],
+                 env_by_process: dict[str, dict[str, str]] | None = None) -> Iterator[Loop]:
+    """Start engine and processes (learner with ``learner_env``); stop them all on exit.
+
+    ``env_by_process`` adds variables to the named processes (e.g. the OpenTelemetry settings the
+    chart gives each Deployment).
+    """
     python = install_vllm()
     model_dir = make_tiny_model(python, cache_root() / "models" / "tiny-qwen2-seed0")
     engine = LocalEngine(model_dir, free_port(), python, folder / "vllm.log")
@@ -129,7 +134,8 @@ def running_loop(kafka: KafkaSettings, folder: Path, learner_env: dict[str, str]
             log = folder / f"{name}.log"
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "openforge", *args], env={**base, **env}, stdout=out,
+                    [sys.executable, "-m", "openforge", *args],
+                    env={**base, **(env_by_process or {}).get(name, {}), **env}, stdout=out,
                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             process = Process(name, proc, log)
             loop.processes.append(process)

@@ -29,7 +29,7 @@ SWITCHES: dict[str, tuple[tuple[str, Any], ...]] = {
     "kafka": (("strimzi", {"kafka": {"mode": "strimzi"}}),
               ("external", {"kafka": {"mode": "external", "bootstrapServers": "kafka-0.example:9092,kafka-1.example:9092"}})),
     "otel": (("collector", {"otel": {"collector": {"enabled": True}}}),
-             ("existing", {"otel": {"collector": {"enabled": False}, "endpoint": "http://otel.monitoring:4317"}})),
+             ("existing", {"otel": {"collector": {"enabled": False}, "endpoint": "http://otel.monitoring:4318"}})),
     "learner": (("gpu", {"learner": {"gpu": {"enabled": True}}}),
                 ("cpu", {"learner": {"gpu": {"enabled": False}}})),
 }

@@ -77,8 +77,8 @@ def test_otel_switch(rendered: dict[str, list[dict[str, Any]]], combo: Combo) ->
         if deployment in collector:
             continue
         env = env_of(deployment)
-        expected = ("http://of-openforge-otel-collector:4317" if combo.otel == "collector"
-                    else "http://otel.monitoring:4317")
+        expected = ("http://of-openforge-otel-collector:4318" if combo.otel == "collector"
+                    else "http://otel.monitoring:4318")
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == expected, deployment["metadata"]["name"]
         assert env["OTEL_SERVICE_NAME"].startswith("openforge-")
     assert len(collector) == (1 if combo.otel == "collector" else 0)

@@ -92,7 +92,7 @@ openforge.io/stack: {{ .Release.Name }}
 
 {{- define "openforge.otelEndpoint" -}}
 {{- if .Values.otel.collector.enabled }}
-{{- printf "http://%s:4317" (include "openforge.component" (dict "root" . "name" "otel-collector")) }}
+{{- printf "http://%s:4318" (include "openforge.component" (dict "root" . "name" "otel-collector")) }}
 {{- else }}
 {{- .Values.otel.endpoint }}
 {{- end }}

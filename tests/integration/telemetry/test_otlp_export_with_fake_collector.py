@@ -110,6 +110,16 @@ def test_nothing_is_exported_without_an_endpoint_or_when_disabled(collector: tup
     assert seen.spans == [] and seen.metrics == []
 
 
+def test_a_process_told_to_speak_grpc_refuses_to_start(collector: tuple[Collector, str]) -> None:
+    """The exporters speak OTLP/HTTP only: posting HTTP to a gRPC port would lose everything in silence."""
+    seen, url = collector
+    done = run_emitter({"PATH": "/usr/bin:/bin", "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+                        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert done.returncode != 0
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL=grpc" in done.stderr and "http/protobuf" in done.stderr, done.stderr
+    assert seen.spans == [] and seen.metrics == []
+
+
 # --- the real commands -------------------------------------------------------------------------
 
 def _record_for(name: str) -> tuple[object, object]:
