@@ -299,17 +299,13 @@ async def refuse_missing_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec]
     reason not to start, but one that answers without the topics is a deployment nobody finished,
     which would otherwise look healthy while its data waits for topics nobody creates.
     """
-    from stream.admin import KafkaAdmin
-
     registry = TopicRegistry.from_settings(kafka)
-    wanted = [registry[spec].name for spec in specs]
     try:
-        async with asyncio.timeout(timeout_s), KafkaAdmin(kafka, registry) as admin:
-            present = set(await admin.list_topics())
+        async with asyncio.timeout(timeout_s):
+            missing = await _missing_topics([registry[spec].name for spec in specs], kafka)
     except Exception as exc:  # noqa: BLE001 - unreachable, refused, timed out: start without it
         logger.warning("Kafka at %s did not answer at start (%s); starting without it",
                        kafka.bootstrap_servers, type(exc).__name__)
         return
-    missing = [name for name in wanted if name not in present]
     if missing:
         raise MissingTopicsError.of(missing, kafka.bootstrap_servers)
