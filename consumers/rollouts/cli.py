@@ -11,7 +11,9 @@ import click
 @click.option("--backend", type=click.Choice(["local", "kubernetes"]), default=None,
               help="Where rollouts run (default $OPENFORGE_LAUNCHER_BACKEND or local).")
 @click.option("--max-in-flight", type=int, default=None, help="Rollouts running at once.")
-@click.option("--proxy-url", default=None, help="The proxy's URL as seen from rollouts.")
+@click.option("--proxy-url", default=None,
+              help="The proxy's URL as seen from rollouts; several replicas' own URLs, comma-separated, pin each "
+                   "rollout to one.")
 @click.option("--pace/--no-pace", default=None,
               help="Start rollouts only while the learner can train them in time (default $OPENFORGE_LAUNCHER_PACE "
                    "or on); --no-pace launches without a learner.")

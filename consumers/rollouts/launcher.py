@@ -21,14 +21,15 @@ import logging
 import re
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from consumers.rollouts.backend import (
     ENV_AGENT_KEYS,
@@ -55,7 +56,7 @@ from stream.settings import KafkaSettings
 from stream.telemetry import ConsumerLag, track_consumer_lag
 from stream.topics import CHECKPOINTS, DEAD_LETTERS, ROLLOUTS, TASKS, TopicRegistry, start_consumer
 
-__all__ = ["Launcher", "LauncherSettings", "build_spec", "make_backend", "rollout_id_for"]
+__all__ = ["Launcher", "LauncherSettings", "build_spec", "make_backend", "proxy_for", "rollout_id_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,15 @@ class LauncherSettings(BaseSettings):
     backend: Backend = Backend.LOCAL
     """Where rollouts run: ``local`` processes (the demo) or ``kubernetes`` pods."""
 
-    proxy_url: str = "http://127.0.0.1:8100"
-    """The proxy's root URL as seen from inside a rollout (a Service address on a cluster)."""
+    proxy_url: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["http://127.0.0.1:8100"],
+                                                      min_length=1)
+    """The proxy's root URL as seen from inside a rollout (``OPENFORGE_LAUNCHER_PROXY_URL``); with
+    several proxy replicas, each replica's own stable address, comma-separated. Every rollout is
+    pinned to one of them (:func:`proxy_for`), so all its calls and its verifier's reward pass
+    through one replica, which ships them to Kafka in the order it took them: a reward can then
+    never overtake calls a backlogged replica still holds, and the assembler never closes a
+    trajectory without them. Behind a plain Service the calls of one rollout would spread over
+    replicas."""
 
     credential_key: SecretStr | None = Field(
         default=None,
@@ -139,6 +147,21 @@ class LauncherSettings(BaseSettings):
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     """Kafka connection (``OPENFORGE_KAFKA_*``)."""
 
+    @field_validator("proxy_url", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            urls = [str(u).strip().rstrip("/") for u in value if str(u).strip()]
+            bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+            if bad:
+                raise ValueError(f"proxy URLs must start with http:// or https://, got {', '.join(bad)}")
+            if len(set(urls)) != len(urls):
+                raise ValueError(f"a proxy URL is listed twice in {', '.join(urls)}")
+            return urls
+        return value
+
     def signing_key(self) -> bytes:
         """The credential key's bytes.
 
@@ -173,6 +196,17 @@ def rollout_id_for(task_id: str, group_index: int) -> str:
     slug = _NON_LABEL.sub("-", task_id.lower()).strip("-")[:30].strip("-") or "task"
     digest = hashlib.sha256(task_id.encode()).hexdigest()[:10]
     return f"r-{slug}-{digest}-{group_index}"
+
+
+def proxy_for(rollout_id: str, proxy_urls: Sequence[str]) -> str:
+    """The proxy replica a rollout is pinned to: the highest of a hash of (rollout, replica).
+
+    Rendezvous hashing: the choice depends only on the rollout id and the list, so a restarted
+    launcher (or another launcher replica) pins a rollout where the first one did, and a rollout
+    relaunched after a restart keeps its replica. Adding or removing a replica moves only the
+    rollouts of that replica.
+    """
+    return max(proxy_urls, key=lambda url: hashlib.sha256(f"{url}\n{rollout_id}".encode()).digest())
 
 
 def build_spec(task: TaskV1, group_index: int, *, proxy_url: str, key: bytes, token_ttl_s: float,
@@ -437,7 +471,9 @@ class Launcher(Managed):
                 return True
             # Capped: a task's timeout has no upper bound, and a lifetime past the cap is refused.
             ttl_s = min(max(self.settings.token_ttl_s, task.timeout_s + self.settings.token_grace_s), MAX_TOKEN_TTL_S)
-            spec = build_spec(task, work.next_index, proxy_url=self.settings.proxy_url, key=self._key,
+            rollout_id = rollout_id_for(task.task_id, work.next_index)
+            spec = build_spec(task, work.next_index, proxy_url=proxy_for(rollout_id, self.settings.proxy_url),
+                              key=self._key,
                               token_ttl_s=ttl_s, backend=self.backend.kind)
             if spec.rollout_id in self._known:
                 self.skipped += 1

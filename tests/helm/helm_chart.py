@@ -318,3 +318,13 @@ def metric_names(expr: str) -> set[str]:
 
     visit(promql_parser.parse(substitute_grafana_variables(expr)))
     return names
+
+
+def workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Deployments and StatefulSets."""
+    return find(objects, "Deployment") + find(objects, "StatefulSet")
+
+
+def process(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The workload that runs one OpenForge process (the proxy is a StatefulSet, the rest Deployments)."""
+    return one(objects, "StatefulSet" if name == "proxy" else "Deployment", f"-{name}")

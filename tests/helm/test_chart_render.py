@@ -8,7 +8,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from helm_chart import CHART, KUBE_VERSION, NAMESPACE, Combo, Helm, env_of, find, one
+from helm_chart import CHART, KUBE_VERSION, NAMESPACE, Combo, Helm, env_of, find, one, process, workloads
 
 from stream.topics import ALL_TOPICS
 
@@ -52,7 +52,7 @@ def test_combination_validates_strict(rendered: dict[str, list[dict[str, Any]]],
 
 def test_strict_validation_catches_an_unknown_field(default_objects: list[dict[str, Any]]) -> None:
     """Guards the validator itself: a misspelt field must fail, or the tests above prove nothing."""
-    deployment = dict(one(default_objects, "Deployment", "-proxy"))
+    deployment = dict(one(default_objects, "Deployment", "-launcher"))
     broken = {**deployment, "spec": {**deployment["spec"], "replicaz": 3}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBE_VERSION, strict=True)
@@ -60,7 +60,7 @@ def test_strict_validation_catches_an_unknown_field(default_objects: list[dict[s
 
 def test_kafka_switch(rendered: dict[str, list[dict[str, Any]]], combo: Combo) -> None:
     objects = rendered[combo.name]
-    env = env_of(one(objects, "Deployment", "-proxy"))
+    env = env_of(one(objects, "StatefulSet", "-proxy"))
     strimzi = [o for o in objects if o["apiVersion"].startswith(STRIMZI_GROUP)]
     if combo.kafka == "strimzi":
         assert env["OPENFORGE_KAFKA_BOOTSTRAP_SERVERS"] == "of-openforge-kafka-kafka-bootstrap:9092"
@@ -86,7 +86,7 @@ def test_otel_switch(rendered: dict[str, list[dict[str, Any]]], combo: Combo) ->
 
 def test_otel_off_entirely(helm: Helm, helm_tmp: Path) -> None:
     objects = helm.render({"otel": {"collector": {"enabled": False}, "endpoint": ""}}, helm_tmp)
-    env = env_of(one(objects, "Deployment", "-proxy"))
+    env = env_of(one(objects, "StatefulSet", "-proxy"))
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env
     assert env["OTEL_METRICS_EXPORTER"] == "none"
 
@@ -120,7 +120,7 @@ def test_one_gpu_runs_one_plain_learner_process(helm: Helm, helm_tmp: Path) -> N
 
 def test_every_process_has_a_deployment(default_objects: list[dict[str, Any]]) -> None:
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
-        deployment = one(default_objects, "Deployment", f"-{name}")
+        deployment = process(default_objects, name)
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         assert container["args"] == [name]
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -135,38 +135,49 @@ def test_every_process_has_a_deployment(default_objects: list[dict[str, Any]]) -
 
 def test_the_proxy_readiness_probe_waits_longer_than_its_engine_check(default_objects: list[dict[str, Any]]) -> None:
     # /ready asks the engines with a 2 s timeout; Kubernetes' default probe timeout is 1 s.
-    container = one(default_objects, "Deployment", "-proxy")["spec"]["template"]["spec"]["containers"][0]
+    container = one(default_objects, "StatefulSet", "-proxy")["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["timeoutSeconds"] > 2
 
 
-def test_proxy_autoscaler_owns_replicas(default_objects: list[dict[str, Any]], helm: Helm, helm_tmp: Path) -> None:
-    hpa = one(default_objects, "HorizontalPodAutoscaler", "-proxy")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "of-openforge-proxy"}
-    assert "replicas" not in one(default_objects, "Deployment", "-proxy")["spec"]
-    fixed = helm.render({"proxy": {"autoscaling": {"enabled": False}, "replicas": 3}}, helm_tmp)
-    assert find(fixed, "HorizontalPodAutoscaler") == []
-    assert one(fixed, "Deployment", "-proxy")["spec"]["replicas"] == 3
+def test_each_rollout_is_pinned_to_one_proxy_replica_at_its_own_address(
+        default_objects: list[dict[str, Any]], helm: Helm, helm_tmp: Path) -> None:
+    """The proxy is a StatefulSet of a fixed size behind a headless Service, and the launcher gets
+    every replica's own address: it pins each rollout to one, so the rollout's calls and its
+    reward meet in one replica (no autoscaler could remove a replica under pinned rollouts)."""
+    proxy = one(default_objects, "StatefulSet", "-proxy")
+    spec = proxy["spec"]
+    assert spec["replicas"] == 2 and spec["podManagementPolicy"] == "Parallel"
+    assert find(default_objects, "Deployment", "-proxy") == []
+    assert find(default_objects, "HorizontalPodAutoscaler") == []
+    headless = one(default_objects, "Service", "-proxy-headless")
+    assert spec["serviceName"] == headless["metadata"]["name"] and headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    launcher = env_of(one(default_objects, "Deployment", "-launcher"))
+    assert launcher["OPENFORGE_LAUNCHER_PROXY_URL"] == (
+        "http://of-openforge-proxy-0.of-openforge-proxy-headless.openforge.svc:8100,"
+        "http://of-openforge-proxy-1.of-openforge-proxy-headless.openforge.svc:8100")
+    three = helm.render({"proxy": {"replicas": 3}}, helm_tmp)
+    assert one(three, "StatefulSet", "-proxy")["spec"]["replicas"] == 3
+    assert env_of(one(three, "Deployment", "-launcher"))["OPENFORGE_LAUNCHER_PROXY_URL"].count(",") == 2
+    with pytest.raises(RuntimeError, match="autoscaling"):
+        helm.render({"proxy": {"autoscaling": {"enabled": True}}}, helm_tmp)
 
 
 def test_proxy_spool_on_claims_outlives_its_pods(default_objects: list[dict[str, Any]], helm: Helm,
                                                 helm_tmp: Path) -> None:
     """By default the spool is an emptyDir; on claims, each proxy replica keeps its own through
-    deletion and scale-in, and the autoscaler scales the StatefulSet that owns them."""
-    spool = next(v for v in one(default_objects, "Deployment", "-proxy")["spec"]["template"]["spec"]["volumes"]
+    deletion and scale-in."""
+    spool = next(v for v in one(default_objects, "StatefulSet", "-proxy")["spec"]["template"]["spec"]["volumes"]
                  if v["name"] == "spool")
     assert spool == {"name": "spool", "emptyDir": {"sizeLimit": "2Gi"}}
-    assert find(default_objects, "StatefulSet", "-proxy") == []
+    assert "volumeClaimTemplates" not in one(default_objects, "StatefulSet", "-proxy")["spec"]
     kept = helm.render({"proxy": {"spoolVolume": "persistentVolumeClaim", "spoolSizeLimit": "5Gi",
-                                  "spoolStorageClassName": "fast-ssd"}}, helm_tmp)
-    assert find(kept, "Deployment", "-proxy") == []
+                                  "spoolStorageClassName": "fast-ssd", "replicas": 3}}, helm_tmp)
     proxy = one(kept, "StatefulSet", "-proxy")
     spec = proxy["spec"]
     assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
-    assert spec["podManagementPolicy"] == "Parallel" and "replicas" not in spec
-    headless = one(kept, "Service", "-proxy-headless")
-    assert spec["serviceName"] == headless["metadata"]["name"] and headless["spec"]["clusterIP"] == "None"
-    assert headless["spec"]["selector"] == spec["selector"]["matchLabels"]
-    assert find(default_objects, "Service", "-proxy-headless") == []
+    assert spec["podManagementPolicy"] == "Parallel" and spec["replicas"] == 3
     assert spec["volumeClaimTemplates"] == [{"metadata": {"name": "spool"}, "spec": {
         "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}},
         "storageClassName": "fast-ssd"}}]
@@ -175,12 +186,7 @@ def test_proxy_spool_on_claims_outlives_its_pods(default_objects: list[dict[str,
     assert {"name": "spool", "mountPath": "/var/spool/openforge"} in pod["containers"][0]["volumeMounts"]
     assert env_of(proxy)["OPENFORGE_PROXY_SPOOL_DIR"] == "/var/spool/openforge"
     assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
-    hpa = one(kept, "HorizontalPodAutoscaler", "-proxy")
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
-                                             "name": proxy["metadata"]["name"]}
-    fixed = helm.render({"proxy": {"spoolVolume": "persistentVolumeClaim", "autoscaling": {"enabled": False},
-                                   "replicas": 3}}, helm_tmp)
-    assert one(fixed, "StatefulSet", "-proxy")["spec"]["replicas"] == 3
+    fixed = helm.render({"proxy": {"spoolVolume": "persistentVolumeClaim"}}, helm_tmp)
     assert "storageClassName" not in one(fixed, "StatefulSet", "-proxy")["spec"]["volumeClaimTemplates"][0]["spec"]
 
 
@@ -191,7 +197,7 @@ def test_the_proxy_refuses_work_before_its_spool_volume_fills(helm: Helm, helm_t
     gets the pod evicted with what it held): the bound is the volume less 512 MiB."""
     for volume in ("emptyDir", "persistentVolumeClaim"):
         objects = helm.render({"proxy": {"spoolSizeLimit": size, "spoolVolume": volume}}, helm_tmp)
-        proxy = one(objects, "StatefulSet" if volume == "persistentVolumeClaim" else "Deployment", "-proxy")
+        proxy = one(objects, "StatefulSet", "-proxy")
         assert env_of(proxy)["OPENFORGE_PROXY_SPOOL_MAX_BYTES"] == str(bound)
 
 
@@ -205,7 +211,7 @@ def test_vllm_replicas_have_the_rl_endpoints(default_objects: list[dict[str, Any
         assert flag in container["args"]
     upstreams = "http://of-openforge-vllm-0.of-openforge-vllm-headless.openforge.svc:8000," \
                 "http://of-openforge-vllm-1.of-openforge-vllm-headless.openforge.svc:8000"
-    assert env_of(one(default_objects, "Deployment", "-proxy"))["OPENFORGE_PROXY_UPSTREAMS"] == upstreams
+    assert env_of(one(default_objects, "StatefulSet", "-proxy"))["OPENFORGE_PROXY_UPSTREAMS"] == upstreams
     assert env_of(one(default_objects, "Deployment", "-publisher"))["OPENFORGE_PUBLISHER_REPLICAS"] == upstreams
 
 
@@ -213,11 +219,11 @@ def test_credentials_secret_is_mounted_where_tokens_are_signed(default_objects: 
     secret = one(default_objects, "Secret", "-credentials")
     assert set(secret["data"]) == {"signing-key"}
     for name in ("proxy", "launcher"):
-        spec = one(default_objects, "Deployment", f"-{name}")["spec"]["template"]["spec"]
+        spec = process(default_objects, name)["spec"]["template"]["spec"]
         volume = next(v for v in spec["volumes"] if v["name"] == "credentials")
         assert volume["secret"]["secretName"] == secret["metadata"]["name"]
     for name in ("assembler", "learner", "publisher", "watcher"):
-        spec = one(default_objects, "Deployment", f"-{name}")["spec"]["template"]["spec"]
+        spec = process(default_objects, name)["spec"]["template"]["spec"]
         assert all(v["name"] != "credentials" for v in spec["volumes"]), name
 
 
@@ -241,9 +247,9 @@ def test_during_a_key_rotation_the_proxy_alone_reads_the_other_key(helm: Helm, h
     data = one(objects, "Secret", "-credentials")["data"]
     assert {name: base64.b64decode(value).decode() for name, value in data.items()} == {
         "signing-key": new, "other-signing-key": old}
-    proxy = one(objects, "Deployment", "-proxy")["spec"]["template"]["spec"]
+    proxy = one(objects, "StatefulSet", "-proxy")["spec"]["template"]["spec"]
     mount = next(m for m in proxy["containers"][0]["volumeMounts"] if m["name"] == "credentials")
-    env = env_of(one(objects, "Deployment", "-proxy"))
+    env = env_of(one(objects, "StatefulSet", "-proxy"))
     # The files the Secret's volume holds, where the proxy's settings look for them.
     mounted = tmp_path / "credentials"
     mounted.mkdir()
@@ -267,12 +273,12 @@ def test_during_a_key_rotation_the_proxy_alone_reads_the_other_key(helm: Helm, h
     assert set(one(plain_objects, "Secret", "-credentials")["data"]) == {"signing-key"}
     # Each step restarts the processes that read the keys, and only those (the learner would stop training).
     def restarted(rendered: list[dict[str, Any]]) -> set[str]:
-        return {d["metadata"]["name"].rsplit("-", 1)[-1] for d in find(rendered, "Deployment")
+        return {d["metadata"]["name"].rsplit("-", 1)[-1] for d in workloads(rendered)
                 if "checksum/credentials" in (d["spec"]["template"]["metadata"].get("annotations") or {})}
 
     def checksums(rendered: list[dict[str, Any]]) -> dict[str, str]:
         return {d["metadata"]["name"]: (d["spec"]["template"]["metadata"].get("annotations") or {}).get(
-            "checksum/credentials", "") for d in find(rendered, "Deployment")}
+            "checksum/credentials", "") for d in workloads(rendered)}
 
     assert restarted(objects) == {"proxy", "launcher"}
     changed = {name for name, value in checksums(objects).items() if checksums(plain_objects)[name] != value}
@@ -282,7 +288,7 @@ def test_during_a_key_rotation_the_proxy_alone_reads_the_other_key(helm: Helm, h
 def test_existing_secret_is_referenced_not_created(helm: Helm, helm_tmp: Path) -> None:
     objects = helm.render({"credentials": {"existingSecret": "my-keys"}}, helm_tmp)
     assert find(objects, "Secret") == []
-    spec = one(objects, "Deployment", "-proxy")["spec"]["template"]["spec"]
+    spec = one(objects, "StatefulSet", "-proxy")["spec"]["template"]["spec"]
     assert {"name": "credentials", "secret": {"secretName": "my-keys", "defaultMode": 0o440}} in spec["volumes"]
 
 
@@ -384,7 +390,7 @@ def test_kafka_security_reaches_every_process_and_the_settings_take_it(helm: Hel
     own = {"secretRef": {"name": "learner-extra"}}
     objects = helm.render({**_SECURED_KAFKA, "learner": {"extraEnvFrom": [own]}}, helm_tmp)
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
-        workload = one(objects, "Deployment", f"-{name}")
+        workload = process(objects, name)
         env = env_of(workload)
         assert env["OPENFORGE_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
         assert env["OPENFORGE_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
@@ -418,8 +424,8 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
                 "oauthScope": "kafka"}
     objects = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": security}}, helm_tmp)
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
-        container = one(objects, "Deployment", f"-{name}")["spec"]["template"]["spec"]["containers"][0]
-        env = env_of(one(objects, "Deployment", f"-{name}"))
+        container = process(objects, name)["spec"]["template"]["spec"]["containers"][0]
+        env = env_of(process(objects, name))
         assert env["OPENFORGE_KAFKA_SASL_MECHANISM"] == "OAUTHBEARER", name
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_TOKEN_URL"] == security["oauthTokenUrl"], name
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_SCOPE"] == "kafka", name
@@ -433,13 +439,13 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
     trusting = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": {
         **security, "tlsSecret": "kafka-ca", "oauthTrustsTlsSecretCa": True}}}, helm_tmp)
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
-        env = env_of(one(trusting, "Deployment", f"-{name}"))
+        env = env_of(process(trusting, name))
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_CA_FILE"] == env["OPENFORGE_KAFKA_SSL_CAFILE"], name
     # An identity provider that form-decodes the client's id and secret.
     encoding = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": {
         **security, "oauthHeaderUrlencode": True}}}, helm_tmp)
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
-        env = env_of(one(encoding, "Deployment", f"-{name}"))
+        env = env_of(process(encoding, name))
         settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
                                     if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
         assert settings.oauth_token_provider().header_urlencode, name
@@ -447,7 +453,7 @@ def test_kafka_oauthbearer_gives_every_process_the_token_endpoint(helm: Helm, he
     extended = helm.render({"kafka": {**_SECURED_KAFKA["kafka"], "security": {
         **security, "oauthExtensions": {"logicalCluster": "lkc-abc12", "identityPoolId": "pool-Xy1"}}}}, helm_tmp)
     for name in ("proxy", "assembler", "learner", "launcher", "watcher", "publisher"):
-        env = env_of(one(extended, "Deployment", f"-{name}"))
+        env = env_of(process(extended, name))
         assert env["OPENFORGE_KAFKA_SASL_OAUTH_EXTENSIONS"] == "identityPoolId=pool-Xy1,logicalCluster=lkc-abc12", name
         settings = KafkaSettings(**{k.removeprefix("OPENFORGE_KAFKA_").lower(): v for k, v in env.items()
                                     if k.startswith("OPENFORGE_KAFKA_")}, sasl_username="id", sasl_password="secret")
@@ -559,7 +565,7 @@ def test_drain_seconds_reach_the_processes_and_the_grace_period_covers_the_proxy
         helm: Helm, helm_tmp: Path) -> None:
     objects = helm.render({"proxy": {"drainSeconds": 40, "publishTimeoutSeconds": 6},
                            "assembler": {"drainSeconds": 25}, "learner": {"drainSeconds": 90}}, helm_tmp)
-    proxy = one(objects, "Deployment", "-proxy")
+    proxy = one(objects, "StatefulSet", "-proxy")
     assert env_of(proxy)["OPENFORGE_PROXY_DRAIN_S"] == "40"
     assert env_of(proxy)["OPENFORGE_PROXY_PUBLISH_TIMEOUT_S"] == "6"
     # Calls drain (40), calls of harnesses that left are recorded (10), the journal ships (3 x 6 + 5).
@@ -581,7 +587,7 @@ def test_the_proxy_samples_as_the_policy_unless_told_otherwise(default_objects: 
     from proxy.settings import POLICY_SAMPLING, ProxySettings
 
     def sampling(objects: list[dict[str, Any]]) -> dict[str, Any]:
-        value = env_of(one(objects, "Deployment", "-proxy"))["OPENFORGE_PROXY_SAMPLING"]
+        value = env_of(one(objects, "StatefulSet", "-proxy"))["OPENFORGE_PROXY_SAMPLING"]
         return ProxySettings(sampling=json.loads(value)).sampling  # what the proxy will read
 
     assert sampling(default_objects) == POLICY_SAMPLING
@@ -594,7 +600,7 @@ def test_the_proxy_refuses_images_unless_told_to_inline_them(default_objects: li
     from proxy.settings import ProxySettings
 
     def images(objects: list[dict[str, Any]]) -> str:
-        value = env_of(one(objects, "Deployment", "-proxy"))["OPENFORGE_PROXY_IMAGES"]
+        value = env_of(one(objects, "StatefulSet", "-proxy"))["OPENFORGE_PROXY_IMAGES"]
         return ProxySettings(images=value).images  # what the proxy will read
 
     assert images(default_objects) == "refuse"

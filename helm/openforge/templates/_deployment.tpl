@@ -2,7 +2,7 @@
 "openforge.deployment": one OpenForge process as a Deployment. Arguments (dict):
   root       the chart context ($)
   name       component name; also the `openforge <name>` subcommand and the key of its values
-  replicas   replica count (omitted when an autoscaler owns it)
+  replicas   replica count
   resources  container resources (already adjusted, e.g. GPUs added)
   ports      container ports (list) or nil
   probes     probe block (YAML string) or ""
@@ -11,8 +11,10 @@
   envFrom    envFrom sources (list) or nil
   command    container command replacing the image's `openforge` entrypoint (list) or nil
   token      mount a ServiceAccount token (only launcher and watcher talk to the API server)
-  claims     volumeClaimTemplates (list) or nil: makes it a StatefulSet whose pods each keep
-             their claims through deletion and scale-in
+  stable     a StatefulSet behind the component's headless Service: each replica has its own
+             stable address (the proxy: the launcher pins every rollout to one replica)
+  claims     volumeClaimTemplates (list) or nil: (with stable) pods each keep their claims
+             through deletion and scale-in
 */}}
 {{- define "openforge.deployment" -}}
 {{- $root := .root }}
@@ -31,7 +33,7 @@
 {{- $volumes = append $volumes (dict "name" "kafka-tls" "secret" (dict "secretName" $kafkaSecurity.tlsSecret "defaultMode" 288)) }}
 {{- end }}
 apiVersion: apps/v1
-kind: {{ ternary "StatefulSet" "Deployment" (not (empty .claims)) }}
+kind: {{ ternary "StatefulSet" "Deployment" (or (not (empty .stable)) (not (empty .claims))) }}
 metadata:
   name: {{ include "openforge.component" $ctx }}
   namespace: {{ $root.Release.Namespace }}
@@ -41,12 +43,15 @@ spec:
   {{- if hasKey . "replicas" }}
   replicas: {{ .replicas }}
   {{- end }}
-  {{- with .claims }}
+  {{- if or .stable .claims }}
   serviceName: {{ include "openforge.component" $ctx }}-headless
-  # Scaling starts and stops replicas together, as a Deployment does (an update still replaces
-  # them one at a time). Each keeps its claim, and what it holds for Kafka, when scaled in or
-  # deleted, and ships it when it runs again.
+  # Replicas start and stop together, as a Deployment's do (an update still replaces them one
+  # at a time).
   podManagementPolicy: Parallel
+  {{- end }}
+  {{- with .claims }}
+  # Each replica keeps its claim, and what it holds for Kafka, when scaled in or deleted, and
+  # ships it when it runs again.
   persistentVolumeClaimRetentionPolicy:
     whenDeleted: Retain
     whenScaled: Retain

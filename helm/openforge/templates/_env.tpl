@@ -131,7 +131,7 @@ OPENFORGE_PROXY_PUBLISH_TIMEOUT_S: {{ $v.publishTimeoutSeconds | quote }}
 {{- define "openforge.env.launcher" -}}
 {{- $v := .Values.launcher }}
 OPENFORGE_LAUNCHER_BACKEND: {{ $v.backend | quote }}
-OPENFORGE_LAUNCHER_PROXY_URL: {{ printf "http://%s.%s.svc:%v" (include "openforge.component" (dict "root" . "name" "proxy")) .Release.Namespace .Values.proxy.port | quote }}
+OPENFORGE_LAUNCHER_PROXY_URL: {{ include "openforge.proxyReplicaURLs" . | quote }}
 OPENFORGE_LAUNCHER_CREDENTIAL_KEY_FILE: "/etc/openforge/credentials/signing-key"
 OPENFORGE_LAUNCHER_MAX_IN_FLIGHT: {{ $v.maxInFlight | quote }}
 {{- if and $v.pace (not .Values.learner.enabled) }}

@@ -126,6 +126,14 @@ affinity:
 {{- end }}
 
 {{/* The proxy's workload kind: a StatefulSet when its spool lives on claims of its own (one place for it). */}}
-{{- define "openforge.proxyKind" -}}
-{{- ternary "StatefulSet" "Deployment" (eq .Values.proxy.spoolVolume "persistentVolumeClaim") -}}
+
+{{- /* Each proxy replica's own address, comma-separated: the launcher pins every rollout to one,
+so its calls and its verifier's reward pass through the same replica. */}}
+{{- define "openforge.proxyReplicaURLs" -}}
+{{- $name := include "openforge.component" (dict "root" . "name" "proxy") }}
+{{- $urls := list }}
+{{- range $i := until (int .Values.proxy.replicas) }}
+{{- $urls = append $urls (printf "http://%s-%d.%s-headless.%s.svc:%v" $name $i $name $.Release.Namespace $.Values.proxy.port) }}
+{{- end }}
+{{- join "," $urls }}
 {{- end }}

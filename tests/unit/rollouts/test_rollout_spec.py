@@ -13,7 +13,7 @@ from consumers.rollouts.backend import (
     ENV_VERIFIER_TOKEN,
     harness_argv,
 )
-from consumers.rollouts.launcher import LauncherSettings, build_spec, rollout_id_for
+from consumers.rollouts.launcher import LauncherSettings, build_spec, proxy_for, rollout_id_for
 from consumers.rollouts.local import inherited_environment
 from schemas.credentials import Role, verify_token
 from schemas.rollout.v1 import Backend
@@ -121,3 +121,35 @@ def test_instruction_reaches_the_harness_by_environment_and_placeholder() -> Non
     spec = build_spec(task, 0, proxy_url="http://proxy:8100", key=KEY, token_ttl_s=600, backend=Backend.LOCAL)
     assert spec.harness_env[ENV_INSTRUCTION] == "fix the bug"
     assert harness_argv(task) == ["agent", "-p", "fix the bug", "{x}"]
+
+
+REPLICAS = [f"http://of-proxy-{i}.of-proxy-headless.ns.svc:8100" for i in range(4)]
+
+
+def test_each_rollout_is_pinned_to_one_proxy_replica_whatever_launcher_asks() -> None:
+    """Harness and verifier get the same replica, and the choice depends on the rollout alone, so a
+    restarted launcher pins a relaunched rollout where the first one did."""
+    settings = LauncherSettings(proxy_url=",".join(REPLICAS) + ",", credential_key="k")
+    assert settings.proxy_url == REPLICAS
+    chosen = {}
+    for index in range(400):
+        rollout_id = rollout_id_for("t", index)
+        chosen[rollout_id] = proxy_for(rollout_id, settings.proxy_url)
+        assert proxy_for(rollout_id, list(reversed(REPLICAS))) == chosen[rollout_id]  # order does not matter
+        spec = build_spec(make_task("t"), index, proxy_url=chosen[rollout_id], key=KEY, token_ttl_s=600,
+                          backend=Backend.LOCAL)
+        assert spec.harness_env[ENV_OPENAI_BASE_URL].startswith(chosen[rollout_id] + "/rollouts/")
+        assert spec.verifier_env[ENV_REWARD_URL].startswith(chosen[rollout_id] + "/rollouts/")
+    per_replica = [list(chosen.values()).count(url) for url in REPLICAS]
+    assert min(per_replica) > 60, per_replica  # spread over every replica (100 each on average)
+    # One replica fewer moves only that replica's rollouts.
+    moved = [r for r, url in chosen.items() if proxy_for(r, REPLICAS[:3]) != url]
+    assert moved and all(chosen[r] == REPLICAS[3] for r in moved)
+
+
+@pytest.mark.parametrize(("value", "says"), [("proxy:8100", "must start with http"),
+                                             ("http://a,http://b,http://a/", "listed twice"),
+                                             (" , ", "at least 1")])
+def test_bad_proxy_url_lists_are_refused_by_name(value: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        LauncherSettings(proxy_url=value, credential_key="k")
