@@ -1,0 +1,17 @@
+"""Call events stored linearly, for tests: each prompt by reference to an earlier call's context."""
+
+from __future__ import annotations
+
+from schemas import ModelCallV1
+from schemas.call.linear import context_bytes, prefix_digest
+from schemas.call.v1 import PromptPrefix
+
+
+def linked(call: ModelCallV1, parent: ModelCallV1, tokens: int | None = None, *,
+           digest: str | None = None) -> ModelCallV1:
+    """``call`` (whole) with its first ``tokens`` prompt ids (default: all of ``parent``'s context) by reference."""
+    context = context_bytes(parent)
+    tokens = len(context) // 4 if tokens is None else tokens
+    head = call.prompt_token_ids.to_bytes()[:tokens * 4]
+    prefix = PromptPrefix(call_id=parent.call_id, tokens=tokens, digest=digest or prefix_digest(head))
+    return call.model_copy(update={"prompt_prefix": prefix, "prompt_token_ids": call.prompt_token_ids[tokens:]})

@@ -1,0 +1,43 @@
+"""Which earlier call a call's event references: the turn sharing the longest token prefix, recorded by that reference."""
+
+from __future__ import annotations
+
+from proxy.continuation.history import RolloutHistory, Turn
+from proxy.continuation.prefix import refer
+
+
+def _recorded(history: RolloutHistory, call_id: str, prompt: list[int], sampled: list[int]) -> tuple[str, int] | None:
+    reference = refer(history, call_id, prompt, sampled)
+    assert reference.turn is not None
+    history.record(reference.turn)
+    assert reference.turn.prompt_ids() == prompt  # the history holds the exact prompt, by reference
+    return reference.prefix
+
+
+def test_a_prompt_that_extends_the_last_call_references_its_whole_context() -> None:
+    history = RolloutHistory()
+    assert _recorded(history, "a", [1, 2, 3], [10, 11]) is None
+    assert _recorded(history, "b", [1, 2, 3, 10, 11, 7], [12]) == ("a", 5)
+    assert _recorded(history, "c", [1, 2, 3, 10, 11, 7, 12, 8, 9], [13]) == ("b", 7)
+    assert history.latest is not None and len(history.latest.added) == 2  # only the new ids are kept
+
+
+def test_a_fork_references_the_longest_shared_prefix_of_any_kept_call() -> None:
+    history = RolloutHistory()
+    _recorded(history, "a", [1, 2, 3], [10, 11, 12])
+    _recorded(history, "b", [1, 2, 3, 10, 11, 12, 4], [20, 21])
+    # The template re-spelled b's sampled 20, 21: the prompt forks inside b's turn.
+    assert _recorded(history, "c", [1, 2, 3, 10, 11, 12, 4, 20, 99, 5], [30]) == ("b", 8)
+    # A retry of a's turn shares most with a (b shares as much, and the newest wins ties).
+    assert _recorded(history, "d", [1, 2, 3, 10, 11, 77], [31]) == ("c", 5)
+    assert _recorded(history, "e", [5, 6], [1]) is None  # another conversation: stored whole
+
+
+def test_a_call_continuation_recorded_references_its_parent_and_is_not_recorded_twice() -> None:
+    history = RolloutHistory()
+    first = Turn.of("a", (), b"", None, [1, 2, 3], [10, 11], None)
+    history.record(first)
+    history.record(Turn.of("b", (), b"", first, [7], [12], None))
+    reference = refer(history, "b", [1, 2, 3, 10, 11, 7], [12])
+    assert (reference.prefix, reference.turn) == (("a", 5), None)
+    assert len(history) == 2
