@@ -239,9 +239,10 @@ class CallCapture:
         self.response_model: str | None = None
         self.weight_version: str | None = None
         """Version the engine served throughout the call, when the proxy could tell."""
-        self.prompt_prefix: tuple[str, int] | None = None
-        """The earlier call of the rollout whose context this prompt begins with, and how many of
-        its ids (see :class:`~schemas.call.v1.PromptPrefix`); set by the proxy when it records."""
+        self.prompt_prefix: dict[str, Any] | None = None
+        """What the call repeats of an earlier call of the rollout: ``call_id``, ``tokens``,
+        ``messages`` and ``tools`` of :class:`~schemas.call.v1.PromptPrefix`, without the digest;
+        set by the proxy when it records."""
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -431,8 +432,7 @@ class CallCapture:
             "model": self.model,
             "request": self.request,
             "response": self.response_summary() if self._choices else None,
-            "prompt_prefix": (None if self.prompt_prefix is None
-                              else {"call_id": self.prompt_prefix[0], "tokens": self.prompt_prefix[1]}),
+            "prompt_prefix": self.prompt_prefix,
             "prompt_token_ids": (orjson.Fragment(self.prompt_ids_json)
                                  if prompt_ids_unparsed and self.prompt_ids_json is not None
                                  else self.prompt_token_ids),
@@ -484,21 +484,29 @@ class CallCapture:
 
 
 def linked(data: dict[str, Any]) -> dict[str, Any]:
-    """The fields with the prompt stored linearly: the ids after the referenced prefix, and its digest.
+    """The fields stored linearly: only what follows the referenced prefix, and the prefix's digest.
 
-    The proxy names the prefix (:attr:`CallCapture.prompt_prefix`) but does not cut the ids or
-    digest them on its event loop; whoever makes the event does it here, once. A reference longer
-    than the prompt (which the proxy never makes) is dropped and the prompt kept whole.
+    The proxy names what the call repeats (:attr:`CallCapture.prompt_prefix`) but does not cut or
+    digest on its event loop; whoever makes the event does it here, once. A reference that does
+    not fit the call (which the proxy never makes) is dropped and the call kept whole.
     """
     prefix = data.get("prompt_prefix")  # a record journalled before prefixes has none
     if prefix is None or "digest" in prefix:
         return data
-    ids = data["prompt_token_ids"]
-    tokens = prefix["tokens"]
-    if type(ids) is not list or type(tokens) is not int or not 0 < tokens <= len(ids):
+    ids, request = data["prompt_token_ids"], data["request"]
+    tokens, messages, tools = prefix.get("tokens"), prefix.get("messages", 0), prefix.get("tools", False)
+    fields = request.__dict__ if isinstance(request, NormalizedRequest) else request
+    if (type(ids) is not list or type(tokens) is not int or not 0 < tokens <= len(ids) or type(fields) is not dict
+            or type(fields.get("messages")) is not list or type(messages) is not int
+            or not 0 <= messages <= len(fields["messages"]) or type(tools) is not bool):
         return {**data, "prompt_prefix": None}
-    head = TokenIds(ids[:tokens]).to_bytes()
-    return {**data, "prompt_prefix": {**prefix, "digest": prefix_digest(head)}, "prompt_token_ids": ids[tokens:]}
+    rest = {**fields, "messages": fields["messages"][messages:], "tools": None if tools else fields.get("tools")}
+    return {**data,
+            "prompt_prefix": {"call_id": prefix["call_id"], "tokens": tokens,
+                              "digest": prefix_digest(TokenIds(ids[:tokens]).to_bytes()),
+                              "messages": messages, "tools": tools},
+            "request": _construct(NormalizedRequest, rest) if isinstance(request, NormalizedRequest) else rest,
+            "prompt_token_ids": ids[tokens:]}
 
 
 def event_from_fields(data: dict[str, Any], *, event_id: str | None = None, created_at: datetime | None = None,
@@ -617,15 +625,17 @@ def _vouch_choice(raw: dict[str, Any]) -> tuple[dict[str, Any], TokenIds, Logpro
 
 
 _DIGEST = re.compile(r"^[0-9a-f]{32}$")
+_PREFIX_FIELDS = tuple(PromptPrefix.model_fields)
 
 
 def _vouch_prefix(prefix: object, call_id: str) -> bool:
     if prefix is None:
         return True
-    return (type(prefix) is dict and tuple(prefix) == ("call_id", "tokens", "digest")
+    return (type(prefix) is dict and tuple(prefix) == _PREFIX_FIELDS
             and _is_id(prefix["call_id"]) and prefix["call_id"] != call_id
             and type(prefix["tokens"]) is int and prefix["tokens"] >= 1
-            and type(prefix["digest"]) is str and _DIGEST.match(prefix["digest"]) is not None)
+            and type(prefix["digest"]) is str and _DIGEST.match(prefix["digest"]) is not None
+            and _is_count(prefix["messages"]) and type(prefix["tools"]) is bool)
 
 
 def _vouch(data: dict[str, Any]) -> _Vouched | None:
@@ -669,6 +679,8 @@ def _vouch(data: dict[str, Any]) -> _Vouched | None:
         if type(data["choices"]) is not list or type(data["prompt_token_ids"]) is not list:
             return None
         if not _vouch_prefix(data["prompt_prefix"], data["call_id"]):
+            return None
+        if data["prompt_prefix"] is not None and data["prompt_prefix"]["tools"] and request.tools is not None:
             return None
         choices = [_vouch_choice(raw) for raw in data["choices"]]
         if any(c is None for c in choices):

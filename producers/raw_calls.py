@@ -215,16 +215,11 @@ def _answer_fields(meta: dict[str, Any], chat: dict[str, Any], answer: dict[str,
         headers=meta["session_headers"])
     capture.on_response(answer)
     capture.weight_version = meta["weight_version"]
-    capture.prompt_prefix = _prefix_of(meta)
+    capture.prompt_prefix = meta.get("prompt_prefix")
     data = capture.fields(CallStatus.OK, upstream_status_code=meta["upstream_status_code"],
                           upstream_replica=meta["upstream_replica"])
     data["timings"] = _timings(meta)
     return data
-
-
-def _prefix_of(meta: dict[str, Any]) -> tuple[str, int] | None:
-    prefix = meta.get("prompt_prefix")
-    return None if prefix is None else (prefix[0], prefix[1])
 
 
 def _timings(meta: dict[str, Any]) -> dict[str, Any]:
@@ -274,7 +269,7 @@ def _one_choice_fields(meta: dict[str, Any], chat: Any, answer: Any) -> dict[str
         "response": {"id": answer.get("id"), "model": answer.get("model"),
                      "choices": [{"index": index, "message": summary, "finish_reason": finish_reason}],
                      "usage": usage},
-        "prompt_prefix": None if (prefix := _prefix_of(meta)) is None else {"call_id": prefix[0], "tokens": prefix[1]},
+        "prompt_prefix": meta.get("prompt_prefix"),
         "prompt_token_ids": prompt,
         "choices": [{
             "index": index, "completion_token_ids": ids[:n], "logprobs": logprobs[:n],

@@ -572,14 +572,15 @@ class CallService:
 
 
     def _reference(self, capture: CallCapture, status: CallStatus) -> Reference | None:
-        """The call's prompt prefix by reference to an earlier call of its rollout (linear events).
+        """What the call repeats of an earlier call of its rollout, by reference (linear events).
 
         Only a call that sampled is referenced later, and only once its event is journalled.
         """
         if capture.outcome(status) is not CallStatus.OK or not capture.prompt_token_count:
             return None
+        request = capture.request
         reference = refer(self.histories.of(capture.rollout_id), capture.call_id, capture.prompt_token_ids,
-                          capture.first_sampled())
+                          capture.first_sampled(), request.messages, request.tools)
         capture.prompt_prefix = reference.prefix
         return reference
 

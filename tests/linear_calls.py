@@ -7,11 +7,16 @@ from schemas.call.linear import context_bytes, prefix_digest
 from schemas.call.v1 import PromptPrefix
 
 
-def linked(call: ModelCallV1, parent: ModelCallV1, tokens: int | None = None, *,
-           digest: str | None = None) -> ModelCallV1:
-    """``call`` (whole) with its first ``tokens`` prompt ids (default: all of ``parent``'s context) by reference."""
+def linked(call: ModelCallV1, parent: ModelCallV1, tokens: int | None = None, *, messages: int = 0,
+           tools: bool = False, digest: str | None = None) -> ModelCallV1:
+    """``call`` (whole) with its first ``tokens`` prompt ids (default: all of ``parent``'s context) by
+    reference, and its first ``messages`` messages and (``tools``) its tools."""
     context = context_bytes(parent)
     tokens = len(context) // 4 if tokens is None else tokens
     head = call.prompt_token_ids.to_bytes()[:tokens * 4]
-    prefix = PromptPrefix(call_id=parent.call_id, tokens=tokens, digest=digest or prefix_digest(head))
-    return call.model_copy(update={"prompt_prefix": prefix, "prompt_token_ids": call.prompt_token_ids[tokens:]})
+    prefix = PromptPrefix(call_id=parent.call_id, tokens=tokens, digest=digest or prefix_digest(head),
+                          messages=messages, tools=tools)
+    request = call.request.model_copy(update={"messages": call.request.messages[messages:],
+                                              "tools": None if tools else call.request.tools})
+    return call.model_copy(update={"prompt_prefix": prefix, "prompt_token_ids": call.prompt_token_ids[tokens:],
+                                   "request": request})

@@ -50,12 +50,19 @@ class Turn:
     shared: int | None = None
     """How many leading ids of the parent's prompt and sampled ids the prompt shares, where it
     forked before their end (None: all of them, the prompt extends the parent)."""
+    message_keys: tuple[bytes, ...] = ()
+    """A short digest of each message of the request as recorded, for an event that references
+    the messages it repeats (:mod:`~proxy.continuation.prefix`)."""
+    tools_key: bytes = b""
+    """A short digest of the tools offered as recorded."""
 
     @classmethod
     def of(cls, call_id: str, views: Sequence[View], tools: bytes, parent: Turn | None, added: Iterable[int],
-           sampled: Iterable[int], answer: View | None, *, shared: int | None = None) -> Turn:
+           sampled: Iterable[int], answer: View | None, *, shared: int | None = None,
+           message_keys: Sequence[bytes] = (), tools_key: bytes = b"") -> Turn:
         """A turn from plain sequences."""
-        return cls(call_id, tuple(views), tools, parent, _ids(added), _ids(sampled), answer, shared)
+        return cls(call_id, tuple(views), tools, parent, _ids(added), _ids(sampled), answer, shared,
+                   tuple(message_keys), tools_key)
 
     @property
     def extends(self) -> int:

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from enum import StrEnum
 
 from schemas._arrays import TokenIds
-from schemas.call.v1 import ModelCallV1, PromptPrefix
+from schemas.call.v1 import ModelCallV1, NormalizedRequest, PromptPrefix
 
 __all__ = ["UnresolvedPrefix", "UnresolvedPrefixError", "WholeCalls", "context_bytes", "prefix_digest", "rebuild"]
 
@@ -25,7 +25,8 @@ class UnresolvedPrefix(StrEnum):
     PARENT_MISSING = "prefix_parent_missing"
     """The referenced call was not read before this one (lost, dead-lettered, or of another rollout)."""
     PAST_PARENT_END = "prefix_past_parent_end"
-    """The reference asks for more ids than the referenced call's context holds."""
+    """The reference asks for more ids than the referenced call's context holds, or more messages
+    than its request has."""
     PREFIX_MISMATCH = "prefix_mismatch"
     """The referenced ids do not have the digest the proxy stored: not the prefix it saw."""
 
@@ -69,10 +70,11 @@ def rebuild(call: ModelCallV1, parent: ModelCallV1 | None) -> ModelCallV1:
         raise UnresolvedPrefixError(
             UnresolvedPrefix.PARENT_MISSING,
             f"call {call.call_id} extends call {prefix.call_id} of rollout {call.rollout_id}, which was not read")
-    return _whole(call, prefix, context_bytes(parent))
+    return _whole(call, prefix, parent)
 
 
-def _whole(call: ModelCallV1, prefix: PromptPrefix, context: bytes) -> ModelCallV1:
+def _whole(call: ModelCallV1, prefix: PromptPrefix, parent: ModelCallV1) -> ModelCallV1:
+    context = context_bytes(parent)
     size = prefix.tokens * 4
     if size > len(context):
         raise UnresolvedPrefixError(
@@ -84,8 +86,19 @@ def _whole(call: ModelCallV1, prefix: PromptPrefix, context: bytes) -> ModelCall
         raise UnresolvedPrefixError(
             UnresolvedPrefix.PREFIX_MISMATCH,
             f"the first {prefix.tokens} ids of call {prefix.call_id} are not the prefix call {call.call_id} stored")
+    earlier = parent.request
+    if prefix.messages > len(earlier.messages):
+        raise UnresolvedPrefixError(
+            UnresolvedPrefix.PAST_PARENT_END,
+            f"call {call.call_id} takes {prefix.messages} messages from call {prefix.call_id}, which sent "
+            f"{len(earlier.messages)}")
+    request = call.request
+    whole_request = NormalizedRequest.model_construct(
+        messages=[*earlier.messages[:prefix.messages], *request.messages],
+        tools=earlier.tools if prefix.tools else request.tools,
+        tool_choice=request.tool_choice, sampling=request.sampling, extra=request.extra)
     whole = TokenIds.from_bytes(head + call.prompt_token_ids.to_bytes())
-    return call.model_copy(update={"prompt_prefix": None, "prompt_token_ids": whole})
+    return call.model_copy(update={"prompt_prefix": None, "prompt_token_ids": whole, "request": whole_request})
 
 
 class WholeCalls:

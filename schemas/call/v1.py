@@ -89,27 +89,35 @@ class NormalizedRequest(FrozenModel):
 
 
 class PromptPrefix(FrozenModel):
-    """The leading prompt ids a call shares with an earlier call of its rollout, stored by reference.
+    """What a call shares with an earlier call of its rollout, stored by reference.
 
-    A rollout's calls re-send their whole context, so storing every prompt in full makes the calls
-    topic grow with the square of the turns. A call that shares a prefix with an earlier call's
-    *context* (that call's prompt ids followed by its first choice's sampled ids) names the call and
-    the length of the shared prefix, and its ``prompt_token_ids`` hold only the ids after it. The
-    reference is usually the whole context of the call before (the prompt extends it), and a
-    shorter prefix where the samples forked (the template re-spelled a sampled turn, or the harness
-    retried an earlier turn). Readers rebuild the whole prompt with :func:`schemas.call.linear.rebuild`,
-    which refuses, never pads or cuts, a reference that does not resolve.
+    A rollout's calls re-send their whole context, so storing every call in full makes the calls
+    topic grow with the square of the turns. A call names an earlier call and what it repeats of
+    it: the leading prompt ids of that call's *context* (its prompt ids followed by its first
+    choice's sampled ids), the leading messages of its request, and its tools; the event then
+    holds only the rest. The reference is usually the call before (the prompt extends its
+    context), and a shorter token prefix where the samples forked (the template re-spelled a
+    sampled turn, or the harness retried an earlier turn). Readers rebuild the whole call with
+    :func:`schemas.call.linear.rebuild`, which refuses, never pads or cuts, a reference that does
+    not resolve.
     """
 
     call_id: Identifier
-    """The earlier call of the same rollout whose context the prompt begins with."""
+    """The earlier call of the same rollout the prompt begins with."""
 
     tokens: int = Field(ge=1)
-    """How many leading ids of that context the prompt begins with."""
+    """How many leading ids of that call's context the prompt begins with."""
 
     digest: str = Field(pattern=r"^[0-9a-f]{32}$")
     """BLAKE2b (16 bytes, hex) of those ids packed as little-endian int32, so a reader checks that
     the prefix it rebuilt is the one the proxy saw."""
+
+    messages: int = Field(default=0, ge=0)
+    """How many leading messages of ``request.messages`` are that call's, in its order; the
+    event's ``request.messages`` holds the ones after them."""
+
+    tools: bool = False
+    """Whether the request offered that call's tools; ``request.tools`` is then absent."""
 
 
 class CallChoice(FrozenModel):
@@ -228,8 +236,8 @@ class ModelCallV1(EventBase):
     made from it. Absent when the engine gave no answer."""
 
     prompt_prefix: PromptPrefix | None = None
-    """The leading prompt ids, by reference to an earlier call of the rollout; absent when
-    ``prompt_token_ids`` holds the whole prompt."""
+    """What the call repeats of an earlier call of the rollout (leading prompt ids, messages,
+    tools), by reference; absent when the event holds the whole call."""
 
     prompt_token_ids: TokenIds = Field(default_factory=TokenIds)
     """Token ids of the prompt exactly as the engine tokenized it (chat template applied), after
@@ -285,6 +293,8 @@ class ModelCallV1(EventBase):
             )
         if self.prompt_prefix is not None and self.prompt_prefix.call_id == self.call_id:
             raise ValueError(f"call {self.call_id!r} cannot take its prompt prefix from itself")
+        if self.prompt_prefix is not None and self.prompt_prefix.tools and self.request.tools is not None:
+            raise ValueError("request.tools must be absent when prompt_prefix.tools takes the referenced call's")
         if self.retry_of is not None and self.retry_of == self.call_id:
             raise ValueError(f"call {self.call_id!r} cannot be a retry of itself")
         indexes = [choice.index for choice in self.choices]

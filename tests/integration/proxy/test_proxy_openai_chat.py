@@ -295,5 +295,7 @@ async def test_a_conversation_s_events_store_only_new_prompt_ids_and_rebuild_who
         assert event.prompt_prefix is not None and event.prompt_prefix.call_id == before.call_id
         assert event.prompt_prefix.tokens >= len(before.prompt_token_ids)
         assert len(event.prompt_token_ids) == len(whole.prompt_token_ids) - event.prompt_prefix.tokens
+        # The messages the harness sent again are referenced too: the event holds the two new ones.
+        assert event.prompt_prefix.messages == len(before.request.messages) and len(event.request.messages) == 2
     for event, asked in zip(events, [messages[:2], messages[:4], messages[:6]], strict=True):
         assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, asked)

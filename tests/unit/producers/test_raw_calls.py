@@ -265,10 +265,12 @@ def test_a_prompt_prefix_is_cut_and_digested_alike_on_every_path(monkeypatch: py
     from schemas.call.v1 import PromptPrefix
 
     capture, exchange = _exchange(_whole([_finite(_choice())]))
-    capture.prompt_prefix = ("c-0", 2)
+    capture.prompt_prefix = {"call_id": "c-0", "tokens": 2, "messages": 1, "tools": True}
     built = capture.build(CallStatus.OK, validate=True, upstream_status_code=200)
-    assert built.prompt_prefix == PromptPrefix(call_id="c-0", tokens=2, digest=prefix_digest(TokenIds([1, 2]).to_bytes()))
+    assert built.prompt_prefix == PromptPrefix(call_id="c-0", tokens=2, digest=prefix_digest(TokenIds([1, 2]).to_bytes()),
+                                               messages=1, tools=True)
     assert list(built.prompt_token_ids) == [3]
+    assert built.request.messages == CHAT["messages"][1:] and built.request.tools is None
     exchange_record = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
     call_record = pack_raw_call(capture, CallStatus.OK, upstream_status_code=200)
 
@@ -281,3 +283,4 @@ def test_a_prompt_prefix_is_cut_and_digested_alike_on_every_path(monkeypatch: py
         event = decode(list(headers), value)
         assert topic == REGISTRY[CALLS].name and isinstance(event, ModelCallV1)
         assert (event.prompt_prefix, list(event.prompt_token_ids)) == (built.prompt_prefix, [3])
+        assert event.request == built.request

@@ -7,11 +7,11 @@ from proxy.continuation.prefix import refer
 
 
 def _recorded(history: RolloutHistory, call_id: str, prompt: list[int], sampled: list[int]) -> tuple[str, int] | None:
-    reference = refer(history, call_id, prompt, sampled)
+    reference = refer(history, call_id, prompt, sampled, [], None)
     assert reference.turn is not None
     history.record(reference.turn)
     assert reference.turn.prompt_ids() == prompt  # the history holds the exact prompt, by reference
-    return reference.prefix
+    return None if reference.prefix is None else (reference.prefix["call_id"], reference.prefix["tokens"])
 
 
 def test_a_prompt_that_extends_the_last_call_references_its_whole_context() -> None:
@@ -38,6 +38,22 @@ def test_a_call_continuation_recorded_references_its_parent_and_is_not_recorded_
     first = Turn.of("a", (), b"", None, [1, 2, 3], [10, 11], None)
     history.record(first)
     history.record(Turn.of("b", (), b"", first, [7], [12], None))
-    reference = refer(history, "b", [1, 2, 3, 10, 11, 7], [12])
-    assert (reference.prefix, reference.turn) == (("a", 5), None)
+    reference = refer(history, "b", [1, 2, 3, 10, 11, 7], [12], [], None)
+    assert reference.prefix is not None and reference.turn is None
+    assert (reference.prefix["call_id"], reference.prefix["tokens"]) == ("a", 5)
     assert len(history) == 2
+
+
+def test_the_messages_and_tools_an_event_repeats_are_referenced_too() -> None:
+    history = RolloutHistory()
+    tools = [{"type": "function", "function": {"name": "ls"}}]
+    system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}
+    first = refer(history, "a", [1, 2], [3], [system, user], tools)
+    assert first.turn is not None
+    history.record(first.turn)
+    answer = {"role": "assistant", "content": "x"}
+    second = refer(history, "b", [1, 2, 3, 4], [5], [system, user, answer, {"role": "tool", "content": "t"}], tools)
+    assert second.prefix == {"call_id": "a", "tokens": 3, "messages": 2, "tools": True}
+    # Same content, other key order: not the message the harness sent before, so not referenced.
+    third = refer(history, "c", [1, 2, 3, 4], [5], [system, {"content": "u", "role": "user"}], None)
+    assert third.prefix == {"call_id": "a", "tokens": 3, "messages": 1, "tools": False}

@@ -25,6 +25,21 @@ def test_a_conversation_stored_linearly_rebuilds_to_the_same_calls() -> None:
     assert all(c.prompt_prefix is None for c in rebuilt)
 
 
+def test_messages_and_tools_stored_by_reference_are_rebuilt_in_order() -> None:
+    from schemas.call.v1 import NormalizedRequest
+
+    tools = [{"type": "function", "function": {"name": "ls"}}]
+    system, user, answer = {"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"a": 1}
+    first = call([1, 2], [3], call_id="a").model_copy(
+        update={"request": NormalizedRequest(messages=[system, user], tools=tools)})
+    second = call([1, 2, 3, 4], [5], call_id="b").model_copy(
+        update={"request": NormalizedRequest(messages=[system, user, answer], tools=tools)})
+    stored = linked(second, first, messages=2, tools=True)
+    assert stored.request.messages == [answer] and stored.request.tools is None
+    assert rebuild(stored, first).request == second.request
+    assert _refused(linked(second, first, messages=3), first) is UnresolvedPrefix.PAST_PARENT_END
+
+
 def test_a_fork_references_the_shared_prefix_only() -> None:
     first = call([1, 2, 3], [10, 11, 12], call_id="a")
     second = call([1, 2, 3, 10, 99, 7], [13], call_id="b")  # the template re-spelled 11, 12 as 99
