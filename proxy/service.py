@@ -570,7 +570,6 @@ class CallService:
         if capture.first_token_s is not None:
             telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
 
-
     def _reference(self, capture: CallCapture, status: CallStatus) -> Reference | None:
         """What the call repeats of an earlier call of its rollout, by reference (linear events).
 
