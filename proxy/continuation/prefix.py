@@ -16,6 +16,7 @@ messages. No I/O.
 from __future__ import annotations
 
 import hashlib
+import os
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,13 @@ __all__ = ["Reference", "message_keys", "refer", "tools_key"]
 def _key(value: Any) -> bytes:
     # The JSON as recorded, key order kept: a message rebuilt from the referenced call must be the
     # one the harness sent, byte for byte.
-    return hashlib.blake2b(orjson.dumps(value), digest_size=8).digest()
+    try:
+        return hashlib.blake2b(orjson.dumps(value), digest_size=8).digest()
+    except (orjson.JSONEncodeError, TypeError):
+        return os.urandom(8)  # a value orjson cannot write (an integer past 64 bits) is never referenced
+
+
+_NO_TOOLS = _key(None)
 
 
 def message_keys(messages: Sequence[Any]) -> tuple[bytes, ...]:
@@ -96,7 +103,7 @@ def _prefix(parent: Turn, tokens: int, keys: tuple[bytes, ...], tools_digest: by
         if mine != theirs:
             break
         messages += 1
-    same_tools = bool(parent.tools_key) and parent.tools_key == tools_digest
+    same_tools = parent.tools_key == tools_digest and tools_digest != _NO_TOOLS
     return {"call_id": parent.call_id, "tokens": tokens, "messages": messages, "tools": same_tools}
 
 

@@ -57,3 +57,13 @@ def test_the_messages_and_tools_an_event_repeats_are_referenced_too() -> None:
     # Same content, other key order: not the message the harness sent before, so not referenced.
     third = refer(history, "c", [1, 2, 3, 4], [5], [system, {"content": "u", "role": "user"}], None)
     assert third.prefix == {"call_id": "a", "tokens": 3, "messages": 1, "tools": False}
+
+
+def test_a_message_orjson_cannot_write_is_kept_whole_not_refused() -> None:
+    history = RolloutHistory()
+    huge = {"role": "user", "content": "x", "n": 2**70}
+    first = refer(history, "a", [1, 2], [3], [huge], None)
+    assert first.turn is not None
+    history.record(first.turn)
+    second = refer(history, "b", [1, 2, 3, 4], [5], [huge, {"role": "user", "content": "y"}], None)
+    assert second.prefix == {"call_id": "a", "tokens": 3, "messages": 0, "tools": False}
