@@ -578,8 +578,13 @@ class CallService:
         if capture.outcome(status) is not CallStatus.OK or not capture.prompt_token_count:
             return None
         request = capture.request
-        reference = refer(self.histories.of(capture.rollout_id), capture.call_id, capture.prompt_token_ids,
-                          capture.first_sampled(), request.messages, request.tools)
+        try:
+            reference = refer(self.histories.of(capture.rollout_id), capture.call_id, capture.prompt_token_ids,
+                              capture.first_sampled(), request.messages, request.tools)
+        except Exception:  # a reference only saves bytes: the call is recorded whole
+            logger.exception("call %s of rollout %s: no prompt reference; recorded whole", capture.call_id,
+                             capture.rollout_id)
+            return None
         capture.prompt_prefix = reference.prefix
         return reference
 
