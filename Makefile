@@ -95,6 +95,7 @@ bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy --json out/bench/proxy.json --plot out/bench/proxy.png
 	@$(PY) -m bench.shipper
+	@$(PY) -m bench.linear_calls
 	@$(PY) -m bench.learner
 	@$(PY) -m bench.publisher
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from schemas import Logprobs, ModelCallV1, TokenIds
 from schemas._base import new_event_id
 from schemas._common import WeightVersionRange
+from schemas.call.linear import prefix_digest
 from schemas.call.v1 import (
     _CREDENTIAL_HEADERS,
     ApiProtocol,
@@ -31,6 +32,7 @@ from schemas.call.v1 import (
     CallTimings,
     CallUsage,
     NormalizedRequest,
+    PromptPrefix,
 )
 
 #: Sampling parameters kept apart in the normalized request (the rest goes to ``extra``).
@@ -237,6 +239,10 @@ class CallCapture:
         self.response_model: str | None = None
         self.weight_version: str | None = None
         """Version the engine served throughout the call, when the proxy could tell."""
+        self.prompt_prefix: dict[str, Any] | None = None
+        """What the call repeats of an earlier call of the rollout: ``call_id``, ``tokens``,
+        ``messages`` and ``tools`` of :class:`~schemas.call.v1.PromptPrefix`, without the digest;
+        set by the proxy when it records."""
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -257,6 +263,13 @@ class CallCapture:
             inner = self.prompt_ids_json[1:-1]
             return inner.count(b",") + 1 if inner else 0
         return len(self._prompt_ids)
+
+    def first_sampled(self) -> list[int]:
+        """The sampled ids the event records for its first choice: what a later prompt may extend."""
+        if not self._choices:
+            return []
+        c = self._choices[min(self._choices)]
+        return c.token_ids[:min(len(c.token_ids), len(c.logprobs))] if c.logprobs else c.token_ids
 
     def _choice(self, index: int) -> _Choice:
         choice = self._choices.get(index)
@@ -419,6 +432,7 @@ class CallCapture:
             "model": self.model,
             "request": self.request,
             "response": self.response_summary() if self._choices else None,
+            "prompt_prefix": self.prompt_prefix,
             "prompt_token_ids": (orjson.Fragment(self.prompt_ids_json)
                                  if prompt_ids_unparsed and self.prompt_ids_json is not None
                                  else self.prompt_token_ids),
@@ -466,7 +480,33 @@ class CallCapture:
         """
         data = self.fields(status, upstream_status_code=upstream_status_code, error_message=error_message,
                            upstream_replica=upstream_replica)
-        return event_from_fields(data, validate=validate)
+        return event_from_fields(linked(data), validate=validate)
+
+
+def linked(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields stored linearly: only what follows the referenced prefix, and the prefix's digest.
+
+    The proxy names what the call repeats (:attr:`CallCapture.prompt_prefix`) but does not cut or
+    digest on its event loop; whoever makes the event does it here, once. A reference that does
+    not fit the call (which the proxy never makes) is dropped and the call kept whole.
+    """
+    prefix = data.get("prompt_prefix")  # a record journalled before prefixes has none
+    if prefix is None or "digest" in prefix:
+        return data
+    ids, request = data["prompt_token_ids"], data["request"]
+    tokens, messages, tools = prefix.get("tokens"), prefix.get("messages", 0), prefix.get("tools", False)
+    fields = request.__dict__ if isinstance(request, NormalizedRequest) else request
+    if (type(ids) is not list or type(tokens) is not int or not 0 < tokens <= len(ids) or type(fields) is not dict
+            or type(fields.get("messages")) is not list or type(messages) is not int
+            or not 0 <= messages <= len(fields["messages"]) or type(tools) is not bool):
+        return {**data, "prompt_prefix": None}
+    rest = {**fields, "messages": fields["messages"][messages:], "tools": None if tools else fields.get("tools")}
+    return {**data,
+            "prompt_prefix": {"call_id": prefix["call_id"], "tokens": tokens,
+                              "digest": prefix_digest(TokenIds(ids[:tokens]).to_bytes()),
+                              "messages": messages, "tools": tools},
+            "request": _construct(NormalizedRequest, rest) if isinstance(request, NormalizedRequest) else rest,
+            "prompt_token_ids": ids[tokens:]}
 
 
 def event_from_fields(data: dict[str, Any], *, event_id: str | None = None, created_at: datetime | None = None,
@@ -584,6 +624,20 @@ def _vouch_choice(raw: dict[str, Any]) -> tuple[dict[str, Any], TokenIds, Logpro
     return raw, ids, logprobs, ranges
 
 
+_DIGEST = re.compile(r"^[0-9a-f]{32}$")
+_PREFIX_FIELDS = tuple(PromptPrefix.model_fields)
+
+
+def _vouch_prefix(prefix: object, call_id: str) -> bool:
+    if prefix is None:
+        return True
+    return (type(prefix) is dict and tuple(prefix) == _PREFIX_FIELDS
+            and _is_id(prefix["call_id"]) and prefix["call_id"] != call_id
+            and type(prefix["tokens"]) is int and prefix["tokens"] >= 1
+            and type(prefix["digest"]) is str and _DIGEST.match(prefix["digest"]) is not None
+            and _is_count(prefix["messages"]) and type(prefix["tools"]) is bool)
+
+
 def _vouch(data: dict[str, Any]) -> _Vouched | None:
     """The fields' packed arrays when validation of the event could not fail, else None.
 
@@ -623,6 +677,10 @@ def _vouch(data: dict[str, Any]) -> _Vouched | None:
         if not _CREDENTIAL_HEADERS.isdisjoint(headers):
             return None
         if type(data["choices"]) is not list or type(data["prompt_token_ids"]) is not list:
+            return None
+        if not _vouch_prefix(data["prompt_prefix"], data["call_id"]):
+            return None
+        if data["prompt_prefix"] is not None and data["prompt_prefix"]["tools"] and request.tools is not None:
             return None
         choices = [_vouch_choice(raw) for raw in data["choices"]]
         if any(c is None for c in choices):
@@ -666,9 +724,11 @@ def _trusted_event(data: dict[str, Any], event_id: str | None = None,
         for raw, ids, logprobs, ranges in vouched.choices]
     usage = data["usage"]
     timings = data["timings"]
+    prefix = data["prompt_prefix"]
     return _construct(ModelCallV1, {
         "event_id": event_id or new_event_id(), "created_at": created_at or datetime.now(UTC),
         **data, "prompt_token_ids": vouched.prompt, "choices": choices,
+        "prompt_prefix": None if prefix is None else _construct(PromptPrefix, dict(prefix)),
         "usage": None if usage is None else _construct(CallUsage, {
             "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
             "cached_prompt_tokens": usage["cached_prompt_tokens"]}),
@@ -712,6 +772,7 @@ def event_json(data: dict[str, Any], *, event_id: str, created_at: datetime) -> 
             "request": {"messages": request.messages, "tools": request.tools, "tool_choice": request.tool_choice,
                         "sampling": request.sampling, "extra": request.extra},
             "response": data["response"],
+            "prompt_prefix": data["prompt_prefix"],
             "prompt_token_ids": vouched.prompt.to_base64(),
             "choices": [{
                 "index": raw["index"], "completion_token_ids": ids.to_base64(), "logprobs": logprobs.to_base64(),

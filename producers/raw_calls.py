@@ -42,6 +42,7 @@ from producers.capture import (
     _logprob_values,
     event_from_fields,
     event_json,
+    linked,
     normalize_request,
     reasoning_text,
 )
@@ -148,6 +149,7 @@ def raw_exchange_parts(capture: CallCapture, exchange: EngineExchange, *, upstre
         "model": capture.model, "streamed": capture.streamed, "session_headers": capture.headers,
         "started_at": capture.started_at, "first_token_s": capture.first_token_s, "total_s": capture.elapsed(),
         "weight_version": capture.weight_version, "asked": exchange.asked,
+        "prompt_prefix": capture.prompt_prefix,
         "upstream_status_code": upstream_status_code, "upstream_replica": upstream_replica,
         "_event_id": new_event_id(), "_created_at": datetime.now(UTC),
         "_trace": [(name, value.decode()) for name, value in trace],
@@ -194,6 +196,7 @@ def _exchange_fields(value: bytes) -> _Fields:
         data = _one_choice_fields(meta, chat, answer)
         if data is None:
             data = _answer_fields(meta, chat, answer)
+        data = linked(data)
         event_id, created_at = meta["_event_id"], datetime.fromisoformat(meta["_created_at"])
         trace = [(str(name), str(text).encode()) for name, text in meta["_trace"]]
     except (struct.error, orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
@@ -212,6 +215,7 @@ def _answer_fields(meta: dict[str, Any], chat: dict[str, Any], answer: dict[str,
         headers=meta["session_headers"])
     capture.on_response(answer)
     capture.weight_version = meta["weight_version"]
+    capture.prompt_prefix = meta.get("prompt_prefix")
     data = capture.fields(CallStatus.OK, upstream_status_code=meta["upstream_status_code"],
                           upstream_replica=meta["upstream_replica"])
     data["timings"] = _timings(meta)
@@ -265,6 +269,7 @@ def _one_choice_fields(meta: dict[str, Any], chat: Any, answer: Any) -> dict[str
         "response": {"id": answer.get("id"), "model": answer.get("model"),
                      "choices": [{"index": index, "message": summary, "finish_reason": finish_reason}],
                      "usage": usage},
+        "prompt_prefix": meta.get("prompt_prefix"),
         "prompt_token_ids": prompt,
         "choices": [{
             "index": index, "completion_token_ids": ids[:n], "logprobs": logprobs[:n],
@@ -300,6 +305,7 @@ def _call_fields(value: bytes) -> _Fields:
         request = data["request"]
         if type(request) is dict and set(request) == set(NormalizedRequest.model_fields):
             data["request"] = NormalizedRequest.model_construct(**request)
+        data = linked(data)
     except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, binascii.Error) as exc:
         raise ValueError(f"not a raw call record: {exc!r}") from exc
     if type(event_id) is not str or created_at.tzinfo is None:

@@ -39,6 +39,8 @@ from producers.raw_calls import EngineExchange
 from producers.shipper import JournalPublisher
 from proxy import exact_json, telemetry
 from proxy.adapters import Adapter, StreamSession
+from proxy.continuation.history import RolloutHistories
+from proxy.continuation.prefix import Reference, refer
 from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError
@@ -144,6 +146,8 @@ class CallService:
         self._context: dict[str, int | None] = {}
         """Each replica's context length (``max_model_len`` in its model list; None: not reported)."""
         self._background: set[asyncio.Task[Any]] = set()
+        self.histories = RolloutHistories()
+        """Each rollout's token history: what continuation extends, and what call events reference."""
 
     async def drain(self, timeout_s: float) -> None:
         """Wait for events still being recorded (of cut streams and answers) at shutdown."""
@@ -547,6 +551,7 @@ class CallService:
         if fingerprint is not None:
             capture.attempt, capture.retry_of = self.retries.settle(capture.call_id)
         if self.settings.capture:
+            reference = self._reference(capture, status)
             try:
                 await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
                                                   error_message=error_message, upstream_replica=replica,
@@ -557,11 +562,31 @@ class CallService:
                 logger.error("call %s of rollout %s could not be recorded: %s", capture.call_id,
                              capture.rollout_id, exc)
                 raise CallLogUnavailableError(f"the call could not be recorded ({exc}); retry later") from exc
+            if reference is not None and reference.turn is not None:
+                self.histories.of(capture.rollout_id).record(reference.turn)
         telemetry.calls.add(1, {"protocol": capture.protocol.value, "status": capture.outcome(status).value})
         telemetry.tokens.add(capture.prompt_token_count, {"kind": "prompt"})
         telemetry.tokens.add(capture.completion_tokens, {"kind": "completion"})
         if capture.first_token_s is not None:
             telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
+
+    def _reference(self, capture: CallCapture, status: CallStatus) -> Reference | None:
+        """What the call repeats of an earlier call of its rollout, by reference (linear events).
+
+        Only a call that sampled is referenced later, and only once its event is journalled.
+        """
+        if capture.outcome(status) is not CallStatus.OK or not capture.prompt_token_count:
+            return None
+        request = capture.request
+        try:
+            reference = refer(self.histories.of(capture.rollout_id), capture.call_id, capture.prompt_token_ids,
+                              capture.first_sampled(), request.messages, request.tools)
+        except Exception:  # a reference only saves bytes: the call is recorded whole
+            logger.exception("call %s of rollout %s: no prompt reference; recorded whole", capture.call_id,
+                             capture.rollout_id)
+            return None
+        capture.prompt_prefix = reference.prefix
+        return reference
 
 
 class _StreamRelay:

@@ -42,6 +42,7 @@ _WHERE: dict[str, str] = {
     "CallUsage": "schemas.call.v1",
     "ModelCallV1": "schemas.call.v1",
     "NormalizedRequest": "schemas.call.v1",
+    "PromptPrefix": "schemas.call.v1",
     "CheckpointAppliedV1": "schemas.checkpoint.v1",
     "CheckpointV1": "schemas.checkpoint.v1",
     "LearnerProgressV1": "schemas.checkpoint.v1",
@@ -81,6 +82,8 @@ _WHERE: dict[str, str] = {
     "FinalizeReason": "schemas.trajectory.v1",
     "MergeBreakRecord": "schemas.trajectory.v1",
     "MergeStats": "schemas.trajectory.v1",
+    "OriginSpan": "schemas.trajectory.v1",
+    "TokenOrigin": "schemas.trajectory.v1",
     "ToolErrorRecord": "schemas.trajectory.v1",
     "ToolErrorRule": "schemas.trajectory.v1",
     "ToolUse": "schemas.trajectory.v1",
@@ -133,6 +136,7 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from schemas.call.v1 import CallUsage as CallUsage
     from schemas.call.v1 import ModelCallV1 as ModelCallV1
     from schemas.call.v1 import NormalizedRequest as NormalizedRequest
+    from schemas.call.v1 import PromptPrefix as PromptPrefix
     from schemas.checkpoint.v1 import CheckpointAppliedV1 as CheckpointAppliedV1
     from schemas.checkpoint.v1 import CheckpointV1 as CheckpointV1
     from schemas.checkpoint.v1 import LearnerProgressV1 as LearnerProgressV1
@@ -172,6 +176,8 @@ if TYPE_CHECKING:  # the same names, for type checkers
     from schemas.trajectory.v1 import FinalizeReason as FinalizeReason
     from schemas.trajectory.v1 import MergeBreakRecord as MergeBreakRecord
     from schemas.trajectory.v1 import MergeStats as MergeStats
+    from schemas.trajectory.v1 import OriginSpan as OriginSpan
+    from schemas.trajectory.v1 import TokenOrigin as TokenOrigin
     from schemas.trajectory.v1 import ToolErrorRecord as ToolErrorRecord
     from schemas.trajectory.v1 import ToolErrorRule as ToolErrorRule
     from schemas.trajectory.v1 import ToolUse as ToolUse

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from schemas._errors import DeadLetterErrorType
+from schemas.call.linear import WholeCalls
 from stream.admin import KafkaAdmin, bootstrap_refusal
 from stream.broker import BrokerError, LocalBroker, ensure_kafka_jars
 from stream.settings import BrokerSettings, KafkaSettings
@@ -28,6 +29,7 @@ from stream.tooling import (
     record_matches,
     redrive,
     replay_to_topic,
+    whole_calls,
     write_jsonl,
 )
 from stream.topics import DEAD_LETTERS, TopicRegistry
@@ -253,13 +255,14 @@ def topics_tail(bootstrap: str | None, topic: str, follow: bool, last: int, from
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        calls = WholeCalls()  # calls shown whole, their prompts stored by reference rebuilt
         try:
             async for record in read_topic(settings, name, rng, follow=follow, stop=stop):
                 if record_matches(record, key=key, schema=schema):
                     if raw:
                         click.echo(record.to_json_line().decode(), nl=False)
                     else:
-                        click.echo(format_record(record, full=full))
+                        click.echo(format_record(record, full=full, calls=calls))
         except KeyError as exc:
             raise click.ClickException(str(exc.args[0])) from exc
 
@@ -306,7 +309,10 @@ def range_options(records: str) -> Callable[[Callable[..., None]], Callable[...,
 @click.option("--keep-partition", is_flag=True, help="Write each record to its source partition number.")
 def topics_replay(bootstrap: str | None, from_topic: str | None, from_file: Path | None,
                   to_topic: str | None, to_file: Path | None, rng: Range, keep_partition: bool) -> None:
-    """Copy an offset or time range of records, byte-exact, between topics and JSONL files."""
+    """Copy an offset or time range of records, byte-exact, between topics and JSONL files.
+
+    Into a file, call events go whole: a prompt stored by reference to an earlier call is rebuilt.
+    """
     if (from_topic is None) == (from_file is None):
         raise click.UsageError("give exactly one of --from-topic and --from-file")
     if (to_topic is None) == (to_file is None):
@@ -329,6 +335,7 @@ def topics_replay(bootstrap: str | None, from_topic: str | None, from_file: Path
         assert to_file is not None
         if from_file is not None:
             raise click.UsageError("file to file needs no broker: copy the file")
+        source = whole_calls(source)  # a file is read by people and tools: calls whole
         if str(to_file) == "-":
             return await write_jsonl(source, sys.stdout.buffer)
         with to_file.open("wb") as out:

@@ -1,7 +1,9 @@
 """Operator tooling over topics: tail, replay to a topic or a JSONL file and back, and re-drive dead letters.
 
 Records are handled as raw bytes end to end, so a replay is byte-exact (keys,
-values and headers) whatever the records hold, including undecodable ones.
+values and headers) whatever the records hold, including undecodable ones. The one exception is
+what a person reads: ``tail`` and ``replay --to-file`` show call events whole, their prompts
+stored by reference to an earlier call rebuilt (:class:`~schemas.call.linear.WholeCalls`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
-from schemas import DeadLetterV1, DecodeError, EventBase, PackedArray, decode
+from schemas import DeadLetterV1, DecodeError, EventBase, ModelCallV1, PackedArray, decode, encode
+from schemas.call.linear import UnresolvedPrefixError, WholeCalls
 from stream.admin import KafkaAdmin
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
@@ -201,8 +204,12 @@ def _readable(value: Any, full: bool) -> Any:
     return value
 
 
-def format_record(record: RawRecord, *, full: bool = False) -> str:
-    """Human-readable rendering: a header line, then the event as indented JSON."""
+def format_record(record: RawRecord, *, full: bool = False, calls: WholeCalls | None = None) -> str:
+    """Human-readable rendering: a header line, then the event as indented JSON.
+
+    With ``calls`` (fed every record read, in order), a call is shown whole; one whose prompt
+    prefix is not resolved (its call is before the records read) is shown as stored, and says so.
+    """
     when = datetime.fromtimestamp(record.timestamp_ms / 1000).astimezone().isoformat(timespec="milliseconds")
     key = record.key.decode("utf-8", "replace") if record.key is not None else "-"
     head = f"{record.topic}[{record.partition}]@{record.offset}  key={key}  {when}"
@@ -211,6 +218,11 @@ def format_record(record: RawRecord, *, full: bool = False) -> str:
     except DecodeError as exc:
         preview = (record.value or b"")[:200]
         return f"{head}  UNDECODABLE ({exc.kind}): {exc.reason}\n  {preview!r}"
+    if calls is not None and isinstance(event, ModelCallV1):
+        try:
+            event = calls.whole(event)
+        except UnresolvedPrefixError as exc:
+            head += f"  prompt prefix not rebuilt ({exc})"
     body = _readable(event.model_dump(), full)
     text = orjson.dumps(body, option=orjson.OPT_INDENT_2).decode()
     return f"{head}  {type(event).SCHEMA} v{type(event).VERSION}\n{text}"
@@ -429,6 +441,31 @@ async def _aiter(records: AsyncIterator[RawRecord] | Iterator[RawRecord]) -> Asy
             yield record
 
 
+async def whole_calls(records: AsyncIterator[RawRecord]) -> AsyncIterator[RawRecord]:
+    """The records with each call event whose prompt is stored by reference re-encoded whole.
+
+    Its key and headers stay as they were; a record that is not such a call, or whose reference
+    does not resolve against the records before it, passes unchanged.
+    """
+    calls = WholeCalls()
+    async for record in records:
+        try:
+            event = record.decode()
+        except DecodeError:
+            yield record
+            continue
+        if isinstance(event, ModelCallV1):
+            try:
+                whole = calls.whole(event)
+            except UnresolvedPrefixError as exc:
+                logger.warning("%s[%d]@%d kept as stored: %s", record.topic, record.partition, record.offset, exc)
+            else:
+                if whole is not event:
+                    record = RawRecord(record.topic, record.partition, record.offset, record.timestamp_ms,
+                                       record.key, encode(whole)[0], record.headers)
+        yield record
+
+
 async def write_jsonl(records: AsyncIterator[RawRecord], out: IO[bytes],
                       progress: Callable[[int], None] | None = None) -> int:
     """Write records as JSONL; return the count."""
@@ -461,6 +498,6 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
 
 __all__ = [
     "REDRIVEN_BY_DEFAULT", "Range", "RawRecord", "Redriven", "format_record", "read_jsonl", "read_topic",
-    "record_matches", "redrive", "replay_to_topic", "write_jsonl",
+    "record_matches", "redrive", "replay_to_topic", "whole_calls", "write_jsonl",
 ]
 

@@ -4,7 +4,12 @@ Pure functions, no I/O. Every id, logprob and version comes from the recorded ca
 is re-tokenized. A call is appended to the current sample when its ``prompt_token_ids`` start with
 the current sample's prompt and completion exactly (token for token); the prompt tokens after that
 prefix (tool results, user turns, template glue) join the completion with loss mask 0 and a
-placeholder logprob of 0.0. Otherwise the call starts a new sample and the break is counted: a
+placeholder logprob of 0.0. Every token gets an origin (:class:`~schemas.trajectory.v1.TokenOrigin`):
+the first prompt is the user's and system's, each added stretch the tools' when the messages it
+adds are all tool results (the user's otherwise, the template's when it adds no message), and each
+sampled stretch the policy's; the loss mask is derived from the origins alone.
+
+A call whose prompt does not extend the sample starts a new sample and the break is counted: a
 harness that rewrites history (OpenClaw's ephemeral trailing message, Claude Code's system message
 inside ``messages``) shows up as a break rate, per harness, in the assembler's metrics.
 """
@@ -15,10 +20,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from consumers.assembler.drift import diagnose_break
-from schemas import Logprobs, LossMask, ModelCallV1, TokenIds, WeightVersionRange
+from schemas import Logprobs, ModelCallV1, TokenIds, WeightVersionRange
 from schemas.call.v1 import CallStatus
 from schemas.drift import DriftReason
-from schemas.trajectory.v1 import MergeBreakRecord, MergeStats, TrajectorySample
+from schemas.trajectory.v1 import (
+    MergeBreakRecord,
+    MergeStats,
+    OriginSpan,
+    TokenOrigin,
+    TrajectorySample,
+    loss_mask_of,
+)
 
 __all__ = ["BuiltSamples", "MergeBreak", "build_samples", "order_calls", "usable_calls"]
 
@@ -114,7 +126,8 @@ class _SampleBuilder:
         self.prompt = call.prompt_token_ids
         self.context = bytearray(call.prompt_token_ids.to_bytes())
         self.completion = bytearray()
-        self.mask = bytearray()
+        self.origins: list[OriginSpan] = []
+        self._origin(TokenOrigin.USER, len(call.prompt_token_ids))
         self.logprobs: list[Logprobs] = []
         self.versions: list[WeightVersionRange] = []
         self.versions_known = True
@@ -127,21 +140,22 @@ class _SampleBuilder:
 
     def merge(self, call: ModelCallV1) -> None:
         gap = call.prompt_token_ids[len(self.context) // _ID_BYTES :]
+        origin = _added_origin(self.last, call)
         self.last = call
-        self._append(call, gap)
+        self._append(call, gap, origin)
 
-    def _append(self, call: ModelCallV1, gap: TokenIds) -> None:
+    def _append(self, call: ModelCallV1, gap: TokenIds, origin: TokenOrigin = TokenOrigin.TEMPLATE) -> None:
         choice = call.first_choice
         assert choice is not None  # usable_calls guarantees it
         gap_bytes = gap.to_bytes()
         if gap_bytes:
             self.completion += gap_bytes
-            self.mask += bytes(len(gap))
+            self._origin(origin, len(gap))
             self.logprobs.append(Logprobs.from_bytes(bytes(len(gap) * _LOGPROB_BYTES)))
         offset = len(self.completion) // _ID_BYTES
         sampled = choice.completion_token_ids.to_bytes()
         self.completion += sampled
-        self.mask += b"\x01" * len(choice.completion_token_ids)
+        self._origin(TokenOrigin.SAMPLED, len(choice.completion_token_ids))
         self.logprobs.append(choice.logprobs)
         self.context += gap_bytes + sampled
         self.call_ids.append(call.call_id)
@@ -157,15 +171,33 @@ class _SampleBuilder:
             else:
                 self.versions.append(WeightVersionRange(version=item.version, start=start, end=end))
 
+    def _origin(self, origin: TokenOrigin, count: int) -> None:
+        start = self.origins[-1].end if self.origins else 0
+        if count and self.origins and self.origins[-1].origin is origin:
+            self.origins[-1] = OriginSpan(origin=origin, start=self.origins[-1].start, end=start + count)
+        elif count:
+            self.origins.append(OriginSpan(origin=origin, start=start, end=start + count))
+
     def build(self) -> TrajectorySample:
+        total = (len(self.prompt.to_bytes()) + len(self.completion)) // _ID_BYTES
         return TrajectorySample(
             prompt_ids=self.prompt,
             completion_ids=TokenIds.from_bytes(self.completion),
-            loss_mask=LossMask.from_bytes(self.mask),
+            loss_mask=loss_mask_of(self.origins, len(self.prompt), total),
+            origins=self.origins,
             behavior_logprobs=Logprobs.concat(self.logprobs),
             weight_versions=self.versions if self.versions_known else [],
             call_ids=self.call_ids,
         )
+
+
+def _added_origin(before: ModelCallV1, call: ModelCallV1) -> TokenOrigin:
+    """Whose tokens ``call`` added after ``before``'s context: by the roles of the messages it adds."""
+    added = call.request.messages[len(before.request.messages) + 1:]  # after the repeated answer
+    roles = {message.get("role") if isinstance(message, dict) else None for message in added}
+    if not roles:
+        return TokenOrigin.TEMPLATE
+    return TokenOrigin.TOOL if roles == {"tool"} else TokenOrigin.USER
 
 
 def _common_prefix_tokens(context: bytes, prompt: bytes) -> int:

@@ -47,6 +47,7 @@ from consumers.assembler import telemetry
 from consumers.assembler.settings import AssemblerSettings
 from consumers.assembler.state import Finalized, Outcome, RolloutTable
 from schemas import DeadLetterErrorType, DeadLetterV1, DecodeError, ModelCallV1, decode
+from schemas.call.linear import UnresolvedPrefixError, rebuild
 from stream.lifecycle import Managed
 from stream.producer import EventProducer, EventTooLargeError, encode_record
 from stream.settings import KafkaSettings
@@ -247,6 +248,13 @@ class AssemblerService(Managed):
             self._dead_letter(record, DeadLetterErrorType.INVALID_EVENT,
                               f"{type(event).SCHEMA!r} events do not belong on {record.topic}")
             return
+        if (isinstance(event, ModelCallV1) and event.prompt_prefix is not None
+                and not self.table.finished(event.rollout_id)):
+            try:  # joined whole: the prefix from the call it references, read before it
+                event = rebuild(event, self.table.call(event.rollout_id, event.prompt_prefix.call_id))
+            except UnresolvedPrefixError as exc:
+                self._dead_letter(record, DeadLetterErrorType.INVALID_EVENT, str(exc))
+                return
         outcome = self.table.add(event, tp, record.offset, now)
         attributes = {"topic": topic.spec.base_name}
         if outcome is Outcome.ACCEPTED and isinstance(event, ModelCallV1):

@@ -117,6 +117,16 @@ class RolloutTable:
         """Rollouts waiting to be finalized."""
         return len(self._open)
 
+    def finished(self, rollout_id: str) -> bool:
+        """Whether the rollout was finalized (its later events are duplicates, replays or late)."""
+        return rollout_id in self._closed or rollout_id in self._remembered
+
+    def call(self, rollout_id: str, call_id: str) -> ModelCallV1 | None:
+        """A call of an open rollout, as joined (its prompt whole), if it was read."""
+        state = self._open.get(rollout_id)
+        calls = state.calls if state is not None else ()
+        return next((call for call in reversed(calls) if call.call_id == call_id), None)
+
     def add(self, event: EventBase, tp: TopicPartition, offset: int, now: float) -> Outcome:
         """Join one call, lifecycle or reward event read at ``tp``/``offset``.
 

@@ -235,7 +235,7 @@ class Index:
         added = db.execute(
             "INSERT OR IGNORE INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (call.call_id, call.rollout_id, started, call.protocol.value, call.model, call.status.value,
-             call.attempt, call.retry_of, int(call.streamed), len(call.prompt_token_ids),
+             call.attempt, call.retry_of, int(call.streamed), call.prompt_length,
              len(choice.completion_token_ids) if choice else 0, choice.finish_reason if choice else None,
              ",".join(versions), call.timings.total_s, call.timings.time_to_first_token_s,
              (call.error_message or "")[:500] or None, call.upstream_replica, trace_id, where.topic, where.partition,
@@ -246,7 +246,7 @@ class Index:
         db.execute("UPDATE rollouts SET calls=calls+1, failed_calls=failed_calls+?, retries=retries+?, "
                    "prompt_tokens=prompt_tokens+?, completion_tokens=completion_tokens+?, "
                    "task_id=coalesce(task_id, ?) WHERE rollout_id=?",
-                   (int(call.status.value != "ok"), int(call.attempt > 0), len(call.prompt_token_ids),
+                   (int(call.status.value != "ok"), int(call.attempt > 0), call.prompt_length,
                     len(choice.completion_token_ids) if choice else 0, call.task_id, call.rollout_id))
 
     def _lifecycle(self, db: sqlite3.Connection, event: RolloutEventV1) -> None:

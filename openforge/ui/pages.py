@@ -26,6 +26,7 @@ from openforge.ui.index import Index
 from openforge.ui.settings import UISettings
 from openforge.ui.tokens import COLOURINGS, call_spans, page_links, render_sample
 from schemas import ModelCallV1, TrajectoryV1
+from schemas.call.linear import UnresolvedPrefixError, WholeCalls
 from schemas.drift import DriftReason
 from schemas.failures import FailureReason
 from schemas.rollout.v1 import RolloutPhase
@@ -334,7 +335,8 @@ async def rollout_page(request: Request, rollout_id: str) -> Response:
     events = await ui.reader.read([(c["topic"], c["partition"], c["offset"]) for c in calls]
                                   + ([(r["traj_topic"], r["traj_partition"], r["traj_offset"])]
                                      if r["traj_topic"] is not None else []))
-    bodies = {c["call_id"]: events.get((c["topic"], c["partition"], c["offset"])) for c in calls}
+    bodies = _whole_bodies([events.get((c["topic"], c["partition"], c["offset"]))
+                            for c in sorted(calls, key=lambda c: (c["partition"], c["offset"]))])
     trajectory = events.get((r["traj_topic"], r["traj_partition"], r["traj_offset"])) if r["traj_topic"] else None
     out = [f"<h1>Rollout {esc(rollout_id)}</h1>"]
     facts = [("task", link(query("/rollouts", {"task": r["task_id"]}), r["task_id"]) if r["task_id"] else ""),
@@ -387,6 +389,19 @@ async def rollout_page(request: Request, rollout_id: str) -> Response:
         if isinstance(body, ModelCallV1):
             previous = list(body.request.messages)
     return page(f"Rollout {rollout_id}", "".join(out))
+
+
+def _whole_bodies(stored: Sequence[object]) -> dict[str, ModelCallV1]:
+    """The rollout's call events by call id, whole (read in produce order; one that does not resolve as stored)."""
+    calls = WholeCalls()
+    bodies: dict[str, ModelCallV1] = {}
+    for event in stored:
+        if isinstance(event, ModelCallV1):
+            try:
+                bodies[event.call_id] = calls.whole(event)
+            except UnresolvedPrefixError:
+                bodies[event.call_id] = event
+    return bodies
 
 
 def _timeline(r: sqlite3.Row, lifecycle: Sequence[sqlite3.Row], calls: Sequence[sqlite3.Row]) -> str:

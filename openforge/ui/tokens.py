@@ -1,8 +1,9 @@
 """The token view of one trajectory sample: every token, coloured by what it is and where it came from.
 
-Colourings: ``mask`` (trained against context tokens), ``origin`` (who wrote the token; until calls
-record origins, sampled against context, from the mask), ``logprob`` (the behaviour probability of
-each sampled token) and ``version`` (the weight version that sampled it). Call boundaries are
+Colourings: ``mask`` (trained against context tokens), ``origin`` (who wrote the token, from the
+sample's recorded origins; a sample from before origins shows sampled against context, from the
+mask), ``logprob`` (the behaviour probability of each sampled token) and ``version`` (the weight
+version that sampled it). Call boundaries are
 marked in the completion, and a sample that a merge break started shows where its prompt left the
 earlier context, with the drift reason.
 """
@@ -53,11 +54,15 @@ def call_spans(prompt_len: int, calls: Sequence[tuple[str, int, int]]) -> list[C
 
 
 def token_origins(sample: TrajectorySample) -> list[str]:
-    """Who wrote each completion token: the sample's recorded origins when it has them, else from the mask."""
-    recorded = getattr(sample, "origins", None)
-    if recorded is not None:
-        return [str(getattr(o, "value", o)) for o in recorded]
-    return ["sampled" if m else "context" for m in sample.loss_mask]
+    """Who wrote each completion token: the sample's recorded origins, or for a sample without them, the mask."""
+    if not sample.origins:
+        return ["sampled" if m else "context" for m in sample.loss_mask]
+    prompt = len(sample.prompt_ids)
+    out = ["context"] * len(sample.completion_ids)
+    for span in sample.origins:
+        for i in range(max(span.start, prompt), span.end):
+            out[i - prompt] = span.origin.value
+    return out
 
 
 def _versions(sample: TrajectorySample) -> list[str | None]:

@@ -28,35 +28,48 @@ def _ids(values: Iterable[int]) -> array[int]:
 class Turn:
     """One call of a rollout, as continuation needs it.
 
-    Its prompt is ``parent``'s prompt and sampled ids followed by ``added`` (all of the prompt when
-    ``parent`` is None: a full render).
+    Its prompt is the first ``extends`` ids of ``parent``'s prompt and sampled ids, followed by
+    ``added`` (all of the prompt when ``parent`` is None: a full render).
     """
 
     call_id: str
     """The call's id, for an event that references the call it extends."""
     views: tuple[View, ...]
-    """The request's messages as the template saw them."""
+    """The request's messages as the template saw them (none for a turn recorded by its tokens
+    alone, which continuation never extends)."""
     tools: bytes
     """The tools offered, canonical (:func:`consumers.assembler.drift.canonical_tools`)."""
     parent: Turn | None
     """The turn whose prompt and sampled ids this prompt begins with."""
     added: array[int]
-    """The prompt ids after the parent's prompt and sampled ids."""
+    """The prompt ids after the part of the parent's prompt and sampled ids it shares."""
     sampled: array[int]
     """The ids the engine sampled, the stop token included when it sampled one."""
     answer: View | None
     """The answer's message as the harness was given it (None when there was none)."""
+    shared: int | None = None
+    """How many leading ids of the parent's prompt and sampled ids the prompt shares, where it
+    forked before their end (None: all of them, the prompt extends the parent)."""
+    message_keys: tuple[bytes, ...] = ()
+    """A short digest of each message of the request as recorded, for an event that references
+    the messages it repeats (:mod:`~proxy.continuation.prefix`)."""
+    tools_key: bytes = b""
+    """A short digest of the tools offered as recorded."""
 
     @classmethod
     def of(cls, call_id: str, views: Sequence[View], tools: bytes, parent: Turn | None, added: Iterable[int],
-           sampled: Iterable[int], answer: View | None) -> Turn:
+           sampled: Iterable[int], answer: View | None, *, shared: int | None = None,
+           message_keys: Sequence[bytes] = (), tools_key: bytes = b"") -> Turn:
         """A turn from plain sequences."""
-        return cls(call_id, tuple(views), tools, parent, _ids(added), _ids(sampled), answer)
+        return cls(call_id, tuple(views), tools, parent, _ids(added), _ids(sampled), answer, shared,
+                   tuple(message_keys), tools_key)
 
     @property
     def extends(self) -> int:
         """How many leading prompt ids are the parent's prompt and sampled ids (0 without a parent)."""
-        return 0 if self.parent is None else self.parent.prompt_len + len(self.parent.sampled)
+        if self.parent is None:
+            return 0
+        return self.parent.prompt_len + len(self.parent.sampled) if self.shared is None else self.shared
 
     @property
     def prompt_len(self) -> int:
@@ -65,16 +78,20 @@ class Turn:
 
     def prompt_ids(self) -> list[int]:
         """The whole prompt, assembled from the chain of turns it extends."""
+        return self.context().tolist()[:self.prompt_len]
+
+    def context(self) -> array[int]:
+        """The prompt ids followed by the sampled ids: what a later prompt may extend."""
         chain = []
         turn: Turn | None = self
         while turn is not None:
             chain.append(turn)
             turn = turn.parent
-        ids: list[int] = []
-        for index, step in enumerate(reversed(chain)):
+        ids: array[int] = _ids(())
+        for step in reversed(chain):
+            del ids[step.extends:]
             ids.extend(step.added)
-            if index < len(chain) - 1:
-                ids.extend(step.sampled)
+            ids.extend(step.sampled)
         return ids
 
 
@@ -94,6 +111,10 @@ class RolloutHistory:
     def record(self, turn: Turn) -> None:
         """Add a finished call's turn."""
         self._turns.append(turn)
+
+    def find(self, call_id: str) -> Turn | None:
+        """The kept turn of this call, if any."""
+        return next((turn for turn in self._turns if turn.call_id == call_id), None)
 
     def newest_first(self) -> Iterator[Turn]:
         """The kept turns, the latest first."""

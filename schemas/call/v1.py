@@ -24,6 +24,7 @@ __all__ = [
     "CallUsage",
     "ModelCallV1",
     "NormalizedRequest",
+    "PromptPrefix",
 ]
 
 # Headers that carry credentials. Session headers are stored on Kafka in the clear, so the
@@ -85,6 +86,38 @@ class NormalizedRequest(FrozenModel):
 
     extra: JsonObject = Field(default_factory=dict)
     """Any other request fields passed to the engine (response_format, chat template kwargs)."""
+
+
+class PromptPrefix(FrozenModel):
+    """What a call shares with an earlier call of its rollout, stored by reference.
+
+    A rollout's calls re-send their whole context, so storing every call in full makes the calls
+    topic grow with the square of the turns. A call names an earlier call and what it repeats of
+    it: the leading prompt ids of that call's *context* (its prompt ids followed by its first
+    choice's sampled ids), the leading messages of its request, and its tools; the event then
+    holds only the rest. The reference is usually the call before (the prompt extends its
+    context), and a shorter token prefix where the samples forked (the template re-spelled a
+    sampled turn, or the harness retried an earlier turn). Readers rebuild the whole call with
+    :func:`schemas.call.linear.rebuild`, which refuses, never pads or cuts, a reference that does
+    not resolve.
+    """
+
+    call_id: Identifier
+    """The earlier call of the same rollout the prompt begins with."""
+
+    tokens: int = Field(ge=1)
+    """How many leading ids of that call's context the prompt begins with."""
+
+    digest: str = Field(pattern=r"^[0-9a-f]{32}$")
+    """BLAKE2b (16 bytes, hex) of those ids packed as little-endian int32, so a reader checks that
+    the prefix it rebuilt is the one the proxy saw."""
+
+    messages: int = Field(default=0, ge=0)
+    """How many leading messages of ``request.messages`` are that call's, in its order; the
+    event's ``request.messages`` holds the ones after them."""
+
+    tools: bool = False
+    """Whether the request offered that call's tools; ``request.tools`` is then absent."""
 
 
 class CallChoice(FrozenModel):
@@ -202,9 +235,13 @@ class ModelCallV1(EventBase):
     translated protocol's body, or an answer with fields the harness did not ask for removed, is
     made from it. Absent when the engine gave no answer."""
 
+    prompt_prefix: PromptPrefix | None = None
+    """What the call repeats of an earlier call of the rollout (leading prompt ids, messages,
+    tools), by reference; absent when the event holds the whole call."""
+
     prompt_token_ids: TokenIds = Field(default_factory=TokenIds)
-    """Token ids of the prompt exactly as the engine tokenized it (chat template applied).
-    Empty when the call failed before the engine saw it."""
+    """Token ids of the prompt exactly as the engine tokenized it (chat template applied), after
+    ``prompt_prefix`` when there is one. Empty when the call failed before the engine saw it."""
 
     choices: list[CallChoice] = Field(default_factory=list)
     """Sampled completions, one per choice (``n > 1`` gives several). Empty when the engine
@@ -254,6 +291,10 @@ class ModelCallV1(EventBase):
                 f"retry_of must be set exactly when attempt > 0 "
                 f"(attempt={self.attempt}, retry_of={self.retry_of!r})"
             )
+        if self.prompt_prefix is not None and self.prompt_prefix.call_id == self.call_id:
+            raise ValueError(f"call {self.call_id!r} cannot take its prompt prefix from itself")
+        if self.prompt_prefix is not None and self.prompt_prefix.tools and self.request.tools is not None:
+            raise ValueError("request.tools must be absent when prompt_prefix.tools takes the referenced call's")
         if self.retry_of is not None and self.retry_of == self.call_id:
             raise ValueError(f"call {self.call_id!r} cannot be a retry of itself")
         indexes = [choice.index for choice in self.choices]
@@ -273,6 +314,11 @@ class ModelCallV1(EventBase):
     def packed_items(self) -> int:
         """Prompt ids plus every choice's ids and logprobs."""
         return len(self.prompt_token_ids) + sum(2 * len(c.completion_token_ids) for c in self.choices)
+
+    @property
+    def prompt_length(self) -> int:
+        """Ids in the whole prompt: the referenced prefix and the ids stored here."""
+        return len(self.prompt_token_ids) + (self.prompt_prefix.tokens if self.prompt_prefix is not None else 0)
 
     @property
     def first_choice(self) -> CallChoice | None:

@@ -25,11 +25,14 @@ __all__ = [
     "FinalizeReason",
     "MergeBreakRecord",
     "MergeStats",
+    "OriginSpan",
+    "TokenOrigin",
     "ToolErrorRecord",
     "ToolErrorRule",
     "ToolUse",
     "TrajectorySample",
     "TrajectoryV1",
+    "loss_mask_of",
 ]
 
 
@@ -48,6 +51,65 @@ class FinalizeReason(StrEnum):
     """The assembler had to drop open state (memory bound) and flushed what it had."""
 
 
+class TokenOrigin(StrEnum):
+    """Where a token of a sample came from; only ``sampled`` tokens are trained."""
+
+    SAMPLED = "sampled"
+    """Sampled by the policy; its behaviour logprob and weight version are recorded with it."""
+    TEMPLATE = "template"
+    """Written by the chat template: a turn's closing or opening the model did not sample (bridge)."""
+    TOOL = "tool"
+    """A tool's or the environment's output, as the harness sent it back."""
+    USER = "user"
+    """A user or system message (with the template's markup around it), or the tools offered."""
+
+
+class OriginSpan(FrozenModel):
+    """Tokens ``[start, end)`` of a sample's sequence (its prompt, then its completion) of one origin."""
+
+    origin: TokenOrigin
+    """Where these tokens came from."""
+
+    start: int = Field(ge=0)
+    """Index of the first token, counted from the first prompt id."""
+
+    end: int = Field(ge=1)
+    """Index one past the last token."""
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> Self:
+        if self.end <= self.start:
+            raise ValueError(f"origin span must be non-empty: start={self.start} end={self.end}")
+        return self
+
+
+def loss_mask_of(origins: list[OriginSpan], prompt_tokens: int, total: int) -> LossMask:
+    """The loss mask over the completion that ``origins`` imply: 1 exactly where a token was sampled.
+
+    Raises:
+        ValueError: the spans do not cover ``[0, total)`` in order without gaps or overlaps, or
+            a prompt token is marked sampled (a prompt is never trained).
+    """
+    mask = bytearray(max(total - prompt_tokens, 0))
+    position = 0
+    for span in origins:
+        if span.start != position:
+            raise ValueError(f"origin spans must cover the sequence in order without gaps; a span starts at "
+                             f"{span.start}, expected {position}")
+        if span.end > total:
+            raise ValueError(f"origin span [{span.start}, {span.end}) runs past the end of the sequence ({total} "
+                             "tokens)")
+        if span.origin is TokenOrigin.SAMPLED:
+            if span.start < prompt_tokens:
+                raise ValueError(f"origin span [{span.start}, {span.end}) marks prompt tokens sampled; the prompt "
+                                 f"ends at {prompt_tokens}")
+            mask[span.start - prompt_tokens:span.end - prompt_tokens] = b"\x01" * (span.end - span.start)
+        position = span.end
+    if position != total:
+        raise ValueError(f"origin spans cover {position} tokens but the sequence has {total}")
+    return LossMask.from_bytes(mask)
+
+
 class TrajectorySample(FrozenModel):
     """One training sequence: a prompt and the completion that follows it.
 
@@ -64,7 +126,8 @@ class TrajectorySample(FrozenModel):
 
     loss_mask: LossMask
     """1 for tokens the model sampled (trained), 0 for context tokens; aligned with
-    ``completion_ids``. One byte per token (see :class:`~schemas.LossMask`)."""
+    ``completion_ids``. One byte per token (see :class:`~schemas.LossMask`). Where ``origins`` is
+    given, exactly the mask they imply (:func:`loss_mask_of`)."""
 
     behavior_logprobs: Logprobs
     """Logprob under the sampling weights for each completion token (0.0 where masked)."""
@@ -75,6 +138,10 @@ class TrajectorySample(FrozenModel):
 
     call_ids: list[Identifier] = Field(min_length=1)
     """Calls merged into this sample, in order."""
+
+    origins: list[OriginSpan] = Field(default_factory=list)
+    """The origin of every token, as runs over the prompt followed by the completion; empty from
+    assemblers that predate origins."""
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:
@@ -99,6 +166,10 @@ class TrajectorySample(FrozenModel):
                         f"trained tokens in [{span.start}, {span.stop}) have no weight version; "
                         "every token with loss_mask 1 must be covered by weight_versions"
                     )
+        if self.origins:
+            implied = loss_mask_of(self.origins, len(self.prompt_ids), len(self.prompt_ids) + ids)
+            if implied != self.loss_mask:
+                raise ValueError("loss_mask differs from the mask the origins imply (1 exactly on sampled tokens)")
         return self
 
     @property

@@ -19,6 +19,7 @@ from proxy.app import build_app
 from proxy.server import server_config
 from proxy.settings import ProxySettings
 from schemas import ModelCallV1, RewardV1, decode
+from schemas.call.linear import WholeCalls
 from schemas.credentials import Role, mint_token
 from stream import CALLS, REWARDS, KafkaSettings, TopicRegistry
 
@@ -93,7 +94,8 @@ async def proxy(proxy_settings_factory: Callable[..., ProxySettings], topics: To
 
 
 async def read_events(settings: KafkaSettings, registry: TopicRegistry, spec=CALLS, *, expect: int,
-                      timeout_s: float = 20.0) -> list:
+                      timeout_s: float = 20.0, whole: bool = True) -> list:
+    """The events of ``spec``'s topic; calls ``whole`` (prompts stored by reference rebuilt) unless told."""
     consumer = AIOKafkaConsumer(registry[spec].name, bootstrap_servers=settings.bootstrap_servers,
                                 auto_offset_reset="earliest", enable_auto_commit=False,
                                 max_partition_fetch_bytes=16 * 1024 * 1024)
@@ -110,7 +112,10 @@ async def read_events(settings: KafkaSettings, registry: TopicRegistry, spec=CAL
             events.extend(decode(r.headers, r.value) for r in batch)
     finally:
         await consumer.stop()
-    return events
+    if not whole:
+        return events
+    calls = WholeCalls()
+    return [calls.whole(e) if isinstance(e, ModelCallV1) else e for e in events]
 
 
 async def calls_of(proxy: RunningProxy, expect: int) -> list[ModelCallV1]:

@@ -267,3 +267,35 @@ async def test_a_field_that_bends_sampling_is_refused_by_name_and_the_budget_fit
     assert refused_bias.status is refused_tokens.status is CallStatus.INVALID_REQUEST
     assert fitted.status is CallStatus.OK and fitted.request.sampling["max_tokens"] == context
     assert "store" not in fitted.request.extra  # dropped: not the engine's to see
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_conversation_s_events_store_only_new_prompt_ids_and_rebuild_whole(proxy, vllm_url, stream) -> None:
+    from proxy_helpers import read_events
+
+    from stream import CALLS
+
+    messages: list = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Count."}]
+    async with client_for(proxy, "r-linear") as client:
+        for turn in range(3):
+            kwargs = {"model": "m", "messages": messages, "max_tokens": 6, "temperature": 1.0, "logprobs": True}
+            if stream:
+                async for _ in await client.chat.completions.create(stream=True, **kwargs):
+                    pass
+            else:
+                await client.chat.completions.create(**kwargs)
+            messages = [*messages, {"role": "assistant", "content": "one"}, {"role": "user", "content": f"And {turn}?"}]
+    stored = await read_events(proxy.settings.kafka, proxy.registry, CALLS, expect=3, whole=False)
+    events = await calls_of(proxy, 3)
+    assert [e.call_id for e in stored] == [e.call_id for e in events]
+    assert [e.prompt_prefix is not None for e in stored] == [False, True, True]
+    for before, event, whole in zip(events, stored[1:], events[1:], strict=False):
+        # The template re-renders the sampled turn: the prompt forks inside it, so the reference
+        # covers at least the earlier prompt, and only the ids after it are stored.
+        assert event.prompt_prefix is not None and event.prompt_prefix.call_id == before.call_id
+        assert event.prompt_prefix.tokens >= len(before.prompt_token_ids)
+        assert len(event.prompt_token_ids) == len(whole.prompt_token_ids) - event.prompt_prefix.tokens
+        # The messages the harness sent again are referenced too: the event holds the two new ones.
+        assert event.prompt_prefix.messages == len(before.request.messages) and len(event.request.messages) == 2
+    for event, asked in zip(events, [messages[:2], messages[:4], messages[:6]], strict=True):
+        assert list(event.prompt_token_ids) == await tokenize(vllm_url, event.model, asked)

@@ -361,3 +361,28 @@ async def _read(kafka_settings: KafkaSettings, topic: str, expect: int) -> list[
     finally:
         await consumer.stop()
     return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+async def test_tail_and_replay_to_a_file_show_calls_whole(kafka_settings, topics: TopicRegistry,
+                                                          tmp_path: Path) -> None:
+    from assembler_factories import conversation
+    from linear_calls import linked
+
+    whole = conversation("r-linear", 3, seed=5)
+    stored = [whole[0], linked(whole[1], whole[0]), linked(whole[2], whole[1])]
+    async with EventProducer(kafka_settings) as producer:
+        for event in stored:
+            await producer.send(CALLS, event)
+        await producer.flush()
+    out = (await asyncio.to_thread(openforge, kafka_settings, "topics", "tail", "calls", "--full")).stdout
+    prompts = [orjson.loads(part[part.index("{"):part.index("\n}") + 2])["prompt_token_ids"]
+               for part in out.split("model_call v1")[1:]]
+    assert prompts == [list(c.prompt_token_ids) for c in whole]
+    assert '"prompt_prefix": null' in out and "not rebuilt" not in out
+    dump = tmp_path / "calls.jsonl"
+    await asyncio.to_thread(openforge, kafka_settings, "topics", "replay", "--from-topic", "calls",
+                            "--to-file", str(dump))
+    docs = [orjson.loads(x) for x in dump.read_bytes().splitlines()]
+    events = [decode([(k, v.encode()) for k, v in d["headers"]], d["value"].encode()) for d in docs]
+    assert [(e.call_id, list(e.prompt_token_ids), e.prompt_prefix) for e in events] == [
+        (c.call_id, list(c.prompt_token_ids), None) for c in whole]

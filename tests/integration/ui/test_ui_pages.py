@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 import uvicorn
 from flight_events import NOT_RECOVERED, RECOVERED, failed_rollout, tool_rollout
 from inloop_server import InLoopServer
+from linear_calls import linked
 from netutil import free_port
 
 from consumers.assembler.service import AssemblerService
@@ -67,6 +69,10 @@ async def publish_run(kafka: KafkaSettings, topics: TopicRegistry) -> dict[str, 
                                  moving_context=True, start_s=20),
         "r-evicted": failed_rollout("r-evicted", task_id="task-c", start_s=30),
     }
+    # As the proxy stores them: each call after the first by reference to the one before it.
+    calls = rollouts["r-recovered"].calls  # type: ignore[attr-defined]
+    calls[1:] = [linked(call, before, messages=len(before.request.messages), tools=True)
+                 for before, call in itertools.pairwise(calls)]
     topic_of = {"model_call": CALLS, "rollout": ROLLOUTS, "reward": REWARDS}
     async with EventProducer(kafka) as producer:
         for recorded in rollouts.values():
@@ -142,7 +148,8 @@ async def test_every_page_from_a_run_on_the_real_broker(kafka_settings: KafkaSet
             assert 'id="reward">0.0000<' in stuck
             assert "step 1" in stuck  # the learner step that trained it
             recovered = (await client.get("/rollouts/r-recovered")).text
-            assert "error (exit_code), recovered" in recovered
+            assert "error (exit_code), recovered" in recovered  # joined from calls stored by reference
+            assert recovered.count("earlier messages as in the call before") == len(RECOVERED) - 1  # shown whole
 
             # Links in from a trace id.
             trace = await client.get(f"/traces/{TRACE_ID}", follow_redirects=False)

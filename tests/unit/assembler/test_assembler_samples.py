@@ -141,3 +141,49 @@ def test_property_samples_reproduce_every_call_token_exactly(seed: int) -> None:
                     assert [r.version for r in owner] == [item.version]
         assert trained == expected_trained
         assert all(lp == 0.0 for lp, m in zip(sample.behavior_logprobs, sample.loss_mask, strict=True) if m == 0)
+
+
+def test_every_token_has_an_origin_and_the_mask_is_derived_from_them() -> None:
+    from schemas import ModelCallV1
+    from schemas.call.v1 import NormalizedRequest
+    from schemas.trajectory.v1 import TokenOrigin
+
+    def asking(event: ModelCallV1, *messages: dict[str, str]) -> ModelCallV1:
+        return event.model_copy(update={"request": NormalizedRequest(messages=list(messages))})
+
+    user = {"role": "user", "content": "hi"}
+    answer = {"role": "assistant", "content": "ok"}
+    first = asking(call([1, 2, 3], [10, 11], call_id="a"), user)
+    second = asking(call([1, 2, 3, 10, 11, 7, 8], [12], call_id="b"), user, answer, {"role": "tool", "content": "x"})
+    third = asking(call([1, 2, 3, 10, 11, 7, 8, 12, 5], [13], call_id="c"), user, answer, {"role": "tool", "content": "x"},
+                   answer, {"role": "user", "content": "more"})
+    [sample] = build_samples([first, second, third]).samples
+    spans = [(s.origin, s.start, s.end) for s in sample.origins]
+    assert spans == [(TokenOrigin.USER, 0, 3), (TokenOrigin.SAMPLED, 3, 5), (TokenOrigin.TOOL, 5, 7),
+                     (TokenOrigin.SAMPLED, 7, 8), (TokenOrigin.USER, 8, 9), (TokenOrigin.SAMPLED, 9, 10)]
+    assert list(sample.loss_mask) == [1, 1, 0, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize(("spans", "error"), [
+    ([("user", 0, 2), ("sampled", 2, 5)], "runs past the end"),
+    ([("user", 0, 2), ("sampled", 2, 3)], "cover 3 tokens but the sequence has 4"),
+    ([("user", 0, 2), ("sampled", 3, 4)], "without gaps"),
+    ([("sampled", 0, 4)], "marks prompt tokens sampled"),
+])
+def test_origins_that_do_not_align_with_the_tokens_are_refused(spans: list[tuple[str, int, int]], error: str) -> None:
+    from schemas.trajectory.v1 import TrajectorySample
+
+    with pytest.raises(ValueError, match=error):
+        TrajectorySample.model_validate({
+            "prompt_ids": [1, 2], "completion_ids": [3, 4], "loss_mask": [1, 1], "behavior_logprobs": [-1.0, -1.0],
+            "call_ids": ["a"], "origins": [{"origin": o, "start": s, "end": e} for o, s, e in spans]})
+
+
+def test_a_mask_other_than_the_origins_imply_is_refused() -> None:
+    from schemas.trajectory.v1 import TrajectorySample
+
+    with pytest.raises(ValueError, match="differs from the mask the origins imply"):
+        TrajectorySample.model_validate({
+            "prompt_ids": [1, 2], "completion_ids": [3, 4], "loss_mask": [1, 0], "behavior_logprobs": [-1.0, -1.0],
+            "call_ids": ["a"], "origins": [{"origin": "user", "start": 0, "end": 2},
+                                           {"origin": "sampled", "start": 2, "end": 4}]})

@@ -257,3 +257,30 @@ def test_a_record_without_session_headers_maps_as_the_capture_maps_it() -> None:
     straight = _one_choice_fields(meta, chat, orjson.loads(exchange.answer))
     assert straight is not None and straight["session_headers"] == {}
     assert straight == _answer_fields(meta, chat, orjson.loads(exchange.answer))
+
+
+def test_a_prompt_prefix_is_cut_and_digested_alike_on_every_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from schemas._arrays import TokenIds
+    from schemas.call.linear import prefix_digest
+    from schemas.call.v1 import PromptPrefix
+
+    capture, exchange = _exchange(_whole([_finite(_choice())]))
+    capture.prompt_prefix = {"call_id": "c-0", "tokens": 2, "messages": 1, "tools": True}
+    built = capture.build(CallStatus.OK, validate=True, upstream_status_code=200)
+    assert built.prompt_prefix == PromptPrefix(call_id="c-0", tokens=2, digest=prefix_digest(TokenIds([1, 2]).to_bytes()),
+                                               messages=1, tools=True)
+    assert list(built.prompt_token_ids) == [3]
+    assert built.request.messages == CHAT["messages"][1:] and built.request.tools is None
+    exchange_record = pack_raw_exchange(capture, exchange, upstream_status_code=200, upstream_replica=None)
+    call_record = pack_raw_call(capture, CallStatus.OK, upstream_status_code=200)
+
+    def refuse(*args: Any, **kwargs: Any) -> ModelCallV1:
+        raise AssertionError("the event was built")
+
+    monkeypatch.setattr("producers.raw_calls.event_from_fields", refuse)  # the vouched path takes prefixes too
+    for record in (exchange_record, call_record):
+        topic, _, value, headers = ship_record(REGISTRY, *record, seq=1)
+        event = decode(list(headers), value)
+        assert topic == REGISTRY[CALLS].name and isinstance(event, ModelCallV1)
+        assert (event.prompt_prefix, list(event.prompt_token_ids)) == (built.prompt_prefix, [3])
+        assert event.request == built.request
