@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from conftest import Checkpoints
 
 from consumers.checkpoint_files import write_scaled_copy
 from consumers.publisher import CheckpointPublisher, PublisherSettings
 from consumers.weight_digests import MANIFEST, write_manifest
+from consumers.weight_transfer import FolderSource, NcclSettings, NcclTransfer
 from openforge.engine import LocalEngine
 from schemas import CheckpointAppliedV1, CheckpointV1
 from stream.producer import EventProducer
@@ -339,6 +342,67 @@ async def test_a_hung_replica_times_out_with_an_error_event_while_the_others_upd
             writer.close()
         hung_server.close()
         await hung_server.wait_closed()
+
+
+async def test_nccl_backend_dry_run_sends_buckets_of_the_checkpoints_bytes_and_the_replicas_serve_them(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    """Every step of the NCCL backend but the collective, on the defaults a CPU machine can run."""
+    model, urls = str(checkpoints.base), [e.url for e in engines]
+    version = next(versions)
+    nccl = NcclSettings(dry_run=True, bucket_bytes=1 << 20)
+    async with CheckpointPublisher(_settings(kafka_settings, engines, transfer="nccl", nccl=nccl),
+                                   registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        assert isinstance(publisher.transfer, NcclTransfer)
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled_more))
+        events = await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, version) for u in urls))
+        report = publisher.transfer.last_dry_run
+        assert report is not None and report.buckets > 1
+        weights = checkpoints.scaled_more / "model.safetensors"
+        assert report.bytes == weights.stat().st_size - _header_bytes(weights), "every tensor, once"
+        assert all((e.verified_parameters or 0) >= 9 for e in events if e.version == version and e.ok)
+        for url in urls:
+            assert await _engine_state(url) == (str(version), False)
+            assert await _served_exactly(url, model, checkpoints.scaled_more) < 1e-3
+
+
+def _header_bytes(file: Path) -> int:
+    with file.open("rb") as handle:
+        return 8 + int.from_bytes(handle.read(8), "little")
+
+
+async def test_a_stalled_transfer_times_out_with_an_error_event_and_the_replica_resumes_with_a_stalled_source(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    """A source that never yields its tensors (standing in for a broadcast that hangs: no collective
+    runs on a CPU machine) is cut off at the backend's timeout."""
+    engine = engines[0]
+    version = next(versions)
+    before, _ = await _engine_state(engine.url)
+    release = threading.Event()
+
+    class Stalled(FolderSource):
+        def tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+            release.wait(120)
+            yield from super().tensors(names)
+
+    settings = _settings(kafka_settings, [engine], transfer="nccl", max_reload_failures=1,
+                         nccl=NcclSettings(dry_run=True, timeout_s=2.0))
+    try:
+        async with CheckpointPublisher(settings, registry=topics, source=Stalled) as publisher, \
+                EventProducer(kafka_settings, registry=topics) as producer:
+            await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled))
+            events = await _applied(kafka_settings, topics, lambda ev: any(
+                e.replica == engine.url and e.version == version and not e.ok for e in ev))
+            failed = next(e for e in events if e.replica == engine.url and e.version == version and not e.ok)
+            assert "did not finish within 2s" in (failed.error or "")
+            assert await _engine_state(engine.url) == (before, False), "its version kept, resumed"
+            assert publisher.replicas[engine.url].failures == 1
+    finally:
+        release.set()
 
 
 async def test_reload_the_engine_rejects_still_resumes_the_replica(
