@@ -458,7 +458,10 @@ class CheckpointPublisher(Managed):
         checked: int | None = None
         try:
             try:
-                await self._call(url, "POST", "/pause", params={"mode": "keep"})
+                # vLLM 0.32 resets its caches at a pause unless told not to (its docstring says
+                # the flag is ignored with mode=keep; the code honours it): the one reset
+                # correctness needs comes after the load, in _load.
+                await self._call(url, "POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
             except httpx.ConnectError:
                 raise  # never reached the engine: nothing to undo
             except BaseException:
@@ -501,7 +504,8 @@ class CheckpointPublisher(Managed):
             raise _EngineRejected(str(exc)) from exc
         # Prompts cached under the old weights would otherwise be reused by new requests (every
         # rollout of a task shares its prompt), so what is sampled would mix old and new weights.
-        # Running requests are preempted and recomputed, not dropped.
+        # Running requests hold their blocks, so the reset succeeds only by preempting them: they
+        # are recomputed under the new weights, not dropped. Both are tested as needed.
         reset = await self._call(url, "POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
         if reset.get("success") is False:
             raise _EngineRejected("the engine could not reset its prefix cache after the reload")

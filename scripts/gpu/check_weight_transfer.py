@@ -188,7 +188,7 @@ async def check_size(size: str, args: argparse.Namespace, work: Path) -> dict[st
                             model.save_pretrained(served, safe_serialization=True)
                         version = f"{backend}-{update}"
                         paused = time.perf_counter()
-                        await call(url, "POST", "/pause", params={"mode": "keep"})
+                        await call(url, "POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
                         started = time.perf_counter()
                         await transfer.load(url, served)
                         moved = time.perf_counter() - started
