@@ -391,7 +391,7 @@ class NcclTransfer:
                                                    json={"update_info": _update_info(bucket)}))
         names = [m.name for m in bucket]
         broadcast = asyncio.ensure_future(asyncio.to_thread(
-            _broadcast, group.communicator, _checked(source.tensors(names), bucket), self.settings.bucket_bytes))
+            _broadcast, group.communicator, _checked(source.tensors(names), bucket), self.settings))
         try:
             async with asyncio.timeout(self.settings.timeout_s):
                 await asyncio.gather(receive, broadcast)
@@ -489,13 +489,14 @@ def _open_group(settings: NcclSettings, group: _Group) -> Any:
                          "world_size": group.world_size})
 
 
-def _broadcast(communicator: Any, pairs: Iterator[tuple[str, Any]], buffer_bytes: int) -> None:
+def _broadcast(communicator: Any, pairs: Iterator[tuple[str, Any]], settings: NcclSettings) -> None:
     """Send one bucket as vLLM's trainer engine does: packed into buffers, double-buffered on streams."""
     import torch
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
 
+    torch.cuda.set_device(torch.device(settings.device))  # the current device is per thread
     packed_nccl_broadcast_producer(iterator=pairs, group=communicator, src=0, post_iter_func=lambda item: item[1],
-                                   buffer_size_bytes=buffer_bytes, num_buffers=2)
+                                   buffer_size_bytes=settings.bucket_bytes, num_buffers=2)
     torch.cuda.current_stream().synchronize()
 
 
