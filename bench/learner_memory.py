@@ -26,10 +26,11 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from bench.random_qwen2 import SHAPES
+
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 0.6
-QWEN2_0_5B = {"hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14, "num_key_value_heads": 2,
-              "vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 4096}
+QWEN2_0_5B = {k: v for k, v in SHAPES["0.5b"].items() if k != "num_hidden_layers"} | {"max_position_embeddings": 4096}
 
 
 def make_model(folder: Path, layers: int) -> int:

@@ -6,7 +6,10 @@ What runs, all on 127.0.0.1: a private single-node Kafka broker (or ``--bootstra
 (CPU build) replica of the tiny model (or ``--replica URL``, which must serve that model and have
 the dev-mode RL endpoints), and the publisher in this process. Two checkpoint folders are made from
 the served weights (the embedding scaled by 1 and by 3), so consecutive publishes alternate
-between two visibly different sets of weights.
+between two visibly different sets of weights. With ``--size 0.5b`` (or another of
+``bench.random_qwen2``) the model is instead a random Qwen2 of that size made locally in bfloat16,
+served in bfloat16, and the two folders are two seeds of it, each with the learner's digest
+manifest.
 
 Measured in one run:
 
@@ -18,6 +21,11 @@ Measured in one run:
    (``answered``). The first-token logprob of every answer must equal the one the direct load of
    the same folder gave, so each measured answer really comes from the new weights.
 
+3. what a publish costs serving (``--inflight N``): N more publishes while a long greedy answer
+   streams; each one's longest wait between two tokens of that answer (the pause, the reload, and
+   the recompute of the answer's context that the prefix-cache reset forces), against the median
+   wait between its tokens away from publishes.
+
 Reports median and p90 of each, and exits non-zero on any failed check.
 """
 
@@ -25,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,8 +77,8 @@ async def first_logprob(client: httpx.AsyncClient, url: str, model: str) -> floa
 
 
 async def direct_publish(client: httpx.AsyncClient, url: str, folder: Path, label: str) -> float:
-    """The whole sequence straight at the engine; returns the raw reload call's seconds."""
-    (await client.post(url + "/pause", params={"mode": "keep"})).raise_for_status()
+    """The whole sequence straight at the engine (no cache reset); returns the raw reload call's seconds."""
+    (await client.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
     started = time.perf_counter()
     (await client.post(url + "/collective_rpc", json={"method": "reload_weights",
                                                       "kwargs": {"weights_path": str(folder)}})).raise_for_status()
@@ -78,8 +88,38 @@ async def direct_publish(client: httpx.AsyncClient, url: str, folder: Path, labe
     return reload_s
 
 
-async def measure(args: argparse.Namespace, url: str, model: Path, bootstrap: str, tmp: Path) -> dict[str, Any]:
-    folders = [write_scaled_copy(model, tmp / "ckpt-a", 1.0), write_scaled_copy(model, tmp / "ckpt-b", 3.0)]
+async def stream_tokens(url: str, model: str, arrivals: list[float]) -> None:
+    """Long greedy answers, one after the other, each token's arrival appended (until cancelled)."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        while True:
+            body = {"model": model, "prompt": "The weights", "max_tokens": 900, "temperature": 0,
+                    "ignore_eos": True, "stream": True}
+            async with client.stream("POST", url + "/v1/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        arrivals.append(time.perf_counter())  # noqa: PERF401 (the time it arrived)
+
+
+def model_folders(size: str, tiny: Path, python: Path) -> list[Path]:
+    """Two random Qwen2 models of ``size`` (seeds 0 and 1) in bfloat16 with their digest manifests, made once."""
+    from consumers.weight_digests import MANIFEST, write_manifest
+
+    folders = []
+    for seed in (0, 1):
+        folder = cache_root() / "models" / f"random-qwen2-{size}-seed{seed}-bf16"
+        if not (folder / MANIFEST).is_file():
+            progress(f"making a random Qwen2 of {size} (seed {seed}) ...")
+            script = ("import sys; from pathlib import Path; from bench.random_qwen2 import make_model; "
+                      f"make_model(Path(sys.argv[1]), {size!r}, tokenizer_from=Path(sys.argv[2]), seed={seed})")
+            subprocess.run([sys.executable, "-c", script, str(folder), str(tiny)], check=True)
+            write_manifest(folder)
+        folders.append(folder)
+    return folders
+
+
+async def measure(args: argparse.Namespace, url: str, model: Path, bootstrap: str, tmp: Path,
+                  folders: list[Path] | None = None) -> dict[str, Any]:
+    folders = folders or [write_scaled_copy(model, tmp / "ckpt-a", 1.0), write_scaled_copy(model, tmp / "ckpt-b", 3.0)]
     name = str(model)
     results: dict[str, list[float]] = {"raw reload_weights": [], "direct pause+reload+version+resume": [],
                                        "publish -> version seen": [], "publish -> answered": []}
@@ -124,11 +164,50 @@ async def measure(args: argparse.Namespace, url: str, model: Path, bootstrap: st
                 if answer != expected[i % 2]:
                     failures.append(f"publish {version}: answer logprob {answer} is not {folder.name}'s "
                                     f"{expected[i % 2]}")
+            gaps: list[float] = []
+            typical = float("nan")
+            if args.inflight:
+                arrivals: list[float] = []
+                streaming = asyncio.create_task(stream_tokens(url, name, arrivals))
+                await asyncio.sleep(5)
+                windows = []
+                try:
+                    for i in range(args.inflight):
+                        version = args.count + i + 1
+                        started = time.perf_counter()
+                        await producer.publish(CHECKPOINTS, CheckpointV1(model=name, version=version,
+                                                                         uri=str(folders[i % 2]), step=version))
+                        deadline = started + 120
+                        count = -1
+                        while time.perf_counter() < deadline:
+                            if count < 0 and (await client.get(url + "/weight_info")).json().get(
+                                    "weight_version") == str(version):
+                                count = len(arrivals)
+                            if count >= 0 and len(arrivals) >= count + 3:  # the answer goes on after it
+                                break
+                            await asyncio.sleep(0.005)
+                        else:
+                            raise RuntimeError(f"version {version} not seen, or the answer stalled, within 120 s")
+                        ended = time.perf_counter()
+                        windows.append((started, ended))
+                        gaps.append(max(b - a for a, b in itertools.pairwise(arrivals) if b >= started and a <= ended))
+                        await asyncio.sleep(3)
+                finally:
+                    streaming.cancel()
+                outside = [b - a for a, b in itertools.pairwise(arrivals)
+                           if not any(b >= s and a <= e for s, e in windows)]
+                typical = statistics.median(outside)
             state = publisher.replicas[url]
             if state.failures:
                 failures.append(f"the publisher reported {state.failures} failed attempts")
-    return {"count": args.count, "failures": failures,
-            "ms": {k: {"median": statistics.median(v) * 1e3, "p90": pct(v, 0.9) * 1e3} for k, v in results.items()}}
+    if gaps:
+        results["longest token wait across a publish, in flight"] = gaps
+    summary: dict[str, Any] = {
+        "count": args.count, "failures": failures,
+        "ms": {k: {"median": statistics.median(v) * 1e3, "p90": pct(v, 0.9) * 1e3} for k, v in results.items()}}
+    if gaps:
+        summary["typical token wait ms"] = typical * 1e3
+    return summary
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -136,14 +215,19 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     engine: LocalEngine | None = None
     broker: LocalBroker | None = None
+    folders: list[Path] | None = None
     try:
         if args.replica:
             url, model = args.replica.rstrip("/"), Path(args.model)
         else:
             python = install_vllm()
             model = make_tiny_model(python, cache_root() / "models" / "tiny-qwen2-seed0")
-            engine = LocalEngine(model, free_port(), python, tmp / "vllm.log")
-            progress("starting a vLLM replica (CPU build, tiny model) ...")
+            dtype = "float32"
+            if args.size != "tiny":
+                folders = await asyncio.to_thread(model_folders, args.size, model, python)
+                model, dtype = folders[0], "bfloat16"
+            engine = LocalEngine(model, free_port(), python, tmp / "vllm.log", dtype=dtype)
+            progress(f"starting a vLLM replica (CPU build, {args.size} model, {dtype}) ...")
             await asyncio.to_thread(engine.start)
             url = engine.url
         if args.bootstrap:
@@ -154,7 +238,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await asyncio.to_thread(broker.start)
             bootstrap = broker.bootstrap
         progress(f"measuring {args.count} publishes against {url}")
-        return await measure(args, url, model, bootstrap, tmp)
+        return await measure(args, url, model, bootstrap, tmp, folders)
     finally:
         if engine is not None:
             engine.stop()
@@ -169,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replica", help="use this running vLLM replica instead of starting one")
     parser.add_argument("--model", help="with --replica: the served model's folder (its name on the server)")
     parser.add_argument("--json", type=Path, help="also write the summary here")
+    parser.add_argument("--size", default="tiny", help="tiny, or a random Qwen2 size of bench.random_qwen2 (0.5b ...)")
+    parser.add_argument("--inflight", type=int, default=0, help="publishes to time while an answer streams")
     args = parser.parse_args(argv)
     if args.replica and not args.model:
         parser.error("--replica needs --model")
@@ -181,11 +267,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RuntimeError, OSError, httpx.HTTPError) as exc:
             progress(f"ERROR: {exc}")
             return 1
-    print(f"checkpoint publish, tiny model on vLLM CPU, {summary['count']} publishes "
+    print(f"checkpoint publish, {args.size} model on vLLM CPU, {summary['count']} publishes "
           f"(wall {time.perf_counter() - started:.0f}s)")
     print(f"{'':40} {'median ms':>10} {'p90 ms':>10}")
     for key, row in summary["ms"].items():
-        print(f"{key:40} {row['median']:10.1f} {row['p90']:10.1f}")
+        print(f"{key:50} {row['median']:10.1f} {row['p90']:10.1f}")
+    if "typical token wait ms" in summary:
+        print(f"{'typical token wait, away from publishes':50} {summary['typical token wait ms']:10.1f}")
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     for failure in summary["failures"]:

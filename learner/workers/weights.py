@@ -21,7 +21,7 @@ import json
 import shutil
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CARRIED", "SHARD_BYTES", "TRAINING_STATE_DIR", "load_safetensors", "load_training_state",
+from consumers.weight_transfer import TensorMeta
+
+__all__ = ["CARRIED", "SHARD_BYTES", "TRAINING_STATE_DIR", "ModuleSource", "load_safetensors", "load_training_state",
            "materialize", "parameters_on_meta", "save_training_state", "served_dtype", "write_model_files",
            "write_serving_weights"]
 
@@ -194,6 +196,32 @@ def write_serving_weights(module: nn.Module, folder: Path, dtype: torch.dtype, r
     if rank == 0 and len(plan) > 1:
         index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
         (folder / _INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+class ModuleSource:
+    """A live model's weights in the served dtype, for the ``nccl`` weight transfer (a ``TensorSource``).
+
+    The same tensors, names and order as :func:`write_serving_weights` writes, so what goes over the
+    wire hashes to the serving folder's digests. Sharded tensors are gathered one at a time
+    (collective: every rank iterates the same names in the same order; only rank 0's are sent).
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        self._tensors = dict(_persistent_tensors(module))
+        self._dtype = dtype
+        self._device = torch.device(device)
+
+    def metadata(self) -> list[TensorMeta]:
+        """Every tensor's name, served dtype and full shape, without gathering any."""
+        dtype = str(self._dtype).removeprefix("torch.")
+        return [TensorMeta(name, dtype, tuple(tensor.shape)) for name, tensor in self._tensors.items()]
+
+    def tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each named tensor, gathered whole, cast and contiguous on the device."""
+        for name in names:
+            full = _full(self._tensors[name])
+            yield name, full.detach().to(device=self._device, dtype=self._dtype).contiguous()
+            del full
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

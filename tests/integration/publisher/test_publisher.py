@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from conftest import Checkpoints
 
 from consumers.checkpoint_files import write_scaled_copy
 from consumers.publisher import CheckpointPublisher, PublisherSettings
 from consumers.weight_digests import MANIFEST, write_manifest
+from consumers.weight_transfer import FolderSource, NcclSettings, NcclTransfer
 from openforge.engine import LocalEngine
 from schemas import CheckpointAppliedV1, CheckpointV1
 from stream.producer import EventProducer
@@ -192,6 +195,83 @@ async def test_request_in_flight_survives_a_publish(
         assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 900
 
 
+async def _prompt_gap(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], folder: Path) -> float:
+    """Largest difference between the engine's logprobs of a greedy completion of ``prompt`` and transformers'."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    response = await client.post(url + "/v1/completions", json={
+        "model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 0, "return_token_ids": True})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    completion, engine = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(reference(torch.tensor([prompt + completion])).logits[0, :-1], dim=-1)
+    expected = [float(logprobs[len(prompt) - 1 + i, token]) for i, token in enumerate(completion)]
+    return max(abs(a - b) for a, b in zip(engine, expected, strict=True))
+
+
+async def _swap(client: httpx.AsyncClient, url: str, folder: Path, *, reset: bool) -> None:
+    """The publisher's sequence straight at the engine, with or without the prefix-cache reset."""
+    (await client.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
+    (await client.post(url + "/collective_rpc", json={"method": "reload_weights",
+                                                      "kwargs": {"weights_path": str(folder)}})).raise_for_status()
+    if reset:
+        reset_answer = await client.post(url + "/reset_prefix_cache", params={"reset_running_requests": "true"})
+        assert reset_answer.json() == {"success": True}
+    (await client.post(url + "/update_weight_version", json={"new_version": f"swap-{folder.name}"})).raise_for_status()
+    (await client.post(url + "/resume")).raise_for_status()
+
+
+async def test_without_the_prefix_cache_reset_a_repeated_prompt_is_answered_from_the_old_weights(
+    engines: list[LocalEngine], checkpoints: Checkpoints, tmp_path: Path,
+) -> None:
+    """Why every publish resets the prefix cache: vLLM keeps the KV blocks of prompts it has seen,
+    computed with the weights of then, and a repeated prompt (every rollout of a task shares its
+    prompt) reuses them after a reload."""
+    url, model = engines[0].url, str(checkpoints.base)
+    # Values scaled: the cached blocks of the prompt differ the most between the two.
+    values = write_scaled_copy(checkpoints.base, tmp_path / "values", 10.0, tensor_suffix="self_attn.v_proj.weight")
+    prompt = [(13 * i) % 3000 + 10 for i in range(600)]  # several KV blocks
+    async with httpx.AsyncClient(timeout=120) as client:
+        await _swap(client, url, checkpoints.base, reset=True)
+        assert await _prompt_gap(client, url, model, prompt, checkpoints.base) < 1e-3  # now cached
+        await _swap(client, url, values, reset=False)
+        stale = await _prompt_gap(client, url, model, prompt, values)
+        # Beyond the tolerance by which the engine serves a folder exactly (the tests above).
+        assert stale > 1e-3, "without the reset the cached prompt keeps the old weights' keys and values"
+        await _swap(client, url, values, reset=True)
+        assert await _prompt_gap(client, url, model, prompt, values) < 1e-3
+
+
+async def test_while_a_request_runs_the_prefix_cache_resets_only_by_recomputing_it(
+    engines: list[LocalEngine], checkpoints: Checkpoints,
+) -> None:
+    """Why the reset preempts running requests: their blocks are in use, so a reset that leaves them
+    fails, and the cache keeps the old weights' blocks. Preempted, a request is recomputed with the
+    new weights and finishes whole. (The publisher pauses without vLLM's own cache reset, which
+    would preempt them at the pause, before the weights change: one reset, after the load.)"""
+    url, model = engines[0].url, str(checkpoints.base)
+    async with httpx.AsyncClient(timeout=120) as client:
+        long_call = asyncio.create_task(client.post(url + "/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": "Write at length."}],
+            "max_tokens": 900, "ignore_eos": True, "temperature": 0, "return_token_ids": True}))
+        await asyncio.sleep(0.5)  # let it start generating
+        (await client.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"})).raise_for_status()
+        try:
+            kept = await client.post(url + "/reset_prefix_cache", params={"reset_running_requests": "false"})
+            assert kept.json() == {"success": False}, "a running request holds its blocks"
+            preempted = await client.post(url + "/reset_prefix_cache", params={"reset_running_requests": "true"})
+            assert preempted.json() == {"success": True}
+        finally:
+            (await client.post(url + "/resume")).raise_for_status()
+        response = await long_call
+        assert not long_call.cancelled() and response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 900
+
+
 async def test_restarted_publisher_reads_the_topic_and_reloads_nothing(
     kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
     versions: itertools.count[int],
@@ -339,6 +419,67 @@ async def test_a_hung_replica_times_out_with_an_error_event_while_the_others_upd
             writer.close()
         hung_server.close()
         await hung_server.wait_closed()
+
+
+async def test_nccl_backend_dry_run_sends_buckets_of_the_checkpoints_bytes_and_the_replicas_serve_them(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    """Every step of the NCCL backend but the collective, on the defaults a CPU machine can run."""
+    model, urls = str(checkpoints.base), [e.url for e in engines]
+    version = next(versions)
+    nccl = NcclSettings(dry_run=True, bucket_bytes=1 << 20)
+    async with CheckpointPublisher(_settings(kafka_settings, engines, transfer="nccl", nccl=nccl),
+                                   registry=topics) as publisher, \
+            EventProducer(kafka_settings, registry=topics) as producer:
+        assert isinstance(publisher.transfer, NcclTransfer)
+        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled_more))
+        events = await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, version) for u in urls))
+        report = publisher.transfer.last_dry_run
+        assert report is not None and report.buckets > 1
+        weights = checkpoints.scaled_more / "model.safetensors"
+        assert report.bytes == weights.stat().st_size - _header_bytes(weights), "every tensor, once"
+        assert all((e.verified_parameters or 0) >= 9 for e in events if e.version == version and e.ok)
+        for url in urls:
+            assert await _engine_state(url) == (str(version), False)
+            assert await _served_exactly(url, model, checkpoints.scaled_more) < 1e-3
+
+
+def _header_bytes(file: Path) -> int:
+    with file.open("rb") as handle:
+        return 8 + int.from_bytes(handle.read(8), "little")
+
+
+async def test_a_stalled_transfer_times_out_with_an_error_event_and_the_replica_resumes_with_a_stalled_source(
+    kafka_settings: KafkaSettings, topics: TopicRegistry, engines: list[LocalEngine], checkpoints: Checkpoints,
+    versions: itertools.count[int],
+) -> None:
+    """A source that never yields its tensors (standing in for a broadcast that hangs: no collective
+    runs on a CPU machine) is cut off at the backend's timeout."""
+    engine = engines[0]
+    version = next(versions)
+    before, _ = await _engine_state(engine.url)
+    release = threading.Event()
+
+    class Stalled(FolderSource):
+        def tensors(self, names: Sequence[str]) -> Iterator[tuple[str, torch.Tensor]]:
+            release.wait(120)
+            yield from super().tensors(names)
+
+    settings = _settings(kafka_settings, [engine], transfer="nccl", max_reload_failures=1,
+                         nccl=NcclSettings(dry_run=True, timeout_s=2.0))
+    try:
+        async with CheckpointPublisher(settings, registry=topics, source=Stalled) as publisher, \
+                EventProducer(kafka_settings, registry=topics) as producer:
+            await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled))
+            events = await _applied(kafka_settings, topics, lambda ev: any(
+                e.replica == engine.url and e.version == version and not e.ok for e in ev))
+            failed = next(e for e in events if e.replica == engine.url and e.version == version and not e.ok)
+            assert "did not finish within 2s" in (failed.error or "")
+            assert await _engine_state(engine.url) == (before, False), "its version kept, resumed"
+            assert publisher.replicas[engine.url].failures == 1
+    finally:
+        release.set()
 
 
 async def test_reload_the_engine_rejects_still_resumes_the_replica(
