@@ -5,7 +5,10 @@
    attempt of its rollout, its capture opened.
 3. **Choose a replica** (:meth:`CallService._serve`): the rollout's own first, the others after it.
 4. **Build the engine request** (:meth:`CallService._engine_request`): the one step where the
-   engine modes differ; chat mode sends the chat request with the capture fields asked for.
+   engine modes differ. Chat mode sends the chat request, with the capture fields asked for, to
+   ``/v1/chat/completions``. Continuation mode, where the replica offers token-in/token-out
+   endpoints, builds the prompt from the rollout's earlier turn's exact ids and generates from them
+   (:mod:`proxy.continuation`); its answer comes in the chat endpoint's shape.
 5. **Exchange** (:meth:`CallService._exchange`): the request sent, the engine's answer begun.
 6. **Relay**: a whole answer read and translated (:meth:`CallService._relay_whole`), or a stream
    relayed chunk by chunk (:class:`_StreamRelay`).
@@ -39,9 +42,14 @@ from producers.raw_calls import EngineExchange
 from producers.shipper import JournalPublisher
 from proxy import exact_json, telemetry
 from proxy.adapters import Adapter, StreamSession
+from proxy.continuation.answer import Answer, exchange
+from proxy.continuation.builder import ContinuationCall
+from proxy.continuation.engine import TokenEndpoints, TokenEngine, TokenEngineError
+from proxy.continuation.history import RolloutHistories
 from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError
+from proxy.media import MEDIA_PARTS
 from proxy.nesting import dumps_within_depth
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
@@ -85,7 +93,7 @@ class _Attempt:
     version_before: str | None
     """The replica's weight version as the request went out (see :meth:`CallService._weight_version`)."""
     started: float = field(default_factory=time.perf_counter)
-    response: EngineResponse = field(init=False)
+    response: EngineResponse | Answer = field(init=False)
     """The engine's answer: its status and headers; the body is read by the relay."""
     _ended: bool = field(default=False, init=False)
 
@@ -118,6 +126,8 @@ class _Call:
     replica: str | None = None
     """The replica the call is at (None: none yet, or none reachable)."""
     attempt: _Attempt | None = None
+    planned: ContinuationCall | None = None
+    """In continuation mode, the call's plan: its prompt, and the turn its history records."""
 
 
 class _CallFailed(Exception):
@@ -143,6 +153,10 @@ class CallService:
         self._served_model: str | None = settings.served_model
         self._context: dict[str, int | None] = {}
         """Each replica's context length (``max_model_len`` in its model list; None: not reported)."""
+        self._token_endpoints: dict[str, TokenEndpoints | None] = {}
+        """What each replica's probe found: its token-in/token-out endpoints, or None (chat mode)."""
+        self.histories = RolloutHistories()
+        """Continuation's token history of each rollout."""
         self._background: set[asyncio.Task[Any]] = set()
 
     async def drain(self, timeout_s: float) -> None:
@@ -344,6 +358,28 @@ class CallService:
             chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
         return orjson.dumps(chat)
 
+    async def _continues(self, call: _Call, replica: str) -> TokenEndpoints | None:
+        """The replica's token-in/token-out endpoints when this call goes by continuation; None: chat mode.
+
+        Chat mode serves a call whose replica does not offer them (or when the setting forces it),
+        one with media (the token ids alone do not carry it), and a stream whose harness asked for
+        logprobs (a generate chunk has no token strings to give it).
+        """
+        if not self.settings.continuation or _has_media(call.chat) or (call.streamed and call.asked.get("logprobs")):
+            return None
+        if replica not in self._token_endpoints:
+            engine = TokenEngine(self.upstream.client, replica, timeout_s=self.settings.upstream_timeout_s)
+            try:
+                found = await engine.probe()
+            except (EngineError, TokenEngineError):
+                logger.warning("could not ask %s for its token-in/token-out endpoints; chat mode for now",
+                               replica, exc_info=True)
+                return None  # asked again on a later call
+            self._token_endpoints[replica] = found
+            logger.info("replica %s: %s", replica, "continuation mode" if found else
+                        "chat mode (no token-in/token-out endpoints: start vLLM with --enable-scale-out)")
+        return self._token_endpoints[replica]
+
     async def _exchange(self, call: _Call, replica: str) -> _Attempt:
         """Send the engine request to ``replica``; its answer's status is in, its body still to read.
 
@@ -351,16 +387,31 @@ class CallService:
             EngineError: no answer (the caller tries the next replica, or times the call out).
         """
         sent = await self._engine_request(call, replica)
-        span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
-                                           attributes={"server.address": replica})
+        endpoints = await self._continues(call, replica)
+        span = telemetry.tracer.start_span("upstream chat.completions" if endpoints is None else "upstream generate",
+                                           kind=SpanKind.CLIENT, attributes={"server.address": replica})
         attempt = call.attempt = _Attempt(replica, sent, span, self.upstream.weight_version(replica))
         try:
             with call.watch.armed():
-                attempt.response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
+                if endpoints is None:
+                    attempt.response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
+                else:
+                    engine = TokenEngine(self.upstream.client, replica, timeout_s=self.settings.upstream_timeout_s)
+                    call.planned, attempt.response = await exchange(
+                        engine, endpoints, self.histories.of(call.caller.rollout_id), call.chat, streamed=call.streamed)
+                    if call.planned is not None:
+                        call.capture.drift_reason = call.planned.prompt.drift
         except EngineError:
             attempt.end()
             raise
         return attempt
+
+    def _remember(self, call: _Call) -> None:
+        """Add a continuation call that served its answer to its rollout's token history."""
+        answer = call.capture.first_answer()
+        if call.planned is not None and answer is not None:
+            sampled, message = answer
+            self.histories.of(call.caller.rollout_id).record(call.planned.turn(call.capture.call_id, sampled, message))
 
     async def _engine_refused(self, attempt: _Attempt) -> NoReturn:
         """End a call the engine answered with an error status, with the engine's own message."""
@@ -456,6 +507,7 @@ class CallService:
             await self._record(capture, CallStatus.OK, upstream_status_code=engine_status, replica=attempt.replica,
                                exchange=EngineExchange(attempt.sent, answer_bytes, call.asked),
                                fingerprint=call.fingerprint)
+            self._remember(call)
         self.retries.end(capture.rollout_id, call.fingerprint, capture.call_id, ok=not (aborted or gone))
 
     async def _hung_up(self, call: _Call) -> Response:
@@ -489,6 +541,8 @@ class CallService:
                 unrecorded = exc.message
             else:
                 self.retries.end(capture.rollout_id, call.fingerprint, capture.call_id, ok=status is CallStatus.OK)
+                if status is CallStatus.OK:
+                    self._remember(call)
             ok = status is CallStatus.OK and unrecorded is None
             if not ok:
                 call.span.set_status(Status(StatusCode.ERROR, unrecorded or status.value))
@@ -800,6 +854,17 @@ def _normalise(adapter: Adapter, body: Any) -> tuple[dict[str, Any], bytes]:
     if adapter.protocol is ApiProtocol.OPENAI_RESPONSES:
         dumps_within_depth(body)
     return chat, conversation
+
+
+def _has_media(chat: dict[str, Any]) -> bool:
+    """Whether a chat request carries media parts (which continuation's token ids alone would not hold)."""
+    for message in chat.get("messages") or ():
+        content = message.get("content") if type(message) is dict else None
+        if type(content) is list and any(type(part) is dict and (part.get("type") in MEDIA_PARTS
+                                                                  or not MEDIA_PARTS.isdisjoint(part))
+                                         for part in content):
+            return True
+    return False
 
 
 def _taken_back(watch: HangupWatch) -> bool:
