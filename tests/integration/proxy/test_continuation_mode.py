@@ -161,3 +161,54 @@ async def test_a_restarted_proxy_falls_back_with_state_lost_and_continues_after(
     assert [c.drift_reason for c in (first, second, third)] == [None, DriftReason.STATE_LOST, None]
     assert [c.status for c in (first, second, third)] == [CallStatus.OK] * 3
     assert _extends(third, second)
+
+
+
+FOLLOW_UPS = ("Tell me more.", "And then?")
+
+
+async def _anthropic_turns(proxy: RunningProxy, rollout_id: str, *, stream: bool) -> None:
+    import anthropic
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Tell me a story."}]
+    async with anthropic.AsyncAnthropic(base_url=proxy.base(rollout_id), api_key=proxy.token(rollout_id),
+                                        max_retries=0) as client:
+        for follow_up in (*FOLLOW_UPS, None):
+            request: dict[str, Any] = {"model": "claude-opus-4-7", "max_tokens": 24, "messages": messages}
+            if stream:
+                async with client.messages.stream(**request) as events:
+                    message = await events.get_final_message()
+            else:
+                message = await client.messages.create(**request)
+            messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
+            if follow_up is not None:
+                messages.append({"role": "user", "content": follow_up})
+
+
+async def _responses_turns(proxy: RunningProxy, rollout_id: str, *, stream: bool) -> None:
+    items: list[dict[str, Any]] = [{"role": "user", "content": "Tell me a story."}]
+    async with openai.AsyncOpenAI(base_url=f"{proxy.base(rollout_id)}/v1", api_key=proxy.token(rollout_id),
+                                  max_retries=0) as client:
+        for follow_up in (*FOLLOW_UPS, None):
+            request: dict[str, Any] = {"model": "gpt-5-codex", "input": items, "max_output_tokens": 24}
+            if stream:
+                events = [event async for event in await client.responses.create(**request, stream=True)]
+                response = events[-1].response  # "response.incomplete" when it ran out of tokens
+            else:
+                response = await client.responses.create(**request)
+            items.extend(item.model_dump(exclude_none=True) for item in response.output)
+            if follow_up is not None:
+                items.append({"role": "user", "content": follow_up})
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", ["anthropic", "responses"])
+async def test_translated_apis_continue_through_the_same_step(
+        proxy: RunningProxy, api: str, stream: bool) -> None:
+    rollout_id = f"r-{api}-{stream}"
+    await (_anthropic_turns if api == "anthropic" else _responses_turns)(proxy, rollout_id, stream=stream)
+    first, second, third = await calls_of(proxy, 3)
+    assert [c.status for c in (first, second, third)] == [CallStatus.OK] * 3
+    assert [c.drift_reason for c in (first, second, third)] == [None, None, None]
+    assert _extends(second, first) and _extends(third, second)
+    assert len(build_samples([first, second, third]).samples) == 1
