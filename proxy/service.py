@@ -91,7 +91,8 @@ class _Attempt:
     sent: bytes
     span: trace.Span
     version_before: str | None
-    """The replica's weight version as the request went out (see :meth:`CallService._weight_version`)."""
+    """In chat mode, the replica's weight version read just before the request went out (see
+    :meth:`CallService._weight_version`); None in continuation mode, whose engine reports it per token."""
     started: float = field(default_factory=time.perf_counter)
     response: EngineResponse | Answer = field(init=False)
     """The engine's answer: its status and headers; the body is read by the relay."""
@@ -367,17 +368,31 @@ class CallService:
         """
         if not self.settings.continuation or _has_media(call.chat) or (call.streamed and call.asked.get("logprobs")):
             return None
+        return await self._endpoints(replica)
+
+    def detect_modes(self) -> None:
+        """Ask every replica for its token-in/token-out endpoints now, in the background.
+
+        The first calls then find the answer; a replica not up yet is asked again by its first call.
+        """
+        if self.settings.continuation:
+            for replica in self.upstream.urls:
+                self._in_background(self._endpoints(replica))
+
+    async def _endpoints(self, replica: str) -> TokenEndpoints | None:
+        """The replica's token-in/token-out endpoints (probed once it answers); None: chat mode."""
         if replica not in self._token_endpoints:
             engine = TokenEngine(self.upstream.client, replica, timeout_s=self.settings.upstream_timeout_s)
             try:
                 found = await engine.probe()
-            except (EngineError, TokenEngineError):
-                logger.warning("could not ask %s for its token-in/token-out endpoints; chat mode for now",
-                               replica, exc_info=True)
-                return None  # asked again on a later call
+            except (EngineError, TokenEngineError) as exc:
+                logger.info("could not ask %s for its token-in/token-out endpoints (%r); chat mode until it answers",
+                            replica, exc)
+                return None
+            if replica not in self._token_endpoints:
+                logger.info("replica %s: %s", replica, "continuation mode" if found else
+                            "chat mode (no token-in/token-out endpoints: start vLLM with --enable-scale-out)")
             self._token_endpoints[replica] = found
-            logger.info("replica %s: %s", replica, "continuation mode" if found else
-                        "chat mode (no token-in/token-out endpoints: start vLLM with --enable-scale-out)")
         return self._token_endpoints[replica]
 
     async def _exchange(self, call: _Call, replica: str) -> _Attempt:
@@ -390,7 +405,8 @@ class CallService:
         endpoints = await self._continues(call, replica)
         span = telemetry.tracer.start_span("upstream chat.completions" if endpoints is None else "upstream generate",
                                            kind=SpanKind.CLIENT, attributes={"server.address": replica})
-        attempt = call.attempt = _Attempt(replica, sent, span, self.upstream.weight_version(replica))
+        before = await self.upstream.read_weight_version(replica) if endpoints is None else None
+        attempt = call.attempt = _Attempt(replica, sent, span, before)
         try:
             with call.watch.armed():
                 if endpoints is None:
@@ -435,7 +451,7 @@ class CallService:
         if aborted and call.adapter.protocol is not ApiProtocol.OPENAI_CHAT:
             raise _CallFailed(502, CallStatus.UPSTREAM_ERROR, ABORTED, upstream_status=attempt.response.status)
         answer = self._translate_whole(call, attempt, payload)
-        call.capture.weight_version = self._weight_version(attempt)
+        call.capture.weight_version = await self._weight_version(attempt)
         call.watch.stop()
         gone = call.watch.gone or await call.request.is_disconnected()
         await self._record_whole(call, attempt, answer_bytes, aborted=aborted, gone=gone)
@@ -525,14 +541,22 @@ class CallService:
         return StreamingResponse(relay.run(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
-    def _weight_version(self, attempt: _Attempt) -> str | None:
-        """The weight version that made the answer, if the replica's did not change during the call."""
-        return _same(attempt.version_before, self.upstream.weight_version(attempt.replica))
+    async def _weight_version(self, attempt: _Attempt) -> str | None:
+        """In chat mode, the weight version that made the answer; otherwise unknown.
+
+        That is the replica's version read fresh after the answer ended, when it equals the reading
+        before the call. Continuation mode needs no reading: the engine reports it per token.
+        """
+        if attempt.version_before is None:
+            return None
+        return _same(attempt.version_before, await self.upstream.read_weight_version(attempt.replica))
 
     async def _finish_stream(self, call: _Call, status: CallStatus, error: str | None) -> str | None:
         """Record a stream's call; the message to end the stream with when its record could not be kept."""
         capture = call.capture
         unrecorded: str | None = None
+        if call.attempt is not None:
+            capture.weight_version = await self._weight_version(call.attempt)
         with trace.use_span(call.span, end_on_exit=True):
             try:
                 await self._record(capture, status, error_message=error, upstream_status_code=200,
@@ -797,7 +821,6 @@ class _StreamRelay:
         disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
         self.attempt.response.close(finished=False)
         self.attempt.end()
-        self.call.capture.weight_version = self.service._weight_version(self.attempt)
         self.service._in_background(self.service._finish_stream(
             self.call, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
             None if disconnected else f"proxy failed mid-stream: {exc!r}"))
@@ -809,7 +832,6 @@ class _StreamRelay:
                                                               or self.error == UNFINISHED))
         attempt.end()
         upstream_s = time.perf_counter() - attempt.started
-        call.capture.weight_version = self.service._weight_version(attempt)
         # Shielded: a harness that hangs up while the record is written (its flush to disk, with
         # JOURNAL_FSYNC_INTERVAL_MS=0) cancelled this between the record and the retry tracker's end,
         # leaving the attempt in flight for good. The recording now runs to its end regardless.

@@ -195,9 +195,6 @@ class ProxySettings(BaseSettings):
     its earlier turn, and each call records the engine's weight version per token. False forces
     chat mode (``/v1/chat/completions``), which re-renders the conversation on every call."""
 
-    weight_poll_s: float = Field(default=0.5, gt=0)
-    """How often each engine's weight version is read, to label calls with it."""
-
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     """Kafka connection (``OPENFORGE_KAFKA_*``)."""
 
