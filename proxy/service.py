@@ -131,6 +131,16 @@ class _Call:
     """In continuation mode, the call's plan: its prompt, and the turn its history records."""
 
 
+@dataclass(frozen=True)
+class _EngineRequest:
+    """What the exchange sends a replica (:meth:`CallService._engine_request`)."""
+
+    sent: bytes
+    """The chat request as the engine takes it: chat mode's body, continuation's to render."""
+    continuation: TokenEndpoints | None
+    """The replica's token-in/token-out endpoints in continuation mode; None in chat mode."""
+
+
 class _CallFailed(Exception):
     """Why a step ends the call with an error answer; :meth:`CallService._fail` records and answers it."""
 
@@ -338,12 +348,13 @@ class CallService:
         except _CallFailed as failed:
             return await self._fail(call, failed)
 
-    async def _engine_request(self, call: _Call, replica: str) -> bytes:
-        """The engine request for ``replica``, in chat mode: the chat request as the engine takes it.
+    async def _engine_request(self, call: _Call, replica: str) -> _EngineRequest:
+        """The engine request for ``replica``: the chat request as the engine takes it, and the mode.
 
         It names the served model, keeps the call's output budget within the engine's context,
         and asks the engine for everything capture needs (taken out of the answer again:
-        :func:`proxy.adapters.strip_capture`).
+        :func:`proxy.adapters.strip_capture`). Chat mode sends it as it is; continuation mode
+        renders it and generates from the ids it builds (:meth:`_continues` says which).
         """
         chat = call.chat
         chat["model"] = call.capture.model = await self.served_model(replica)
@@ -357,7 +368,7 @@ class CallService:
             chat["include_reasoning"] = True
         if call.streamed:
             chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
-        return orjson.dumps(chat)
+        return _EngineRequest(orjson.dumps(chat), await self._continues(call, replica))
 
     async def _continues(self, call: _Call, replica: str) -> TokenEndpoints | None:
         """The replica's token-in/token-out endpoints when this call goes by continuation; None: chat mode.
@@ -401,16 +412,16 @@ class CallService:
         Raises:
             EngineError: no answer (the caller tries the next replica, or times the call out).
         """
-        sent = await self._engine_request(call, replica)
-        endpoints = await self._continues(call, replica)
+        request = await self._engine_request(call, replica)
+        endpoints = request.continuation
         span = telemetry.tracer.start_span("upstream chat.completions" if endpoints is None else "upstream generate",
                                            kind=SpanKind.CLIENT, attributes={"server.address": replica})
         before = await self.upstream.read_weight_version(replica) if endpoints is None else None
-        attempt = call.attempt = _Attempt(replica, sent, span, before)
+        attempt = call.attempt = _Attempt(replica, request.sent, span, before)
         try:
             with call.watch.armed():
                 if endpoints is None:
-                    attempt.response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
+                    attempt.response = await self.upstream.client.post(f"{replica}/v1/chat/completions", request.sent)
                 else:
                     engine = TokenEngine(self.upstream.client, replica, timeout_s=self.settings.upstream_timeout_s)
                     call.planned, attempt.response = await exchange(

@@ -10,6 +10,7 @@ the exchange (translation, capture, recording) is therefore the same in both mod
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -44,11 +45,13 @@ class WholeAnswer:
 
 
 class StreamedAnswer:
-    """A streamed generate answer, each chunk derendered into a ``chat.completion.chunk`` as it comes.
+    """A streamed generate answer, derendered into ``chat.completion.chunk`` events as it comes.
 
     The engine keeps no stream state between derender calls: this object carries it. With a tool
     parser, derender holds back text until a tool call is parsed; its chunk then has an empty delta,
-    and still carries the step's ids, as the chat endpoint's does.
+    and still carries the step's ids, as the chat endpoint's does. A derender call costs about as
+    much as a step of a small model, so the generate chunks that arrive while one is in flight are
+    derendered together by the next: the harness gets them a little coarser rather than ever later.
     """
 
     status = 200
@@ -62,10 +65,21 @@ class StreamedAnswer:
         self._state: dict[str, Any] | None = None
         self._head: dict[str, Any] = {"id": None, "object": "chat.completion.chunk", "created": None,
                                       "model": planned.rendered.get("model")}
+        self._reader: asyncio.Task[None] | None = None
 
     async def read(self) -> bytes:
         """Not used: a streamed answer is read by lines."""
         raise EngineError("a streamed continuation answer is read line by line")
+
+    async def _read(self, into: asyncio.Queue[bytes | Exception | None], idle_s: float | None) -> None:
+        """Pass the generate stream's lines on as they come; None at its end, or the error that broke it."""
+        try:
+            async for line in self._response.lines(idle_s=idle_s):
+                if line is IDLE or line.startswith(b"data:"):
+                    into.put_nowait(line)
+            into.put_nowait(None)
+        except Exception as exc:  # noqa: BLE001 - raised again by the reader of the queue
+            into.put_nowait(exc)
 
     async def lines(self, *, idle_s: float | None = None) -> AsyncIterator[bytes]:
         """The answer as the chat endpoint streams it: ``data:`` lines, then ``data: [DONE]``.
@@ -73,29 +87,54 @@ class StreamedAnswer:
         Raises:
             EngineError: the generate stream broke, or derender refused a chunk.
         """
+        pending: asyncio.Queue[bytes | Exception | None] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read(pending, idle_s))
         first = True
-        async for line in self._response.lines(idle_s=idle_s):
-            if line is IDLE:
-                yield line
-                continue
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                yield b"data: [DONE]"
-                return
-            chunk = orjson.loads(data)
-            if type(chunk) is not dict:
-                raise EngineError(f"a generate chunk that is not an object: {data[:200]!r}")
-            if not chunk.get("choices"):  # the usage chunk that ends the stream
-                yield b"data: " + orjson.dumps({**self._head, "choices": [], "usage": chunk.get("usage")})
-                continue
-            out = await self._derendered(chunk)
-            if first:
-                out["prompt_token_ids"] = self._prompt_ids
-                out["choices"][0]["delta"].setdefault("role", "assistant")
-                first = False
-            yield b"data: " + orjson.dumps(out)
+        try:
+            while True:
+                came = [await pending.get()]
+                while not pending.empty():
+                    came.append(pending.get_nowait())
+                steps: list[dict[str, Any]] = []  # generate chunks with output, derendered together
+                for item in came:
+                    if isinstance(item, Exception):
+                        raise item
+                    if item is None:
+                        return  # the stream ended without [DONE]: the relay says so
+                    if item is IDLE:
+                        if not steps:
+                            yield item
+                        continue
+                    data = item[5:].strip()
+                    if data == b"[DONE]" or not (chunk := _chunk(data)).get("choices"):
+                        if steps:
+                            yield await self._out(steps, first)
+                            steps, first = [], False
+                        # [DONE], or the usage chunk that comes before it
+                        yield (b"data: [DONE]" if data == b"[DONE]" else
+                               b"data: " + orjson.dumps({**self._head, "choices": [], "usage": chunk.get("usage")}))
+                        if data == b"[DONE]":
+                            return
+                        continue
+                    steps.append(chunk)
+                if steps:
+                    yield await self._out(steps, first)
+                    first = False
+        finally:
+            await self._stop_reading()
+
+    async def _out(self, steps: list[dict[str, Any]], first: bool) -> bytes:
+        out = await self._derendered(_merged(steps))
+        if first:
+            out["prompt_token_ids"] = self._prompt_ids
+            out["choices"][0]["delta"].setdefault("role", "assistant")
+        return b"data: " + orjson.dumps(out)
+
+    async def _stop_reading(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
 
     async def _derendered(self, chunk: dict[str, Any]) -> dict[str, Any]:
         """One generate chunk as the chat endpoint's chunk: derender's delta, generate's ids and spans."""
@@ -114,6 +153,8 @@ class StreamedAnswer:
 
     def close(self, *, finished: bool) -> None:
         """Give the generate connection back when it was read to its end; otherwise cut it (aborting the request)."""
+        if self._reader is not None:
+            self._reader.cancel()  # its lines() ends when the connection does
         self._response.close(finished=finished)
 
 
@@ -163,6 +204,27 @@ async def exchange(engine: TokenEngine, endpoints: TokenEndpoints, history: Roll
     answer["prompt_token_ids"] = ids
     answer["usage"] = generated.get("usage") or answer.get("usage")
     return planned, WholeAnswer(200, orjson.dumps(answer))
+
+
+def _chunk(data: bytes) -> dict[str, Any]:
+    chunk = orjson.loads(data)
+    if type(chunk) is not dict or type(chunk.get("choices") or []) is not list:
+        raise EngineError(f"a generate chunk that is not one: {data[:200]!r}")
+    return chunk
+
+
+def _merged(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate chunks that came together as one: their ids and logprobs joined, the last one's end."""
+    if len(steps) == 1:
+        return steps[0]
+    choices = [step["choices"][0] for step in steps]
+    joined = dict(choices[-1])
+    joined["token_ids"] = [i for choice in choices for i in choice.get("token_ids") or ()]
+    joined["logprobs"] = {"content": [entry for choice in choices
+                                      for entry in (choice.get("logprobs") or {}).get("content") or ()]}
+    for key in ("weight_versions", "finish_reason", "stop_reason"):
+        joined[key] = next((choice[key] for choice in reversed(choices) if choice.get(key) is not None), None)
+    return {**steps[-1], "choices": [joined]}
 
 
 async def _refusal(response: EngineResponse) -> WholeAnswer:
