@@ -94,6 +94,7 @@ observe: install kafka-jars learner prometheus jaeger
 bench: install kafka-jars engine learner
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy --json out/bench/proxy.json --plot out/bench/proxy.png
+	@$(PY) -m bench.continuation --json out/bench/continuation.json
 	@$(PY) -m bench.shipper
 	@$(PY) -m bench.linear_calls
 	@$(PY) -m bench.learner

@@ -32,6 +32,7 @@ SERVER_FLAGS = (
     "--kv-cache-memory-bytes", "128M",
     "--enable-auto-tool-choice",
     "--tool-call-parser", "hermes",
+    # render, token-in-token-out generate, derender: the proxy's continuation mode (docs/proxy.md)
     "--enable-scale-out",
 )  # fmt: skip
 

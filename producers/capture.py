@@ -34,6 +34,7 @@ from schemas.call.v1 import (
     NormalizedRequest,
     PromptPrefix,
 )
+from schemas.drift import DriftReason
 
 #: Sampling parameters kept apart in the normalized request (the rest goes to ``extra``).
 SAMPLING_KEYS = frozenset({
@@ -243,6 +244,8 @@ class CallCapture:
         """What the call repeats of an earlier call of the rollout: ``call_id``, ``tokens``,
         ``messages`` and ``tools`` of :class:`~schemas.call.v1.PromptPrefix`, without the digest;
         set by the proxy when it records."""
+        self.drift_reason: DriftReason | None = None
+        """Why a continuation call's prompt is a full render although its rollout had earlier turns."""
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -296,6 +299,13 @@ class CallCapture:
                 choice.reasoning = [thought]
             for i, call in enumerate(message.get("tool_calls") or []):
                 choice.tool_calls[i] = call
+
+    def first_answer(self) -> tuple[list[int], dict[str, Any]] | None:
+        """The first choice's sampled ids and its message in chat form, when the engine sampled any."""
+        if not self._choices:
+            return None
+        choice = self._choices[min(self._choices)]
+        return (choice.token_ids, choice.message()) if choice.token_ids else None
 
     def discard_answer(self) -> None:
         """Forget what was taken from an answer that could not be read whole: none of it is kept."""
@@ -446,6 +456,7 @@ class CallCapture:
             "upstream_replica": upstream_replica,
             "streamed": self.streamed,
             "session_headers": self.headers,
+            "drift_reason": self.drift_reason,
         }
 
     def build(
@@ -787,6 +798,7 @@ def event_json(data: dict[str, Any], *, event_id: str, created_at: datetime) -> 
             "status": data["status"].value, "upstream_status_code": data["upstream_status_code"],
             "error_message": data["error_message"], "upstream_replica": data["upstream_replica"],
             "streamed": data["streamed"], "session_headers": data["session_headers"],
+            "drift_reason": data.get("drift_reason"),
         }, option=_JSON_OPTIONS)
     except (orjson.JSONEncodeError, TypeError):
         return None  # a value JSON cannot hold as it is (the validating path may still coerce it)

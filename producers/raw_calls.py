@@ -51,6 +51,7 @@ from schemas import DeadLetterV1, ModelCallV1
 from schemas._base import new_event_id
 from schemas._errors import DeadLetterErrorType
 from schemas.call.v1 import ApiProtocol, CallStatus, NormalizedRequest
+from schemas.drift import DriftReason
 from stream import CALLS, DEAD_LETTERS, TopicRegistry
 from stream.producer import encode_record, encoded_record
 from stream.tracing import inject_trace_context
@@ -148,7 +149,7 @@ def raw_exchange_parts(capture: CallCapture, exchange: EngineExchange, *, upstre
         "attempt": capture.attempt, "retry_of": capture.retry_of, "protocol": capture.protocol,
         "model": capture.model, "streamed": capture.streamed, "session_headers": capture.headers,
         "started_at": capture.started_at, "first_token_s": capture.first_token_s, "total_s": capture.elapsed(),
-        "weight_version": capture.weight_version, "asked": exchange.asked,
+        "weight_version": capture.weight_version, "drift_reason": capture.drift_reason, "asked": exchange.asked,
         "prompt_prefix": capture.prompt_prefix,
         "upstream_status_code": upstream_status_code, "upstream_replica": upstream_replica,
         "_event_id": new_event_id(), "_created_at": datetime.now(UTC),
@@ -216,6 +217,7 @@ def _answer_fields(meta: dict[str, Any], chat: dict[str, Any], answer: dict[str,
     capture.on_response(answer)
     capture.weight_version = meta["weight_version"]
     capture.prompt_prefix = meta.get("prompt_prefix")
+    capture.drift_reason = _drift(meta)
     data = capture.fields(CallStatus.OK, upstream_status_code=meta["upstream_status_code"],
                           upstream_replica=meta["upstream_replica"])
     data["timings"] = _timings(meta)
@@ -285,7 +287,13 @@ def _one_choice_fields(meta: dict[str, Any], chat: Any, answer: Any) -> dict[str
         "status": CallStatus.OK, "upstream_status_code": meta["upstream_status_code"], "error_message": None,
         "upstream_replica": meta["upstream_replica"], "streamed": meta["streamed"],
         "session_headers": meta["session_headers"] or {},
+        "drift_reason": _drift(meta),
     }
+
+
+def _drift(meta: dict[str, Any]) -> DriftReason | None:
+    reason = meta.get("drift_reason")
+    return None if reason is None else DriftReason(reason)
 
 
 def _call_fields(value: bytes) -> _Fields:
@@ -296,6 +304,7 @@ def _call_fields(value: bytes) -> _Fields:
         trace = [(str(name), str(text).encode()) for name, text in data.pop("_trace")]
         data["protocol"] = ApiProtocol(data["protocol"])
         data["status"] = CallStatus(data["status"])
+        data["drift_reason"] = _drift(data)
         for choice in data["choices"]:
             packed = array("d")
             packed.frombytes(base64.b64decode(choice["logprobs"], validate=True))

@@ -101,7 +101,6 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upstream = UpstreamPool(settings.upstreams, timeout_s=settings.upstream_timeout_s)
-        upstream.start_version_poll(settings.weight_poll_s)
         # The shipper makes its own batches (what gathered while the last was in flight, and its
         # linger): the client adding a linger of its own to each would only delay them.
         kafka = settings.kafka.model_copy(update={"linger_ms": 0})
@@ -110,6 +109,7 @@ def build_app(settings: ProxySettings | None = None, *, own_process: bool = Fals
         telemetry.observe_publisher(lambda: publisher.backlog, lambda: publisher.publish_errors,
                                     lambda: publisher.flush_errors)
         calls = CallService(settings, upstream, publisher)
+        calls.detect_modes()
         app.state.openforge = AppState(settings, auth, upstream, publisher, calls, _adapters(settings.images))
         if own_process:
             _freeze_startup_heap()

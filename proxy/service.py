@@ -5,7 +5,10 @@
    attempt of its rollout, its capture opened.
 3. **Choose a replica** (:meth:`CallService._serve`): the rollout's own first, the others after it.
 4. **Build the engine request** (:meth:`CallService._engine_request`): the one step where the
-   engine modes differ; chat mode sends the chat request with the capture fields asked for.
+   engine modes differ. Chat mode sends the chat request, with the capture fields asked for, to
+   ``/v1/chat/completions``. Continuation mode, where the replica offers token-in/token-out
+   endpoints, builds the prompt from the rollout's earlier turn's exact ids and generates from them
+   (:mod:`proxy.continuation`); its answer comes in the chat endpoint's shape.
 5. **Exchange** (:meth:`CallService._exchange`): the request sent, the engine's answer begun.
 6. **Relay**: a whole answer read and translated (:meth:`CallService._relay_whole`), or a stream
    relayed chunk by chunk (:class:`_StreamRelay`).
@@ -39,11 +42,15 @@ from producers.raw_calls import EngineExchange
 from producers.shipper import JournalPublisher
 from proxy import exact_json, telemetry
 from proxy.adapters import Adapter, StreamSession
-from proxy.continuation.history import RolloutHistories
+from proxy.continuation.answer import Answer, exchange
+from proxy.continuation.builder import ContinuationCall
+from proxy.continuation.engine import TokenEndpoints, TokenEngine, TokenEngineError
+from proxy.continuation.history import RolloutHistories, Turn
 from proxy.continuation.prefix import Reference, refer
 from proxy.engine_client import IDLE, EngineError, EngineResponse, EngineTimeoutError, EngineUnreachableError
 from proxy.errors import CallLogUnavailableError, InvalidRequestError, ProxyError, UnsupportedFeatureError
 from proxy.hangup import HARNESS_GONE, HangupWatch, HarnessGoneError
+from proxy.media import MEDIA_PARTS
 from proxy.nesting import dumps_within_depth
 from proxy.retries import RetryTracker
 from proxy.settings import ProxySettings
@@ -85,9 +92,10 @@ class _Attempt:
     sent: bytes
     span: trace.Span
     version_before: str | None
-    """The replica's weight version as the request went out (see :meth:`CallService._weight_version`)."""
+    """In chat mode, the replica's weight version read just before the request went out (see
+    :meth:`CallService._weight_version`); None in continuation mode, whose engine reports it per token."""
     started: float = field(default_factory=time.perf_counter)
-    response: EngineResponse = field(init=False)
+    response: EngineResponse | Answer = field(init=False)
     """The engine's answer: its status and headers; the body is read by the relay."""
     _ended: bool = field(default=False, init=False)
 
@@ -120,6 +128,18 @@ class _Call:
     replica: str | None = None
     """The replica the call is at (None: none yet, or none reachable)."""
     attempt: _Attempt | None = None
+    planned: ContinuationCall | None = None
+    """In continuation mode, the call's plan: its prompt, and the turn its history records."""
+
+
+@dataclass(frozen=True)
+class _EngineRequest:
+    """What the exchange sends a replica (:meth:`CallService._engine_request`)."""
+
+    sent: bytes
+    """The chat request as the engine takes it: chat mode's body, continuation's to render."""
+    continuation: TokenEndpoints | None
+    """The replica's token-in/token-out endpoints in continuation mode; None in chat mode."""
 
 
 class _CallFailed(Exception):
@@ -145,6 +165,8 @@ class CallService:
         self._served_model: str | None = settings.served_model
         self._context: dict[str, int | None] = {}
         """Each replica's context length (``max_model_len`` in its model list; None: not reported)."""
+        self._token_endpoints: dict[str, TokenEndpoints | None] = {}
+        """What each replica's probe found: its token-in/token-out endpoints, or None (chat mode)."""
         self._background: set[asyncio.Task[Any]] = set()
         self.histories = RolloutHistories()
         """Each rollout's token history: what continuation extends, and what call events reference."""
@@ -327,12 +349,13 @@ class CallService:
         except _CallFailed as failed:
             return await self._fail(call, failed)
 
-    async def _engine_request(self, call: _Call, replica: str) -> bytes:
-        """The engine request for ``replica``, in chat mode: the chat request as the engine takes it.
+    async def _engine_request(self, call: _Call, replica: str) -> _EngineRequest:
+        """The engine request for ``replica``: the chat request as the engine takes it, and the mode.
 
         It names the served model, keeps the call's output budget within the engine's context,
         and asks the engine for everything capture needs (taken out of the answer again:
-        :func:`proxy.adapters.strip_capture`).
+        :func:`proxy.adapters.strip_capture`). Chat mode sends it as it is; continuation mode
+        renders it and generates from the ids it builds (:meth:`_continues` says which).
         """
         chat = call.chat
         chat["model"] = call.capture.model = await self.served_model(replica)
@@ -346,7 +369,43 @@ class CallService:
             chat["include_reasoning"] = True
         if call.streamed:
             chat["stream_options"] = {**(chat.get("stream_options") or {}), "include_usage": True}
-        return orjson.dumps(chat)
+        return _EngineRequest(orjson.dumps(chat), await self._continues(call, replica))
+
+    async def _continues(self, call: _Call, replica: str) -> TokenEndpoints | None:
+        """The replica's token-in/token-out endpoints when this call goes by continuation; None: chat mode.
+
+        Chat mode serves a call whose replica does not offer them (or when the setting forces it),
+        one with media (the token ids alone do not carry it), and a stream whose harness asked for
+        logprobs (a generate chunk has no token strings to give it).
+        """
+        if not self.settings.continuation or _has_media(call.chat) or (call.streamed and call.asked.get("logprobs")):
+            return None
+        return await self._endpoints(replica)
+
+    def detect_modes(self) -> None:
+        """Ask every replica for its token-in/token-out endpoints now, in the background.
+
+        The first calls then find the answer; a replica not up yet is asked again by its first call.
+        """
+        if self.settings.continuation:
+            for replica in self.upstream.urls:
+                self._in_background(self._endpoints(replica))
+
+    async def _endpoints(self, replica: str) -> TokenEndpoints | None:
+        """The replica's token-in/token-out endpoints (probed once it answers); None: chat mode."""
+        if replica not in self._token_endpoints:
+            engine = TokenEngine(self.upstream.client, replica, timeout_s=self.settings.upstream_timeout_s)
+            try:
+                found = await engine.probe()
+            except (EngineError, TokenEngineError) as exc:
+                logger.info("could not ask %s for its token-in/token-out endpoints (%r); chat mode until it answers",
+                            replica, exc)
+                return None
+            if replica not in self._token_endpoints:
+                logger.info("replica %s: %s", replica, "continuation mode" if found else
+                            "chat mode (no token-in/token-out endpoints: start vLLM with --enable-scale-out)")
+            self._token_endpoints[replica] = found
+        return self._token_endpoints[replica]
 
     async def _exchange(self, call: _Call, replica: str) -> _Attempt:
         """Send the engine request to ``replica``; its answer's status is in, its body still to read.
@@ -354,17 +413,35 @@ class CallService:
         Raises:
             EngineError: no answer (the caller tries the next replica, or times the call out).
         """
-        sent = await self._engine_request(call, replica)
-        span = telemetry.tracer.start_span("upstream chat.completions", kind=SpanKind.CLIENT,
-                                           attributes={"server.address": replica})
-        attempt = call.attempt = _Attempt(replica, sent, span, self.upstream.weight_version(replica))
+        request = await self._engine_request(call, replica)
+        endpoints = request.continuation
+        span = telemetry.tracer.start_span("upstream chat.completions" if endpoints is None else "upstream generate",
+                                           kind=SpanKind.CLIENT, attributes={"server.address": replica})
+        before = await self.upstream.read_weight_version(replica) if endpoints is None else None
+        attempt = call.attempt = _Attempt(replica, request.sent, span, before)
         try:
             with call.watch.armed():
-                attempt.response = await self.upstream.client.post(f"{replica}/v1/chat/completions", sent)
+                if endpoints is None:
+                    attempt.response = await self.upstream.client.post(f"{replica}/v1/chat/completions", request.sent)
+                else:
+                    engine = TokenEngine(self.upstream.client, replica, timeout_s=self.settings.upstream_timeout_s)
+                    call.planned, attempt.response = await exchange(
+                        engine, endpoints, self.histories.of(call.caller.rollout_id), call.chat, streamed=call.streamed)
+                    if call.planned is not None:
+                        call.capture.drift_reason = call.planned.prompt.drift
         except EngineError:
             attempt.end()
             raise
         return attempt
+
+    @staticmethod
+    def _built_turn(call: _Call) -> Turn | None:
+        """A continuation call's turn, to join its rollout's history once the call is recorded."""
+        answer = call.capture.first_answer()
+        if call.planned is None or answer is None:
+            return None
+        sampled, message = answer
+        return call.planned.turn(call.capture.call_id, sampled, message)
 
     async def _engine_refused(self, attempt: _Attempt) -> NoReturn:
         """End a call the engine answered with an error status, with the engine's own message."""
@@ -388,7 +465,7 @@ class CallService:
         if aborted and call.adapter.protocol is not ApiProtocol.OPENAI_CHAT:
             raise _CallFailed(502, CallStatus.UPSTREAM_ERROR, ABORTED, upstream_status=attempt.response.status)
         answer = self._translate_whole(call, attempt, payload)
-        call.capture.weight_version = self._weight_version(attempt)
+        call.capture.weight_version = await self._weight_version(attempt)
         call.watch.stop()
         gone = call.watch.gone or await call.request.is_disconnected()
         await self._record_whole(call, attempt, answer_bytes, aborted=aborted, gone=gone)
@@ -459,7 +536,7 @@ class CallService:
         else:
             await self._record(capture, CallStatus.OK, upstream_status_code=engine_status, replica=attempt.replica,
                                exchange=EngineExchange(attempt.sent, answer_bytes, call.asked),
-                               fingerprint=call.fingerprint)
+                               fingerprint=call.fingerprint, built=self._built_turn(call))
         self.retries.end(capture.rollout_id, call.fingerprint, capture.call_id, ok=not (aborted or gone))
 
     async def _hung_up(self, call: _Call) -> Response:
@@ -477,18 +554,27 @@ class CallService:
         return StreamingResponse(relay.run(), media_type="text/event-stream",
                                  headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
-    def _weight_version(self, attempt: _Attempt) -> str | None:
-        """The weight version that made the answer, if the replica's did not change during the call."""
-        return _same(attempt.version_before, self.upstream.weight_version(attempt.replica))
+    async def _weight_version(self, attempt: _Attempt) -> str | None:
+        """In chat mode, the weight version that made the answer; otherwise unknown.
+
+        That is the replica's version read fresh after the answer ended, when it equals the reading
+        before the call. Continuation mode needs no reading: the engine reports it per token.
+        """
+        if attempt.version_before is None:
+            return None
+        return _same(attempt.version_before, await self.upstream.read_weight_version(attempt.replica))
 
     async def _finish_stream(self, call: _Call, status: CallStatus, error: str | None) -> str | None:
         """Record a stream's call; the message to end the stream with when its record could not be kept."""
         capture = call.capture
         unrecorded: str | None = None
+        if call.attempt is not None:
+            capture.weight_version = await self._weight_version(call.attempt)
         with trace.use_span(call.span, end_on_exit=True):
             try:
                 await self._record(capture, status, error_message=error, upstream_status_code=200,
-                                   replica=call.replica, fingerprint=call.fingerprint)
+                                   replica=call.replica, fingerprint=call.fingerprint,
+                                   built=self._built_turn(call) if status is CallStatus.OK else None)
             except CallLogUnavailableError as exc:  # the answer's headers are long gone: no 503 now
                 unrecorded = exc.message
             else:
@@ -542,7 +628,8 @@ class CallService:
 
     async def _record(self, capture: CallCapture, status: CallStatus, *, error_message: str | None = None,
                       upstream_status_code: int | None = None, replica: str | None = None,
-                      exchange: EngineExchange | None = None, fingerprint: bytes | None = None) -> None:
+                      exchange: EngineExchange | None = None, fingerprint: bytes | None = None,
+                      built: Turn | None = None) -> None:
         # With capture off the call is still counted: the metrics are the operator's view of the
         # proxy, and the benchmark's capture-off baseline must differ from capture on by capture alone.
         capture.recording = True
@@ -550,8 +637,13 @@ class CallService:
             error_message = _clipped(error_message)
         if fingerprint is not None:
             capture.attempt, capture.retry_of = self.retries.settle(capture.call_id)
-        if self.settings.capture:
-            reference = self._reference(capture, status)
+        # One turn per call joins the rollout's history, and only once its event is journalled: a
+        # later call neither continues from nor references a call that has no event.
+        if not self.settings.capture:
+            if built is not None:
+                self.histories.of(capture.rollout_id).record(built)
+        else:
+            reference = self._reference(capture, status, built)
             try:
                 await self.publisher.publish_call(capture, status, upstream_status_code=upstream_status_code,
                                                   error_message=error_message, upstream_replica=replica,
@@ -570,21 +662,22 @@ class CallService:
         if capture.first_token_s is not None:
             telemetry.time_to_first_token.record(capture.first_token_s, {"protocol": capture.protocol.value})
 
-    def _reference(self, capture: CallCapture, status: CallStatus) -> Reference | None:
+    def _reference(self, capture: CallCapture, status: CallStatus, built: Turn | None) -> Reference | None:
         """What the call repeats of an earlier call of its rollout, by reference (linear events).
 
         Only a call that sampled is referenced later, and only once its event is journalled.
+        ``built``: the call's turn where continuation built its prompt.
         """
         if capture.outcome(status) is not CallStatus.OK or not capture.prompt_token_count:
             return None
         request = capture.request
         try:
             reference = refer(self.histories.of(capture.rollout_id), capture.call_id, capture.prompt_token_ids,
-                              capture.first_sampled(), request.messages, request.tools)
+                              capture.first_sampled(), request.messages, request.tools, built=built)
         except Exception:  # a reference only saves bytes: the call is recorded whole
             logger.exception("call %s of rollout %s: no prompt reference; recorded whole", capture.call_id,
                              capture.rollout_id)
-            return None
+            return None if built is None else Reference(None, built)  # continuation still extends it
         capture.prompt_prefix = reference.prefix
         return reference
 
@@ -768,7 +861,6 @@ class _StreamRelay:
         disconnected = isinstance(exc, asyncio.CancelledError | GeneratorExit)
         self.attempt.response.close(finished=False)
         self.attempt.end()
-        self.call.capture.weight_version = self.service._weight_version(self.attempt)
         self.service._in_background(self.service._finish_stream(
             self.call, CallStatus.CLIENT_DISCONNECTED if disconnected else CallStatus.INTERNAL_ERROR,
             None if disconnected else f"proxy failed mid-stream: {exc!r}"))
@@ -780,7 +872,6 @@ class _StreamRelay:
                                                               or self.error == UNFINISHED))
         attempt.end()
         upstream_s = time.perf_counter() - attempt.started
-        call.capture.weight_version = self.service._weight_version(attempt)
         # Shielded: a harness that hangs up while the record is written (its flush to disk, with
         # JOURNAL_FSYNC_INTERVAL_MS=0) cancelled this between the record and the retry tracker's end,
         # leaving the attempt in flight for good. The recording now runs to its end regardless.
@@ -825,6 +916,17 @@ def _normalise(adapter: Adapter, body: Any) -> tuple[dict[str, Any], bytes]:
     if adapter.protocol is ApiProtocol.OPENAI_RESPONSES:
         dumps_within_depth(body)
     return chat, conversation
+
+
+def _has_media(chat: dict[str, Any]) -> bool:
+    """Whether a chat request carries media parts (which continuation's token ids alone would not hold)."""
+    for message in chat.get("messages") or ():
+        content = message.get("content") if type(message) is dict else None
+        if type(content) is list and any(type(part) is dict and (part.get("type") in MEDIA_PARTS
+                                                                  or not MEDIA_PARTS.isdisjoint(part))
+                                         for part in content):
+            return True
+    return False
 
 
 def _taken_back(watch: HangupWatch) -> bool:

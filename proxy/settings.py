@@ -189,8 +189,11 @@ class ProxySettings(BaseSettings):
     """Record every call on Kafka. Off only to measure what capture costs (benchmarks); the call
     metrics are kept either way."""
 
-    weight_poll_s: float = Field(default=0.5, gt=0)
-    """How often each engine's weight version is read, to label calls with it."""
+    continuation: bool = True
+    """Serve calls by token-in/token-out continuation where a replica offers the endpoints (vLLM
+    started with ``--enable-scale-out``): a rollout's next call then extends the exact token ids of
+    its earlier turn, and each call records the engine's weight version per token. False forces
+    chat mode (``/v1/chat/completions``), which re-renders the conversation on every call."""
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     """Kafka connection (``OPENFORGE_KAFKA_*``)."""

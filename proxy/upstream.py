@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 READY_FOR_S = 1.0
 """How long one readiness probe of the replicas answers for (see :meth:`UpstreamPool.ready`)."""
 
+VERSION_READ_S = 2.0
+"""Longest wait for a replica's weight version; a call whose reading did not come is labelled unknown."""
+
 
 class UpstreamPool:
     """Replica choice with a short memory of failures, and one shared HTTP client."""
@@ -34,8 +37,6 @@ class UpstreamPool:
         self.urls = [u.rstrip("/") for u in urls]
         self.down_for_s = down_for_s
         self._down_until: dict[str, float] = {}
-        self._versions: dict[str, str] = {}
-        self._pollers: list[asyncio.Task[None]] = []
         self._probe: asyncio.Future[bool] | None = None
         self._probed_at = -math.inf
         self.client = EngineClient(timeout_s=timeout_s, keepalive_s=keepalive_s)
@@ -100,44 +101,21 @@ class UpstreamPool:
             for task in asked:
                 task.cancel()
 
-    def weight_version(self, url: str) -> str | None:
-        """The weight version ``url`` served at its last poll (None until known)."""
-        return self._versions.get(url)
+    async def read_weight_version(self, url: str) -> str | None:
+        """The weight version ``url`` serves now (``GET /weight_info``); None when it cannot tell.
 
-    def start_version_poll(self, interval_s: float) -> None:
-        """Follow each replica's weight version (``GET /weight_info``) in the background.
-
-        vLLM's chat endpoint does not report the version that sampled each token, so the
-        proxy brackets each call between two readings of this cache: equal readings label
-        the whole completion, differing ones (an update landed during the call) leave the
-        version unknown rather than guessing the boundary.
+        Read fresh for every chat-mode call, before it is sent and after its answer ends: vLLM's
+        chat endpoint does not say which version sampled each token, and equal readings around the
+        call are the only proof that one version made all of it. A remembered reading is no proof:
+        an update may have landed since.
         """
-        async def read(url: str) -> None:
-            version = None
-            with contextlib.suppress(EngineError, TypeError, KeyError):
-                status, info = await self.client.get_json(f"{url}/weight_info", timeout_s=2.0)
-                if status == 200:
-                    version = str(info["weight_version"])
-            if version is None:
-                # Unknown rather than stale: an old reading kept through a failed poll would
-                # label answers sampled after an update with the version before it.
-                self._versions.pop(url, None)
-            else:
-                self._versions[url] = version
-
-        async def poll(url: str) -> None:
-            while True:
-                try:
-                    await read(url)
-                except Exception:  # a loop that ended would keep its last reading for good
-                    logger.warning("reading %s's weight version failed", url, exc_info=True)
-                    self._versions.pop(url, None)
-                await asyncio.sleep(interval_s)
-
-        # A loop per replica: read in turn, or together in rounds, one replica slow to answer
-        # (up to the read's 2 s) held back every other's reading, and their labels went stale
-        # for that long after a weight update.
-        self._pollers = [asyncio.create_task(poll(url), name=f"weight-version-poll {url}") for url in self.urls]
+        try:
+            status, info = await self.client.get_json(f"{url}/weight_info", timeout_s=VERSION_READ_S)
+        except EngineError:
+            return None
+        if status != 200 or not isinstance(info, dict) or info.get("weight_version") is None:
+            return None
+        return str(info["weight_version"])
 
     async def aclose(self) -> None:
         """Stop polling and probing, and close the shared client."""
@@ -145,7 +123,4 @@ class UpstreamPool:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # a probe's failure was its callers'
                 await self._probe
-        for poller in self._pollers:
-            poller.cancel()
-        await asyncio.gather(*self._pollers, return_exceptions=True)
         await self.client.aclose()

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from proxy.engine_client import EngineClient
+from proxy.engine_client import EngineClient, EngineResponse
 
 __all__ = ["TokenEndpoints", "TokenEngine", "TokenEngineError", "generate_body"]
 
@@ -178,7 +178,7 @@ class TokenEngine:
         spans of the whole output; a usage chunk without choices ends the stream. Leaving the
         iteration early cuts the connection, which aborts the request in the engine.
         """
-        response = await self._client.post(self.url + GENERATE_PATH, orjson.dumps(body), timeout_s=self._timeout_s)
+        response = await self.open_generate(body)
         finished = False
         try:
             if response.status != 200:
@@ -193,6 +193,16 @@ class TokenEngine:
                 yield orjson.loads(data)
         finally:
             response.close(finished=finished)
+
+    async def open_generate(self, body: Mapping[str, Any]) -> EngineResponse:
+        """Send a streaming :func:`generate_body`; its answer's status is in, its lines still to read.
+
+        The caller reads and closes the answer (closing it unread aborts the request in the engine).
+
+        Raises:
+            EngineError: no answer.
+        """
+        return await self._client.post(self.url + GENERATE_PATH, orjson.dumps(body), timeout_s=self._timeout_s)
 
     async def derender(self, generated: Mapping[str, Any], prompt_ids: Sequence[int],
                        chat_request: Mapping[str, Any]) -> dict[str, Any]:

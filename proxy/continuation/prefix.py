@@ -15,6 +15,7 @@ messages. No I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from array import array
@@ -62,11 +63,11 @@ class Reference:
     a kept turn (the call is stored whole)."""
     turn: Turn | None
     """The call's turn, for :meth:`RolloutHistory.record` after the event is journalled (a later
-    call must not reference a call that has no event); None when continuation recorded it."""
+    call must not reference a call that has no event, nor continue from it)."""
 
 
 def refer(history: RolloutHistory, call_id: str, prompt: Sequence[int], sampled: Sequence[int],
-          messages: Sequence[Any], tools: Any) -> Reference:
+          messages: Sequence[Any], tools: Any, *, built: Turn | None = None) -> Reference:
     """The reference for a finished call's event.
 
     Args:
@@ -76,12 +77,14 @@ def refer(history: RolloutHistory, call_id: str, prompt: Sequence[int], sampled:
         sampled: The ids its first choice sampled.
         messages: Its request's messages, as the event records them.
         tools: Its request's tools, as the event records them.
+        built: The call's turn as continuation built its prompt, if it did: its parent is the
+            reference, and it is the turn to record (with the keys of its messages and tools).
     """
     keys, tools_digest = message_keys(messages), tools_key(tools)
-    own = history.find(call_id)
-    if own is not None:  # built by continuation: its parent is the reference
-        parent, shared = own.parent, own.extends
-        return Reference(None if parent is None or shared == 0 else _prefix(parent, shared, keys, tools_digest), None)
+    if built is not None:
+        parent, shared = built.parent, built.extends
+        turn = dataclasses.replace(built, message_keys=keys, tools_key=tools_digest)
+        return Reference(None if parent is None or shared == 0 else _prefix(parent, shared, keys, tools_digest), turn)
     packed = array("l", prompt).tobytes()
     best: Turn | None = None
     best_shared = 0

@@ -15,6 +15,7 @@ from pydantic import Field, JsonValue, field_validator, model_validator
 from schemas._arrays import Logprobs, TokenIds
 from schemas._base import EventBase, FrozenModel, UtcDatetime
 from schemas._common import Identifier, JsonObject, WeightVersionRange, check_version_ranges
+from schemas.drift import DriftReason
 
 __all__ = [
     "ApiProtocol",
@@ -272,6 +273,12 @@ class ModelCallV1(EventBase):
     session_headers: dict[str, str] = Field(default_factory=dict)
     """Headers that identify the harness session (lowercased names). Never credentials: the
     proxy strips them, and the model rejects ``authorization``, ``x-api-key`` and the like."""
+
+    drift_reason: DriftReason | None = None
+    """Why the call's prompt is the template's full render although the proxy held earlier turns
+    of its rollout (continuation mode): the harness rewrote its history, the tools changed, the
+    proxy lost the rollout's state. None when the prompt extends an earlier turn's exact ids, on a
+    rollout's first call, and in chat mode."""
 
     @field_validator("session_headers")
     @classmethod

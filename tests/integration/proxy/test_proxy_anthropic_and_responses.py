@@ -18,7 +18,7 @@ from test_proxy_openai_chat import tokenize
 
 from proxy.media import IMAGE_PLACEHOLDER
 from proxy.reasoning import signature
-from proxy.service import ENGINE_UNFINISHED, UNFINISHED
+from proxy.service import ABORTED, ENGINE_ABORTED, ENGINE_UNFINISHED, UNFINISHED
 from schemas.call.v1 import ApiProtocol, CallStatus
 
 pytestmark = pytest.mark.kafka
@@ -523,13 +523,19 @@ async def _engine_held_then_aborted(vllm_url: str) -> AsyncIterator[None]:
                 (await http.post(f"{vllm_url}/resume")).raise_for_status()
 
 
-async def test_an_answer_the_engine_aborts_before_its_first_token_is_a_retryable_error(proxy, vllm_url) -> None:
+@pytest.mark.parametrize("continuation", [False, True], ids=["chat", "continuation"])
+async def test_an_answer_the_engine_aborts_before_its_first_token_is_a_retryable_error(
+        proxy_settings_factory, topics, vllm_url, continuation: bool) -> None:
     """A pause in vLLM's default mode ends every answer in flight. One not yet started ends its
-    stream with [DONE] and no finish reason (mid-answer, it is finish_reason "abort": see the
-    scripted engine's tests). Told end_turn, a harness would take an empty answer for a whole one:
-    an Anthropic harness gets the stream's error event instead, which Claude Code retries. Chat
-    completions pass the stream on as the engine sent it. Both are recorded as engine errors."""
+    chat stream with [DONE] and no finish reason (mid-answer, it is finish_reason "abort": see the
+    scripted engine's tests); its generate stream says "abort" either way. Told end_turn, a harness
+    would take an empty answer for a whole one: an Anthropic harness gets the stream's error event
+    instead, which Claude Code retries. Chat completions pass the stream on as the engine sent it
+    (continuation's as the chat endpoint would send an abort). Both are recorded as engine errors."""
     prompt = [{"role": "user", "content": "Write a long story."}]
+    settings = proxy_settings_factory(continuation=continuation)
+    server, task = await serve(settings)
+    proxy = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
 
     async def anthropic_stream() -> None:
         async with anthropic_client(proxy, "r-abort-stream") as client:
@@ -547,17 +553,21 @@ async def test_an_answer_the_engine_aborts_before_its_first_token_is_a_retryable
         cut = asyncio.create_task(anthropic_stream())
         passed = asyncio.create_task(chat_stream())
         await asyncio.sleep(3.0)  # both reach the engine's queue (a paused vLLM reports no queue to poll)
-    with pytest.raises(anthropic.APIStatusError) as refused:
-        await cut
-    assert refused.value.body["error"]["message"] == UNFINISHED, refused.value.body
-    assert await passed == [None]  # the role chunk, then [DONE]
-    events = sorted(await calls_of(proxy, 2), key=lambda e: e.protocol.value)
+    try:
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            await cut
+        finished = await passed
+        events = sorted(await calls_of(proxy, 2), key=lambda e: e.protocol.value)
+    finally:
+        await shutdown(server, task)
+    told, recorded = (ABORTED, ENGINE_ABORTED) if continuation else (UNFINISHED, ENGINE_UNFINISHED)
+    assert refused.value.body["error"]["message"] == told, refused.value.body
+    assert finished == (["abort"] if continuation else [None])  # the role chunk, then [DONE]
     assert [(e.protocol, e.streamed) for e in events] == [(ApiProtocol.ANTHROPIC_MESSAGES, True),
                                                           (ApiProtocol.OPENAI_CHAT, True)]
     for event in events:
         assert event.status is CallStatus.UPSTREAM_ERROR, event.status
-        assert event.error_message == (ENGINE_UNFINISHED if event.protocol is ApiProtocol.OPENAI_CHAT
-                                       else UNFINISHED)
+        assert event.error_message == (recorded if event.protocol is ApiProtocol.OPENAI_CHAT else told)
         assert len(event.prompt_token_ids) > 0
         assert all(list(c.completion_token_ids) == [] for c in event.choices)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import anthropic
 import httpx
 import openai
@@ -173,21 +171,73 @@ async def test_tool_requests_reach_the_engine_and_answers_are_relayed_as_sampled
     assert len(recorded.get("tool_calls") or []) == len({getattr(c, "index", i) for i, c in enumerate(calls)})
 
 
-async def test_calls_carry_the_weight_version_the_engine_serves(proxy, vllm_url) -> None:
-    async with httpx.AsyncClient() as http:
-        before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
-        try:
-            (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "41"})).raise_for_status()
-            await asyncio.sleep(1.2)  # the proxy reads versions twice a second
-            answer = await http.post(f"{proxy.base('r-ver')}/v1/chat/completions",
-                                     headers={"authorization": f"Bearer {proxy.token('r-ver')}"},
-                                     json={"model": "m", "messages": [{"role": "user", "content": "v?"}],
-                                           "max_tokens": 3})
-            assert answer.status_code == 200
-        finally:  # the session's one engine: the next test reads its version
-            (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})).raise_for_status()
-    [event] = await calls_of(proxy, 1)
+@pytest.mark.parametrize("continuation", [True, False], ids=["continuation", "chat"])
+async def test_calls_carry_the_weight_version_the_engine_serves(
+        proxy_settings_factory, topics, vllm_url, continuation: bool) -> None:
+    settings = proxy_settings_factory(continuation=continuation)
+    server, task = await serve(settings)
+    proxy = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+    try:
+        async with httpx.AsyncClient() as http:
+            before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
+            try:
+                # Asked at once: chat mode reads the version fresh around the call, no cached reading.
+                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "41"})).raise_for_status()
+                answer = await http.post(f"{proxy.base('r-ver')}/v1/chat/completions",
+                                         headers={"authorization": f"Bearer {proxy.token('r-ver')}"},
+                                         json={"model": "m", "messages": [{"role": "user", "content": "v?"}],
+                                               "max_tokens": 3})
+                assert answer.status_code == 200
+            finally:  # the session's one engine: the next test reads its version
+                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
+                 ).raise_for_status()
+        [event] = await calls_of(proxy, 1)
+    finally:
+        await shutdown(server, task)
     assert [v.version for v in event.choices[0].weight_versions] == ["41"]
+
+
+@pytest.mark.parametrize("continuation", [True, False], ids=["continuation", "chat"])
+async def test_a_version_update_during_a_call_is_never_labelled_as_one_version(
+        proxy_settings_factory, topics, vllm_url, continuation: bool) -> None:
+    """The weights' label changes while the answer streams. Continuation records the engine's
+    spans, one per version; chat mode's readings around the call differ, so the version is unknown."""
+    settings = proxy_settings_factory(continuation=continuation)
+    server, task = await serve(settings)
+    proxy = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+    try:
+        async with httpx.AsyncClient(timeout=120) as http:
+            before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
+            try:
+                async with http.stream("POST", f"{proxy.base('r-mid')}/v1/chat/completions",
+                                       headers={"authorization": f"Bearer {proxy.token('r-mid')}"},
+                                       json={"model": "m", "messages": [{"role": "user", "content": "Go on."}],
+                                             "max_tokens": 300, "stream": True, "seed": 4}) as answer:
+                    assert answer.status_code == 200
+                    lines = answer.aiter_lines()
+                    seen = 0
+                    async for line in lines:
+                        seen += line.startswith("data:")
+                        if seen == 3:  # sampling has begun
+                            break
+                    (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "mid-1"})
+                     ).raise_for_status()
+                    async for _ in lines:
+                        pass
+            finally:  # the session's one engine: the next test reads its version
+                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
+                 ).raise_for_status()
+        [event] = await calls_of(proxy, 1)
+    finally:
+        await shutdown(server, task)
+    choice = event.choices[0]
+    assert event.status is CallStatus.OK and len(choice.completion_token_ids) > 3
+    if continuation:
+        assert [v.version for v in choice.weight_versions] == [str(before), "mid-1"]
+        assert choice.weight_versions[0].start == 0 and choice.weight_versions[-1].end == len(
+            choice.completion_token_ids)
+    else:
+        assert choice.weight_versions == []
 
 
 async def test_a_rollout_s_calls_stick_to_one_replica_and_rollouts_spread_over_all(

@@ -16,6 +16,7 @@ import pytest
 from proxy.adapters import ChatAdapter
 from proxy.errors import InvalidRequestError, UnsupportedFeatureError
 from proxy.media import IMAGE_PLACEHOLDER
+from proxy.service import _has_media
 
 DATA_URL = "data:image/png;base64,iVBORw0KGgo="
 
@@ -97,3 +98,14 @@ def test_an_image_becomes_the_placeholder_text_in_its_place_under_placeholder(ur
 def test_other_media_are_still_refused_under_placeholder(part: dict[str, Any]) -> None:
     with pytest.raises(UnsupportedFeatureError, match="not passed to the engine"):
         ChatAdapter("placeholder").to_chat(_chat(part))
+
+
+@pytest.mark.parametrize(("content", "media"), [
+    ("just text", False),
+    ([{"type": "text", "text": "hi"}], False),
+    ([{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}], True),
+    ([{"input_audio": {"data": "AA==", "format": "wav"}}], True),  # a media key without a type is media too
+])
+def test_calls_with_media_stay_in_chat_mode(content: object, media: bool) -> None:
+    """Continuation sends token ids alone, which would leave an image out: such calls go by chat mode."""
+    assert _has_media({"messages": [{"role": "user", "content": content}]}) is media
