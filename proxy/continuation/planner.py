@@ -60,23 +60,29 @@ Plan = Extend | Repeat | FullRender
 
 @dataclass(frozen=True)
 class Prompt:
-    """A call's prompt: ``parent``'s prompt and sampled ids, then ``added``."""
+    """A call's prompt: ``parent``'s prompt and sampled ids, then ``added``.
+
+    Only the first ``shared`` of the parent's ids where the prompt forked inside them.
+    """
 
     parent: Turn | None
     added: tuple[int, ...]
     drift: DriftReason | None
     """Why the prompt is a full render although the rollout had turns to extend."""
+    shared: int | None = None
+    """How many of the parent's prompt and sampled ids the prompt begins with (None: all)."""
 
     def ids(self) -> list[int]:
         """The whole prompt."""
         if self.parent is None:
             return list(self.added)
-        return [*self.parent.prompt_ids(), *self.parent.sampled, *self.added]
+        context = self.parent.context().tolist()
+        return [*(context if self.shared is None else context[:self.shared]), *self.added]
 
     def turn(self, call_id: str, views: Sequence[View], tools: bytes, sampled: Sequence[int],
              answer: View | None) -> Turn:
         """The turn to record once the call answered."""
-        return Turn.of(call_id, views, tools, self.parent, self.added, sampled, answer)
+        return Turn.of(call_id, views, tools, self.parent, self.added, sampled, answer, shared=self.shared)
 
 
 def choose(history: RolloutHistory, views: Sequence[View], tools: bytes) -> Plan:
@@ -137,7 +143,7 @@ def extend_prompt(plan: Extend, closing: Sequence[int], closed_ids: Sequence[int
 
 def repeat_prompt(plan: Repeat) -> Prompt:
     """The prompt of a repeated turn: the same ids, built the same way."""
-    return Prompt(plan.turn.parent, tuple(plan.turn.added), None)
+    return Prompt(plan.turn.parent, tuple(plan.turn.added), None, plan.turn.shared)
 
 
 def full_prompt(full_ids: Sequence[int], drift: DriftReason | None) -> Prompt:

@@ -77,14 +77,15 @@ def refer(history: RolloutHistory, call_id: str, prompt: Sequence[int], sampled:
         sampled: The ids its first choice sampled.
         messages: Its request's messages, as the event records them.
         tools: Its request's tools, as the event records them.
-        built: The call's turn as continuation built its prompt, if it did: its parent is the
-            reference, and it is the turn to record (with the keys of its messages and tools).
+        built: The call's turn as continuation built its prompt, if it did: the turn it extends is
+            the reference, and it is the turn to record (with the keys of its messages and
+            tools). A full render is referenced by search, as a chat-mode call is.
     """
     keys, tools_digest = message_keys(messages), tools_key(tools)
-    if built is not None:
+    if built is not None and built.parent is not None:
         parent, shared = built.parent, built.extends
         turn = dataclasses.replace(built, message_keys=keys, tools_key=tools_digest)
-        return Reference(None if parent is None or shared == 0 else _prefix(parent, shared, keys, tools_digest), turn)
+        return Reference(_prefix(parent, shared, keys, tools_digest) if shared else None, turn)
     packed = array("l", prompt).tobytes()
     best: Turn | None = None
     best_shared = 0
@@ -95,8 +96,11 @@ def refer(history: RolloutHistory, call_id: str, prompt: Sequence[int], sampled:
         if shared > best_shared:
             best, best_shared = turn, shared
     whole = best is not None and best_shared == best.prompt_len + len(best.sampled)
-    turn = Turn.of(call_id, (), b"", best, prompt[best_shared:], sampled, None, shared=None if whole else best_shared,
-                   message_keys=keys, tools_key=tools_digest)
+    # A prompt continuation rendered whole (the harness rewrote its history) still shares ids with
+    # earlier calls: it is referenced like any other, and keeps what continuation needs of it.
+    views, offered, answer = ((), b"", None) if built is None else (built.views, built.tools, built.answer)
+    turn = Turn.of(call_id, views, offered, best, prompt[best_shared:], sampled, answer,
+                   shared=None if whole else best_shared, message_keys=keys, tools_key=tools_digest)
     return Reference(None if best is None else _prefix(best, best_shared, keys, tools_digest), turn)
 
 

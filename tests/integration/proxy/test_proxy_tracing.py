@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind
 from proxy_helpers import RunningProxy, read_events, serve, shutdown
 from spans import memory_exporter
 
+from schemas.call.linear import WholeCalls
 from schemas.registry import decode
 from stream import CALLS
 
@@ -76,8 +77,10 @@ async def test_call_spans_and_event_trace_context(spans: InMemorySpanExporter, p
     for streamed in (False, True):
         key = (("protocol", "openai_chat"), ("streamed", streamed))
         assert latency.get(key, 0) - latency_before.get(key, 0) == 1, latency
-    # Tokens are counted as the events hold them: the prompts the engine saw, what it sampled.
-    events = [decode(r.headers, r.value) for r in records]
+    # Tokens are counted as the calls were: the whole prompts the engine saw (an event may store
+    # the part it repeats by reference), what it sampled.
+    calls = WholeCalls()
+    events = [calls.whole(decode(r.headers, r.value)) for r in records]
     tokens = counter_values("openforge.proxy.tokens")
     counted = {kind: tokens.get((("kind", kind),), 0) - tokens_before.get((("kind", kind),), 0)
                for kind in ("prompt", "completion")}

@@ -33,15 +33,19 @@ def test_a_fork_references_the_longest_shared_prefix_of_any_kept_call() -> None:
     assert _recorded(history, "e", [5, 6], [1]) is None  # another conversation: stored whole
 
 
-def test_a_call_continuation_recorded_references_its_parent_and_is_not_recorded_twice() -> None:
+def test_a_call_continuation_built_references_its_parent_and_is_its_own_turn() -> None:
     history = RolloutHistory()
     first = Turn.of("a", (), b"", None, [1, 2, 3], [10, 11], None)
     history.record(first)
-    history.record(Turn.of("b", (), b"", first, [7], [12], None))
-    reference = refer(history, "b", [1, 2, 3, 10, 11, 7], [12], [], None)
-    assert reference.prefix is not None and reference.turn is None
+    built = Turn.of("b", (), b"", first, [7], [12], None)
+    reference = refer(history, "b", [1, 2, 3, 10, 11, 7], [12], [{"role": "user", "content": "u"}], None,
+                      built=built)
+    assert reference.prefix is not None and reference.turn is not None
     assert (reference.prefix["call_id"], reference.prefix["tokens"]) == ("a", 5)
-    assert len(history) == 2
+    # The turn to record is continuation's own, carrying the keys later references compare.
+    assert reference.turn.parent is first and reference.turn.added.tolist() == [7]
+    assert len(reference.turn.message_keys) == 1
+    assert len(history) == 1  # nothing is recorded before the event is journalled
 
 
 def test_the_messages_and_tools_an_event_repeats_are_referenced_too() -> None:
@@ -67,3 +71,31 @@ def test_a_message_orjson_cannot_write_is_kept_whole_not_refused() -> None:
     history.record(first.turn)
     second = refer(history, "b", [1, 2, 3, 4], [5], [huge, {"role": "user", "content": "y"}], None)
     assert second.prefix == {"call_id": "a", "tokens": 3, "messages": 0, "tools": False}
+
+
+def test_a_continuation_call_rendered_whole_is_referenced_by_search_and_keeps_its_views() -> None:
+    history = RolloutHistory()
+    first = Turn.of("a", (), b"", None, [1, 2, 3], [10, 11], None)
+    history.record(first)
+    view = (("role", "user"),)
+    built = Turn.of("b", (view,), b"tools", None, [1, 2, 3, 9, 7], [12], view)  # a full render
+    reference = refer(history, "b", [1, 2, 3, 9, 7], [12], [], None, built=built)
+    assert reference.prefix is not None and (reference.prefix["call_id"], reference.prefix["tokens"]) == ("a", 3)
+    turn = reference.turn
+    assert turn is not None and turn.parent is first and turn.prompt_ids() == [1, 2, 3, 9, 7]
+    assert (turn.views, turn.tools, turn.answer) == ((view,), b"tools", view)
+
+
+def test_repeating_a_turn_recorded_as_a_fork_gives_that_turns_own_prompt() -> None:
+    """A turn recorded by reference to a shorter prefix of its parent (a fork, or the same prompt
+    sent again) is repeated with its own ids, not its parent's whole context."""
+    from proxy.continuation.planner import Repeat, repeat_prompt
+
+    history = RolloutHistory()
+    first = Turn.of("a", (), b"", None, [1, 2, 3], [10, 11], None)
+    history.record(first)
+    again = refer(history, "b", [1, 2, 3], [12], [], None).turn  # the same prompt, sampled anew
+    assert again is not None and again.shared == 3
+    prompt = repeat_prompt(Repeat(again))
+    assert prompt.ids() == [1, 2, 3] == again.prompt_ids()
+    assert prompt.turn("c", (), b"", [13], None).prompt_ids() == [1, 2, 3]
