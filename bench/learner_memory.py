@@ -2,13 +2,15 @@
 
 A random Qwen2-architecture model (Qwen2.5-0.5B's shape by default: 24 layers, hidden 896,
 vocabulary 151,936) is made locally; then two FSDP ranks on CPU (gloo) run the same two steps
-and one checkpoint with the learner of a baseline revision (default ``main``, read from git) and
-with the learner of this tree. Each rank reports its peak RSS (``ru_maxrss``: the whole life of
-the process, model load included), the second step's seconds and what its checkpoint wrote:
+and one checkpoint with the learner of a baseline revision (default: ``main`` before the learner
+that loads shards, packs rows and chunks its logprobs; read from git) and with the learner of this
+tree. Each rank reports its peak RSS (``ru_maxrss``: the whole life of the process, model load
+included) and that peak as it stood after the load and after the steps (where it is reached), the
+second step's seconds and what its checkpoint wrote:
 before, float32 weights plus ``optimizer.pt``; after, serving weights in bfloat16 and, apart, the
 training state. Goal: peak RSS per rank <= 0.6x the baseline's.
 
-    python -m bench.learner_memory [--layers 24] [--tokens 1024] [--baseline main]
+    python -m bench.learner_memory [--layers 24] [--tokens 1024] [--baseline REVISION]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bench.random_qwen2 import SHAPES
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 0.6
+BASELINE = "2f93acf^1"  # main before that learner: the first parent of the merge that brought it
 QWEN2_0_5B = {k: v for k, v in SHAPES["0.5b"].items() if k != "num_hidden_layers"} | {"max_position_embeddings": 4096}
 
 
@@ -57,6 +60,10 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+
+
 def rank_main(tree: Path, model: Path, out: Path, tokens: int) -> None:
     """One rank: load, two steps, one checkpoint; write this rank's numbers (run under torchrun)."""
     sys.path.insert(0, str(tree))
@@ -73,6 +80,7 @@ def rank_main(tree: Path, model: Path, out: Path, tokens: int) -> None:
     started = time.perf_counter()
     worker = FSDPPolicyWorker(settings, model)
     load_s = time.perf_counter() - started
+    load_peak = _peak_gib()
     generator = torch.Generator().manual_seed(0)
     rows = []
     for i in range(4):  # two rows per rank, tokens / 4 each: one micro-batch per rank
@@ -86,7 +94,8 @@ def rank_main(tree: Path, model: Path, out: Path, tokens: int) -> None:
         worker.train_step(TrainBatch(rows))
         seconds.append(time.perf_counter() - started)
     folder = out / "checkpoint"
-    report: dict[str, Any] = {"load_s": load_s, "step_s": seconds[-1], "first_step_s": seconds[0]}
+    report: dict[str, Any] = {"load_s": load_s, "step_s": seconds[-1], "first_step_s": seconds[0],
+                              "load_peak_gib": load_peak, "steps_peak_gib": _peak_gib()}
     if hasattr(worker, "save_serving"):
         started = time.perf_counter()
         worker.save_serving(folder / "serving")
@@ -99,7 +108,7 @@ def rank_main(tree: Path, model: Path, out: Path, tokens: int) -> None:
         worker.save(folder / "serving")
         report["serving_s"], report["state_s"] = time.perf_counter() - started, 0.0
     torch.distributed.barrier()
-    report["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    report["peak_rss_gib"] = _peak_gib()
     (out / f"rank{worker.rank}.json").write_text(json.dumps(report))
     worker.close()
 
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=24, help="decoder layers (24: Qwen2.5-0.5B)")
     parser.add_argument("--tokens", type=int, default=1024, help="tokens per step, over both ranks")
-    parser.add_argument("--baseline", default="main", help="git revision of the baseline learner")
+    parser.add_argument("--baseline", default=BASELINE, help="git revision of the baseline learner")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="openforge-learner-memory-") as tmp:
         work = Path(tmp)
@@ -134,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         before = _run(baseline_tree(args.baseline, work / "baseline"), work / "model", work / "before", args.tokens)
         after = _run(ROOT, work / "model", work / "after", args.tokens)
     rows = [("peak RSS rank 0 (GiB)", "peak_rss_gib", 0), ("peak RSS rank 1 (GiB)", "peak_rss_gib", 1),
+            ("  by end of load, rank 0", "load_peak_gib", 0), ("  by end of load, rank 1", "load_peak_gib", 1),
+            ("  by end of steps, rank 0", "steps_peak_gib", 0), ("  by end of steps, rank 1", "steps_peak_gib", 1),
             ("load (s)", "load_s", 0), ("step (s)", "step_s", 0),
             ("serving checkpoint (GB)", "serving_bytes", 0), ("serving checkpoint (s)", "serving_s", 0),
             ("training state (GB)", "state_bytes", 0), ("training state (s)", "state_s", 0)]

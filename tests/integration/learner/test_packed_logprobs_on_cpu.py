@@ -75,7 +75,9 @@ def test_packed_chunked_logprobs_equal_the_padded_full_vocabulary_ones(tiny_mode
     assert packed.ids.shape == (1, sum(len(r.input_ids) for r in rows))  # no padding ran
 
 
-def test_chunked_logprobs_and_entropy_equal_the_full_ones_with_gradients() -> None:
+@pytest.mark.parametrize("trained", ["logprobs", "entropy", "both"])
+def test_chunked_logprobs_and_entropy_equal_the_full_ones_with_gradients(trained: str) -> None:
+    # Each backward path: the logprobs' gradient alone (no entropy bonus), the entropy's alone, both.
     torch.manual_seed(0)
     hidden = torch.randn(37, 16, dtype=torch.float32, requires_grad=True)
     weight = torch.randn(1000, 16, dtype=torch.float32, requires_grad=True)
@@ -86,8 +88,14 @@ def test_chunked_logprobs_and_entropy_equal_the_full_ones_with_gradients() -> No
     ref_entropy = -(logp.exp() * logp).sum(-1)
     torch.testing.assert_close(logprobs, ref_logprobs, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(entropy, ref_entropy, rtol=1e-4, atol=1e-5)
-    grads = torch.autograd.grad((logprobs * 2 + entropy).sum(), [hidden, weight])
-    ref_grads = torch.autograd.grad((ref_logprobs * 2 + ref_entropy).sum(), [hidden, weight])
+    scale = torch.linspace(-1, 1, 37)
+
+    def loss(lp: torch.Tensor, ent: torch.Tensor) -> torch.Tensor:
+        terms = {"logprobs": lp * 2, "entropy": ent, "both": lp * 2 + ent}
+        return (terms[trained] * scale).sum()
+
+    grads = torch.autograd.grad(loss(logprobs, entropy), [hidden, weight])
+    ref_grads = torch.autograd.grad(loss(ref_logprobs, ref_entropy), [hidden, weight])
     for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
