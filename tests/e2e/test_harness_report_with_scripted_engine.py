@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from netutil import free_port
 from proxy_helpers import proxy_in_front_of, read_events
-from scripted_engine import ScriptedEngine
+from scripted_engine import WEIGHT_VERSION, ScriptedEngine
 from test_harnesses_with_scripted_engine import (  # noqa: F401 - harness_bin is a fixture
     COMMAND,
     EXPECTED_OUTPUT,
@@ -42,6 +42,7 @@ from test_harnesses_with_scripted_engine import (  # noqa: F401 - harness_bin is
 from consumers.assembler.service import AssemblerService
 from consumers.assembler.settings import AssemblerSettings
 from schemas import ModelCallV1, RewardV1, RolloutEventV1
+from schemas.call.v1 import CallStatus
 from schemas.rollout.v1 import Backend, RolloutPhase
 from stream import CALLS, REWARDS, ROLLOUTS, EventProducer, KafkaSettings, TopicRegistry
 from stream.tooling import read_topic
@@ -101,9 +102,18 @@ async def _run_and_report(bin_dir: Path, kafka_settings: KafkaSettings, topics: 
             value = 1.0 if EXPECTED_OUTPUT in harness.final_answer(run) else 0.0
             await producer.publish(REWARDS, RewardV1(rollout_id=rollout_id, task_id=task_id, value=value,
                                                      verifier_id=f"verifier:{rollout_id}"))
-    calls = [e for e in await read_events(kafka_settings, topics, CALLS, expect=len(engine.seen))
-             if isinstance(e, ModelCallV1)]
+    calls = sorted((e for e in await read_events(kafka_settings, topics, CALLS, expect=len(engine.seen))
+                    if isinstance(e, ModelCallV1)), key=lambda e: e.timings.started_at)
     assert len(calls) == len(engine.seen)
+    for seen, event in zip(engine.seen, calls, strict=True):
+        # Each event holds exactly what the engine was given and sampled, its weight-version span included.
+        assert event.status is CallStatus.OK and event.streamed == seen.streamed, (seen.index, event.status)
+        assert list(event.prompt_token_ids) == seen.prompt_token_ids, seen.index
+        choice = event.choices[0]
+        assert (list(choice.completion_token_ids), list(choice.logprobs)) == (seen.completion_token_ids,
+                                                                               seen.logprobs), seen.index
+        assert [(v.version, v.start, v.end) for v in choice.weight_versions] == \
+            [(WEIGHT_VERSION, 0, len(seen.completion_token_ids))], seen.index
     settings = AssemblerSettings.model_validate({
         "group_id": f"{kafka_settings.topic_prefix}assembler", "grace_s": 0.2, "commit_interval_s": 0.2,
         "poll_timeout_ms": 100, "session_timeout_ms": 6000})
@@ -119,7 +129,9 @@ async def _run_and_report(bin_dir: Path, kafka_settings: KafkaSettings, topics: 
            "OPENFORGE_KAFKA_TOPIC_PREFIX": kafka_settings.topic_prefix}
     table = subprocess.run([sys.executable, "-m", "openforge", "report", "harnesses", "--run", run_id], env=env,
                            capture_output=True, text=True, timeout=120, check=True)
-    print(f"{'continuation' if continuation else 'chat'} mode:\n{table.stdout}")
+    streamed = sum(call.streamed for call in calls)
+    print(f"{'continuation' if continuation else 'chat'} mode, {streamed} of {len(calls)} calls streamed:\n"
+          f"{table.stdout}")
     done = subprocess.run([sys.executable, "-m", "openforge", "report", "harnesses", "--run", run_id, "--json"],
                           env=env, capture_output=True, text=True, timeout=120, check=True)
     rows = {row["harness"]: row for row in json.loads(done.stdout)}
