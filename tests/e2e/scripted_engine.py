@@ -22,6 +22,18 @@ a sampled turn back with other tokens than were sampled (as real templates do); 
 ``exact_turns`` it writes it back token for token, so a harness that keeps its history unchanged
 makes prompts that extend the earlier prompt and completion, and one that rewrites it does not.
 
+With ``token_endpoints`` (and the exact template) the engine also offers vLLM's token-in/token-out
+endpoints as the proxy's continuation mode uses them (``/v1/chat/completions/render``,
+``/inference/v1/generate``, whole and streamed, and ``/v1/chat/completions/derender``), so the proxy
+probes them and serves calls by continuation. Its tokenizer is then one-to-one (each new word piece
+gets the next free id of its hash's probe sequence), so generate decodes the prompt ids it is given
+back into the conversation and answers that by the script: the answer follows the ids, never a side
+channel, and a prompt holding an id the engine never made is refused. Its template then also
+spells a tool call's tags as one added id each (:data:`ADDED`) where the model samples them as
+word pieces, as vLLM's hermes models do: the text is the same, the ids are not, so in chat mode a
+turn written back by the template no longer extends what was sampled, and only continuation
+(which reuses the sampled ids) joins the turns of a harness that keeps its history.
+
 Faults can be injected: :class:`Fault` answers a matching request with an HTTP error a given
 number of times (harnesses retry 5xx), which exercises the proxy's retry linking.
 """
@@ -87,12 +99,16 @@ def render_prompt(body: dict[str, Any], *, exact: bool = False) -> str:
     if exact:
         head = ("<|tools|>" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode() + END_OF_TURN
                 if body.get("tools") else "")
+        messages = body.get("messages") or []
+        open_last = bool(body.get("continue_final_message")) and bool(messages)
         turns = "".join(
             f"<|{m.get('role')}|>{_text_of(m.get('content'))}" + "".join(
                 f"<tool_call>{(c.get('function') or {}).get('name')} {(c.get('function') or {}).get('arguments')}"
-                "</tool_call>" for c in m.get("tool_calls") or []) + END_OF_TURN
-            for m in body.get("messages") or [])
-        return head + turns + ("<|assistant|>" if body.get("add_generation_prompt", True) else "")
+                "</tool_call>" for c in m.get("tool_calls") or [])
+            + ("" if open_last and i == len(messages) - 1 else END_OF_TURN)
+            for i, m in enumerate(messages))
+        generation_prompt = body.get("add_generation_prompt", True) and not open_last
+        return head + turns + ("<|assistant|>" if generation_prompt else "")
     parts = []
     if body.get("tools"):
         parts.append("<|tools|>" + orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode())
@@ -152,6 +168,51 @@ class SeenCall:
     text: str = ""
     tool_name: str | None = None
     tool_arguments: dict[str, Any] | None = None
+    endpoint: str = "chat"  # "chat" (/v1/chat/completions) or "generate" (/inference/v1/generate)
+
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+_ROLE = re.compile(r"<\|(\w+)\|>")
+
+
+def parse_prompt(text: str) -> dict[str, Any]:
+    """The chat request (tools and messages) the exact template rendered as ``text``: its inverse.
+
+    The generation prompt at the end comes back as an empty assistant message; tool calls are kept
+    as the text the template wrote (the script reads only the tools, the roles and the tool results).
+    """
+    tools: Any = None
+    messages: list[dict[str, Any]] = []
+    for segment in text.split(END_OF_TURN):
+        role = _ROLE.match(segment)
+        if role is None:
+            if segment:
+                raise ValueError(f"a prompt segment without a role: {segment[:80]!r}")
+            continue
+        content = segment[role.end():]
+        if role.group(1) == "tools":
+            tools = orjson.loads(content)
+        else:
+            messages.append({"role": role.group(1), "content": content})
+    return {"tools": tools, "messages": messages}
+
+
+def split_answer(text: str) -> tuple[str, dict[str, Any] | None]:
+    """A sampled answer's text and its tool call (chat-completions form), the turn's closing left out.
+
+    The call is None until its closing tag came (a streamed answer still being sampled).
+    """
+    text = text.split(END_OF_TURN)[0]
+    if not text.startswith(TOOL_OPEN) or TOOL_CLOSE not in text:
+        return ("" if TOOL_OPEN.startswith(text) or text.startswith(TOOL_OPEN) else text), None
+    name, _, arguments = text[len(TOOL_OPEN):text.index(TOOL_CLOSE)].partition(" ")
+    return "", {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": name, "arguments": arguments}}
+
+
+ADDED = {TOOL_OPEN: 3, TOOL_CLOSE: 4}
+"""The template's one-id spelling of the tool-call tags (token mode); the model samples them as pieces."""
+_ADDED = re.compile("(" + "|".join(re.escape(tag) for tag in ADDED) + ")")
 
 
 def has_tool_result(body: dict[str, Any]) -> bool:
@@ -214,7 +275,8 @@ class ScriptedEngine:
     def __init__(self, *, command: str, prefer: tuple[str, ...] = SHELL_TOOLS, faults: list[Fault] | None = None,
                  final_prefix: str = "Done. The command printed: ", chunk_pieces: int = 3,
                  reasoning: tuple[int, float] = (0, 0.0), queue_s: float = 0.0, stall_s: float = 0.0,
-                 vocab: int = VOCAB, exact_turns: bool = False, tool_turns: int = 1) -> None:
+                 vocab: int = VOCAB, exact_turns: bool = False, tool_turns: int = 1,
+                 token_endpoints: bool = False) -> None:
         """Args:
             command: The command a tool call runs.
             prefer: Tool names to call, in order of preference.
@@ -232,7 +294,14 @@ class ScriptedEngine:
             exact_turns: The template writes a sampled turn back exactly (see the module docstring).
             tool_turns: Tool results the conversation must hold before the answer is final text (each
                 request with fewer gets another call of the tool).
+            token_endpoints: Offer render, generate and derender (see the module docstring); needs
+                ``exact_turns``, whose turn closing the proxy's probe reads.
         """
+        if token_endpoints and not exact_turns:
+            raise ValueError("token_endpoints needs exact_turns: the proxy continues turns the template closes")
+        self.token_endpoints = token_endpoints
+        self._ids: dict[str, int] = {}  # the one-to-one vocabulary of token mode, both ways
+        self._words: dict[int, str] = {token: tag for tag, token in ADDED.items()} if token_endpoints else {}
         self.tool_turns = tool_turns
         self.vocab = vocab
         self.exact_turns = exact_turns
@@ -289,12 +358,24 @@ class ScriptedEngine:
         @app.post("/tokenize")
         async def tokenize_route(request: Request) -> Response:
             body = orjson.loads(await request.body())
-            ids = self._tokenize(self._render(body) if "messages" in body else str(body.get("prompt", "")))
+            ids = self._prompt_ids(body) if "messages" in body else self._tokenize(str(body.get("prompt", "")))
             return _json({"count": len(ids), "tokens": ids, "max_model_len": 262144})
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
             return self._chat(orjson.loads(await request.body()))
+
+        @app.post("/v1/chat/completions/render")
+        async def render(request: Request) -> Response:
+            return self._token_route(request.url.path, orjson.loads(await request.body()), self._render_answer)
+
+        @app.post("/inference/v1/generate")
+        async def generate(request: Request) -> Response:
+            return self._token_route(request.url.path, orjson.loads(await request.body()), self._generate)
+
+        @app.post("/v1/chat/completions/derender")
+        async def derender(request: Request) -> Response:
+            return self._token_route(request.url.path, orjson.loads(await request.body()), self._derender)
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE"])
         async def other(path: str, request: Request) -> Response:
@@ -321,7 +402,7 @@ class ScriptedEngine:
             return _json({"error": {"message": fault.message, "type": "ServiceUnavailable",
                                     "code": fault.status}}, fault.status)
         kind, text, call = self.answer(body)
-        prompt_ids = self._tokenize(self._render(body))
+        prompt_ids = self._prompt_ids(body)
         pieces = self._pieces(text, call)
         thought = THOUGHT * self.reasoning[0]
         if thought:  # a whole answer holds the same thinking in one field
@@ -366,7 +447,32 @@ class ScriptedEngine:
                                  media_type="text/event-stream")
 
     def _tokenize(self, text: str) -> list[int]:
-        return tokenize(text, self.vocab)
+        if not self.token_endpoints:
+            return tokenize(text, self.vocab)
+        out = []
+        for piece in _PIECE.findall(text):
+            token = self._ids.get(piece)
+            if token is None:
+                if len(self._words) >= self.vocab - 10:
+                    raise RuntimeError(f"the scripted vocabulary of {self.vocab} ids is full")
+                token = tokenize(piece, self.vocab)[0]
+                while token in self._words:  # taken by another piece: the next free id
+                    token = 10 + (token - 9) % (self.vocab - 10)
+                self._ids[piece], self._words[token] = token, piece
+            out.append(token)
+        return out
+
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        """The ids of the template's prompt for a chat request (token mode: its tool-call tags as added ids)."""
+        text = self._render(body)
+        if not self.token_endpoints:
+            return self._tokenize(text)
+        return [t for part in _ADDED.split(text) if part
+                for t in ([ADDED[part]] if part in ADDED else self._tokenize(part))]
+
+    def _decode(self, ids: list[int]) -> str:
+        """The text of ids this engine made (token mode); KeyError for one it never made."""
+        return "".join(self._words[token] for token in ids)
 
     def _render(self, body: dict[str, Any]) -> str:
         return render_prompt(body, exact=self.exact_turns)
@@ -396,6 +502,126 @@ class ScriptedEngine:
                 delta["role"] = "assistant"
             out.append((delta, self._tokenize(part)))
         return out or [({"role": "assistant", "content": ""}, [])]
+
+    # -- token in / token out ------------------------------------------------------------------------
+
+    def _token_route(self, path: str, body: Any, serve: Callable[[dict[str, Any]], Response]) -> Response:
+        """Serve a token endpoint as vLLM with ``--enable-scale-out`` does: 404 without it, 400 on a bad body."""
+        if not self.token_endpoints:
+            self.other_requests.append(f"POST {path}")
+            return _json({"error": {"message": f"scripted engine has no {path}"}}, 404)
+        try:
+            return serve(body if isinstance(body, dict) else {})
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            return _json({"error": {"message": f"{path}: invalid request ({exc!r})", "type": "BadRequestError",
+                                    "code": 400}}, 400)
+
+    def _render_answer(self, body: dict[str, Any]) -> Response:
+        """``/v1/chat/completions/render``: the prompt ids and sampling parameters of a chat request."""
+        if not isinstance(body["messages"], list):
+            raise TypeError("messages must be a list")
+        sampling: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "logprobs": 0, "skip_special_tokens": False}
+        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        if type(requested) is int and requested != 16:  # as vLLM: a value equal to the default is left out
+            sampling["max_tokens"] = requested
+        return _json({"request_id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "token_ids": self._prompt_ids(body),
+                      "sampling_params": sampling, "model": MODEL, "output_mode": "tokens", "stream": False,
+                      "stream_options": None, "priority": 0})
+
+    def _generate(self, body: dict[str, Any]) -> Response:
+        """``/inference/v1/generate``: the script's answer to the conversation the prompt ids decode to."""
+        prompt_ids, sampling = body["token_ids"], body["sampling_params"]
+        if not isinstance(prompt_ids, list) or not prompt_ids or not isinstance(sampling, dict):
+            raise ValueError("token_ids (a non-empty list) and sampling_params are required")
+        request = parse_prompt(self._decode(prompt_ids))
+        kind, text, call = self.answer(request)
+        completion_ids = [t for _, ids in self._pieces(text, call) for t in ids] + self._closing()
+        finish = "stop"
+        max_tokens = sampling.get("max_tokens")
+        if type(max_tokens) is int and len(completion_ids) > max_tokens:
+            completion_ids, finish = completion_ids[:max_tokens], "length"
+        streamed = bool(body.get("stream"))
+        self.seen.append(SeenCall(len(self.seen), request, 200, kind, streamed, list(prompt_ids), completion_ids,
+                                  [logprob_of(t) for t in completion_ids], text,
+                                  (call or {}).get("function", {}).get("name"),
+                                  orjson.loads(call["function"]["arguments"]) if call else None, "generate"))
+        head = {"request_id": f"generate-tokens-{uuid.uuid4().hex[:16]}", "model": MODEL,
+                "created": int(time.time()), "output_mode": "tokens"}
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(completion_ids),
+                 "total_tokens": len(prompt_ids) + len(completion_ids)}
+        spans = [{"version": WEIGHT_VERSION, "start": 0, "end": len(completion_ids)}]
+        if not streamed:
+            return _json({**head, "usage": usage, "prompt_token_ids": None, "choices": [{
+                "index": 0, "finish_reason": finish, "stop_reason": None, "token_ids": completion_ids,
+                "weight_versions": spans, "logprobs": {"content": [_token_logprob(t) for t in completion_ids]}}]})
+
+        async def steps() -> AsyncIterator[bytes]:
+            # One chunk per ``chunk_pieces`` ids; the spans, as vLLM's, only on the last chunk.
+            step = max(self.chunk_pieces, 1)
+            for start in range(0, max(len(completion_ids), 1), step):
+                ids = completion_ids[start:start + step]
+                last = start + step >= len(completion_ids)
+                yield b"data: " + orjson.dumps({**head, "usage": None, "choices": [{
+                    "index": 0, "finish_reason": finish if last else None, "stop_reason": None, "token_ids": ids,
+                    "weight_versions": spans if last else None,
+                    "logprobs": {"content": [_token_logprob(t) for t in ids]}}]}) + b"\n\n"
+                await asyncio.sleep(0)
+            yield b"data: " + orjson.dumps({**head, "usage": usage, "choices": []}) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(steps(), media_type="text/event-stream")
+
+    def _derender(self, body: dict[str, Any]) -> Response:
+        """``/v1/chat/completions/derender``: sampled ids back into a chat answer, tool calls parsed.
+
+        Streamed, the caller carries the state (the text so far, what was sent, the answer's id);
+        a tool call is held back until it is whole, then sent in one delta, as a tool parser does.
+        """
+        if not isinstance(body["chat_request"], dict):
+            raise TypeError("chat_request must be an object")
+        if body.get("stream"):
+            return self._derender_chunk(body["generate_chunk"], body.get("stream_state"))
+        generated = body["generate_response"]["choices"][0]
+        ids = list(generated["token_ids"])
+        text, call = split_answer(self._decode(ids))
+        finish = "tool_calls" if call is not None and generated.get("finish_reason") == "stop" \
+            else generated.get("finish_reason")
+        message = {"role": "assistant", "content": text or None, "tool_calls": [call] if call else [],
+                   "reasoning": None}
+        prompt_tokens = int(body["prompt_tokens"])
+        return _json({"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                      "model": MODEL, "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                                                   "stop_reason": None, "token_ids": None,
+                                                   "logprobs": {"content": [_logprob_item(t) for t in ids]}}],
+                      "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids),
+                                "total_tokens": prompt_tokens + len(ids)},
+                      "prompt_token_ids": None})
+
+    def _derender_chunk(self, chunk: dict[str, Any], state: dict[str, Any] | None) -> Response:
+        state = dict(state or {"id": f"chatcmpl-{uuid.uuid4().hex}", "text": "", "sent": 0, "called": False})
+        generated = chunk["choices"][0]
+        state["text"] += self._decode(list(generated.get("token_ids") or []))
+        finished = generated.get("finish_reason")
+        text, call = split_answer(state["text"])
+        delta: dict[str, Any] = {}
+        if TOOL_OPEN.startswith(state["text"]) or state["text"].startswith(TOOL_OPEN):
+            if call is not None and not state["called"]:
+                delta["tool_calls"] = [{"index": 0, **call}]
+                state["called"] = True
+        else:
+            # Hold back what may be the start of the turn's closing until it is known not to be.
+            keep = len(text) if finished or END_OF_TURN in state["text"] else next(
+                (len(text) - n for n in range(min(len(END_OF_TURN), len(text)), 0, -1)
+                 if END_OF_TURN.startswith(text[-n:])), len(text))
+            if keep > state["sent"]:
+                delta["content"] = text[state["sent"]:keep]
+                state["sent"] = keep
+        if finished == "stop" and state["called"]:
+            finished = "tool_calls"
+        out = {"id": state["id"], "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL,
+               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finished,
+                            "stop_reason": None}]}
+        return _json({"chunk": out, "stream_state": state})
 
     async def _stream(self, chat_id: str, prompt_ids: list[int], pieces: list[tuple[dict[str, Any], list[int]]],
                       completion_ids: list[int], finish: str, usage: dict[str, Any],
@@ -464,6 +690,11 @@ async def _scripted(script: list[bytes | float]) -> AsyncIterator[bytes]:
             await asyncio.sleep(step)
         else:
             yield b"data: " + step + b"\n\n"
+
+
+def _token_logprob(token_id: int) -> dict[str, Any]:
+    """A sampled id's logprob as generate writes it (``output_mode`` tokens)."""
+    return {"token_id": token_id, "logprob": logprob_of(token_id), "rank": 1, "top_logprobs": []}
 
 
 def _logprob_item(token_id: int) -> dict[str, Any]:
