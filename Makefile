@@ -45,8 +45,8 @@ helm:
 	@bash scripts/helm/install.sh >/dev/null
 	@bash scripts/helm/strimzi_crds.sh >/dev/null
 
-# kube-apiserver and etcd built from the Go module proxy for the integration tests (once;
-# under 6 min cold on two idle cores, see docs/kube.md).
+# kube-apiserver, kube-scheduler, kube-controller-manager, etcd and kwok built from the Go module proxy
+# for the integration tests and the simulated cluster (once; see docs/kube.md for the build times).
 kube:
 	@bash scripts/kube/install.sh >/dev/null
 
