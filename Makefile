@@ -91,12 +91,13 @@ observe: install kafka-jars learner prometheus jaeger
 	@$(VENV)/bin/openforge observe --prometheus "$$(bash scripts/prometheus/install.sh 2>/dev/null | tail -n 1)/prometheus" \
 		--jaeger "$$(bash scripts/jaeger/install.sh 2>/dev/null | tail -n 1)/jaeger"
 
-bench: install kafka-jars engine learner
+bench: install kafka-jars engine learner kube
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy --json out/bench/proxy.json --plot out/bench/proxy.png
 	@$(PY) -m bench.shipper
 	@$(PY) -m bench.learner
 	@$(PY) -m bench.publisher
+	@$(PY) -m bench.cluster --json out/bench/cluster.json
 
 # The image the Helm chart runs (see Dockerfile); tag it as the chart's appVersion.
 IMAGE ?= ghcr.io/openforge/openforge:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' helm/openforge/Chart.yaml)
