@@ -292,16 +292,23 @@ async def run_scenario(cluster: SimCluster, kafka: KafkaSettings, *, rollouts: i
             return len({r.event.rollout_id for r in events.received if r.event.phase.is_terminal})
 
         async def keep_launcher() -> None:
-            """Start the launcher again when it died, as its Deployment would."""
+            """Start the launcher again when it died (or failed to start), as its Deployment would."""
             nonlocal launcher
-            if launcher._task is not None and launcher._task.done():
-                error = launcher._task.exception()
+            task = launcher._task
+            if task is not None and not task.done():
+                return
+            if task is not None:
+                error = task.exception()
                 crashes.append(f"{type(error).__name__}: {error}")
-                with contextlib.suppress(Exception):
-                    await launcher.stop()
-                with _env(env):
-                    launcher = Launcher(launcher_settings)
+            with contextlib.suppress(Exception):
+                await launcher.stop()
+            with _env(env):
+                launcher = Launcher(launcher_settings)
+            try:
                 await launcher.start()
+            except Exception as exc:  # its dependencies are still down: try again shortly  # noqa: BLE001
+                crashes.append(f"start: {type(exc).__name__}: {exc}")
+                await asyncio.sleep(2)
 
         async def restart_launcher() -> None:
             nonlocal launcher

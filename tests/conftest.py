@@ -31,7 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--vllm", default=None, metavar="URL",
                      help="use this vLLM server (serving the tiny model) instead of starting one")
     parser.addoption("--kube-bin", default=None, metavar="DIR",
-                     help="folder with the etcd and kube-apiserver binaries (default: where `make kube` puts them)")
+                     help="folder with the etcd, Kubernetes and kwok binaries (default: where `make kube` puts them)")
 
 
 # The session's servers run in sessions of their own (a Ctrl-C meant for pytest
