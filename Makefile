@@ -45,8 +45,8 @@ helm:
 	@bash scripts/helm/install.sh >/dev/null
 	@bash scripts/helm/strimzi_crds.sh >/dev/null
 
-# kube-apiserver and etcd built from the Go module proxy for the integration tests (once;
-# under 6 min cold on two idle cores, see docs/kube.md).
+# kube-apiserver, kube-scheduler, kube-controller-manager, etcd and kwok built from the Go module proxy
+# for the integration tests and the simulated cluster (once; see docs/kube.md for the build times).
 kube:
 	@bash scripts/kube/install.sh >/dev/null
 
@@ -91,7 +91,7 @@ observe: install kafka-jars learner prometheus jaeger
 	@$(VENV)/bin/openforge observe --prometheus "$$(bash scripts/prometheus/install.sh 2>/dev/null | tail -n 1)/prometheus" \
 		--jaeger "$$(bash scripts/jaeger/install.sh 2>/dev/null | tail -n 1)/jaeger"
 
-bench: install kafka-jars engine learner
+bench: install kafka-jars engine learner kube
 	@$(PY) -m bench.producer
 	@$(PY) -m bench.proxy --json out/bench/proxy.json --plot out/bench/proxy.png
 	@$(PY) -m bench.continuation --json out/bench/continuation.json
@@ -99,6 +99,7 @@ bench: install kafka-jars engine learner
 	@$(PY) -m bench.linear_calls
 	@$(PY) -m bench.learner
 	@$(PY) -m bench.publisher
+	@$(PY) -m bench.cluster --json out/bench/cluster.json
 
 # The image the Helm chart runs (see Dockerfile); tag it as the chart's appVersion.
 IMAGE ?= ghcr.io/openforge/openforge:$(shell sed -n 's/^appVersion: *"\(.*\)"/\1/p' helm/openforge/Chart.yaml)

@@ -47,6 +47,7 @@ from schemas.rollout.pod import (
     ANNOTATION_ROLLOUT_ID,
     ANNOTATION_RUN_ID,
     ANNOTATION_TASK_ID,
+    FINALIZER,
     HARNESS_CONTAINER,
     MANAGED_SELECTOR,
     VERIFIER_CONTAINER,
@@ -466,8 +467,11 @@ class PodWatcher:
         done = _published(pod) | self._done.get(uid, set())
         outcomes = derive_phases(pod, datetime.now(UTC), self.settings)
         finished = bool(done & _TERMINAL_VALUES)
-        if deleted and not outcomes[-1].phase.is_terminal and not finished:
-            # The node controller marks the pods of a lost node before it deletes them.
+        deleting = bool(meta.get("deletionTimestamp"))
+        if (deleted or deleting) and not outcomes[-1].phase.is_terminal and not finished:
+            # Deleted before it ended: written off now (the finalizer keeps a pod deleted while no watcher
+            # watched until the next list). The node controller marks the pods of a lost node before it
+            # deletes them.
             outcomes.append(PodOutcome(RolloutPhase.FAILED, _disruption(pod.get("status") or {}) or RolloutReason.OTHER,
                                        message="pod deleted before it finished"))
         if finished:
@@ -497,6 +501,8 @@ class PodWatcher:
             await self._record(name, uid, done, terminal=todo[-1].phase.is_terminal)
             if todo[-1].delete_pod:
                 await self._delete(name, uid, why=todo[-1].reason.value if todo[-1].reason else "written off")
+        if deleting and done & _TERMINAL_VALUES:
+            await self._release(name, uid)
 
     def _base_fields(self, annotations: dict[str, str], pod: Pod) -> dict[str, Any]:
         return {
@@ -535,6 +541,24 @@ class PodWatcher:
                 raise
             # Gone (or replaced) before we could note it: nothing left to repeat the phase for.
 
+    async def _release(self, name: str, uid: str) -> None:
+        """Remove the finalizer of a pod being deleted whose terminal event is published."""
+        pod = self._pods.get(name) or {}
+        finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            return
+        at = f"/metadata/finalizers/{finalizers.index(FINALIZER)}"
+        # The tests make the patch fail (and a later event retry) if the pod or its finalizers changed.
+        body = [{"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "test", "path": at, "value": FINALIZER}, {"op": "remove", "path": at}]
+        try:
+            await self._api.patch_namespaced_pod(name, self.settings.namespace, body,
+                                                 _content_type="application/json-patch+json",
+                                                 _request_timeout=self.settings.request_timeout_s)
+        except ApiException as exc:
+            if exc.status not in (404, 409, 422):
+                raise
+
     async def _delete(self, name: str, uid: str, *, why: str) -> None:
         try:
             await self._api.delete_namespaced_pod(
@@ -569,6 +593,8 @@ class PodWatcher:
             for name, pod in list(self._pods.items()):
                 meta = pod.get("metadata") or {}
                 if meta.get("deletionTimestamp"):
+                    if FINALIZER in (meta.get("finalizers") or []):
+                        await self._handle(pod)  # publish what is left and release it (retried here)
                     continue
                 finished = _time((meta.get("annotations") or {}).get(ANNOTATION_FINISHED_AT))
                 if finished is None:

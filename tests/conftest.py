@@ -22,6 +22,7 @@ from stream.topics import TopicRegistry
 
 if TYPE_CHECKING:
     from kubeapi import KubeAPI
+    from simcluster import SimCluster
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,7 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--vllm", default=None, metavar="URL",
                      help="use this vLLM server (serving the tiny model) instead of starting one")
     parser.addoption("--kube-bin", default=None, metavar="DIR",
-                     help="folder with the etcd and kube-apiserver binaries (default: where `make kube` puts them)")
+                     help="folder with the etcd, Kubernetes and kwok binaries (default: where `make kube` puts them)")
 
 
 # The session's servers run in sessions of their own (a Ctrl-C meant for pytest
@@ -130,3 +131,21 @@ def kube_api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         yield api
     finally:
         api.stop()
+
+
+@pytest.fixture(scope="session")
+def sim_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimCluster]:
+    """The simulated cluster (real control plane, 20 kwok nodes, faulty rollout pods); fails if not built."""
+    from pathlib import Path
+
+    from kubeapi import kube_bin_dir
+    from simcluster import SimCluster
+
+    given = request.config.getoption("--kube-bin")
+    cluster = SimCluster(tmp_path_factory.mktemp("sim"), Path(given) if given else kube_bin_dir(), nodes=20)
+    atexit.register(cluster.stop)  # also at exit (see the note above), even if cut short while starting
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -122,6 +122,7 @@ class ApiServer:
 
     def __init__(self, owner: KubeAPI, name: str, *, watch_cache: bool = True) -> None:
         self.owner = owner
+        self.extra_args = list(owner.apiserver_args)
         self.name = name
         self.port = free_port()
         self.watch_cache = watch_cache
@@ -151,6 +152,7 @@ class ApiServer:
             "--profiling=false",
             f"--watch-cache={'true' if self.watch_cache else 'false'}",
             "--v=1",
+            *self.extra_args,
         ]
         with log.open("ab") as out:
             process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -187,9 +189,11 @@ class ApiServer:
 class KubeAPI:
     """etcd plus the main API server, in a folder of their own."""
 
-    def __init__(self, root: Path, bin_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, bin_dir: Path | None = None, apiserver_args: list[str] | None = None) -> None:
         self.root = root
         self.bin_dir = bin_dir or kube_bin_dir()
+        self.apiserver_args = apiserver_args or []
+        """Further kube-apiserver flags (the simulated cluster's toleration defaults)."""
         self.pki = root / "pki"
         self.admin_token = base64.b32encode(os.urandom(20)).decode().lower()
         self.launcher_token = base64.b32encode(os.urandom(20)).decode().lower()

@@ -42,6 +42,7 @@ from schemas.rollout.pod import (
     ANNOTATION_ROLLOUT_ID,
     ANNOTATION_RUN_ID,
     ANNOTATION_TASK_ID,
+    FINALIZER,
     HARNESS_CONTAINER,
     LABEL_MANAGED_BY,
     LABEL_ROLLOUT,
@@ -253,7 +254,7 @@ def build_pod(spec: RolloutSpec, settings: KubernetesSettings) -> dict[str, Any]
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": spec.name, "namespace": settings.namespace, "labels": labels,
-                     "annotations": annotations},
+                     "annotations": annotations, "finalizers": [FINALIZER]},
         "spec": pod_spec,
     }
 

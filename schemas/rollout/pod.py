@@ -20,6 +20,7 @@ __all__ = [
     "ANNOTATION_ROLLOUT_ID",
     "ANNOTATION_RUN_ID",
     "ANNOTATION_TASK_ID",
+    "FINALIZER",
     "HARNESS_CONTAINER",
     "LABEL_MANAGED_BY",
     "LABEL_ROLLOUT",
@@ -66,6 +67,12 @@ what keeps a phase from being published twice."""
 ANNOTATION_FINISHED_AT = "openforge.dev/finished-at"
 """Written by the pod watcher with the terminal phase: when it published it (RFC 3339, UTC);
 finished pods are deleted a configurable time after it."""
+
+FINALIZER = "openforge.dev/lifecycle-published"
+"""On every rollout pod from its creation; the pod watcher removes it once the rollout's terminal
+event is on Kafka. A pod deleted while no watcher was watching (a watcher restart, an API-server
+restart that forces a re-list) is then still there, marked for deletion, for the next list to see,
+instead of vanishing without a terminal event."""
 
 HARNESS_CONTAINER = "harness"
 """Name of the init container that runs the harness."""

@@ -149,6 +149,13 @@ def pipeline() -> dict[str, Any]:
               [(f"sum by (outcome) (rate(openforge_publisher_applied_total{{{NS}}}[{RATE}]))", "{{outcome}}"),
                (f"sum by (outcome) (rate(openforge_publisher_verify_failures_total{{{NS}}}[{RATE}]))",
                 "not verified: {{outcome}}")]),
+        panel("Weights sent", "Bytes of weights sent to replicas over NCCL (hashed instead, in dry mode), by "
+              "backend; the disk backend sends none (replicas read the folder).",
+              [(f"sum by (backend) (rate(openforge_publisher_transferred_bytes_total{{{NS}}}[{RATE}]))",
+                "{{backend}}")], "Bps"),
+        panel("Weight update timeouts", "Update steps that hit their limit (an HTTP call to a replica, an NCCL "
+              "rendezvous or broadcast), by step: each is an error event, never a silent hang.",
+              [(f"sum by (step) (rate(openforge_publisher_timeouts_total{{{NS}}}[{RATE}]))", "{{step}}")]),
         panel("Staleness distribution", "Published weight versions between a trajectory's oldest token and the "
               "learner's newest version.",
               [(f"sum by (le) (rate(openforge_learner_staleness_bucket{{{NS}}}[{RATE}]))", "{{le}}")],

@@ -16,7 +16,7 @@ from consumers.rollouts.kubernetes import KubernetesBackend
 from producers.pod_watcher import PodWatcher
 from schemas.call.v1 import CallStatus
 from schemas.failures import FailureReason
-from schemas.rollout.pod import ANNOTATION_PUBLISHED, LABEL_MANAGED_BY
+from schemas.rollout.pod import ANNOTATION_PUBLISHED, FINALIZER, LABEL_MANAGED_BY
 from schemas.rollout.v1 import Backend, RolloutPhase, RolloutReason
 from stream import CALLS
 
@@ -313,3 +313,26 @@ async def test_openforge_watcher_process_publishes_and_drains_on_sigterm(
             process.send_signal(signal.SIGTERM)
         output, _ = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, output.decode(errors="replace")[-2000:]
+
+
+async def test_a_pod_deleted_while_no_watcher_watched_still_ends_once_then_goes(
+        kube_settings, kube_admin, kube_namespace, kubelet, event_log, start_watcher) -> None:
+    spec = make_spec(make_task(group_size=1), 0)
+    await _launch(kube_settings, [spec])
+    first = await start_watcher()
+    await kubelet.bind(spec.name)
+    await kubelet.harness_running(spec.name)
+    await event_log.wait_for(lambda: event_log.phases(spec.rollout_id) == ["scheduled", "running"], what="running")
+    await first.stop()
+    await kubelet.lose_node(spec.name)  # deleted while nobody watches: the finalizer keeps it
+    core = k8s.CoreV1Api(kube_admin)
+    held = await core.read_namespaced_pod(spec.name, kube_namespace)
+    assert held.metadata.deletion_timestamp is not None and held.metadata.finalizers == [FINALIZER]
+
+    await start_watcher()
+    await event_log.wait_for(lambda: len(event_log.of(spec.rollout_id)) == 3, what="the terminal event")
+    assert await _gone(core, spec.name, kube_namespace)
+    await event_log.settle()
+    last = event_log.of(spec.rollout_id)[-1]
+    assert (last.phase, last.reason, last.infrastructure_failure) == (RolloutPhase.FAILED, RolloutReason.NODE_LOST, True)
+    assert_no_repeats(event_log)

@@ -69,6 +69,9 @@ NO_DATA_IN_A_SHORT_HEALTHY_LOOP = {
     "openforge_learner_skipped_steps_total": "steps with nothing to train",
     "openforge_learner_short_groups_total": "groups that arrived incomplete",
     "openforge_publisher_verify_failures_total": "checkpoints whose digest did not verify",
+    "openforge_publisher_timeouts_total": "update steps that hit their limit",
+    # The loop publishes from disk: nothing goes over NCCL.
+    "openforge_publisher_transferred_bytes_total": "weights sent over NCCL (the loop uses the disk backend)",
     "openforge_assembler_failures_total": "rollouts that failed",
     "openforge_assembler_duplicates_total": "events delivered twice",
     "openforge_assembler_late_events_total": "events after a trajectory was closed",

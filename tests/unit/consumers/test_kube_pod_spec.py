@@ -8,7 +8,7 @@ import pytest
 from kubeapi import make_spec, make_task
 
 from consumers.rollouts.kubernetes import KubernetesSettings, build_pod, build_secret
-from schemas.rollout.pod import LABEL_TASK, label_value
+from schemas.rollout.pod import FINALIZER, LABEL_TASK, label_value
 
 SETTINGS = KubernetesSettings(namespace="ns", server="https://127.0.0.1:1")
 
@@ -45,3 +45,8 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENFORGE_KUBE_IMAGE_PULL_POLICY", "Always")
     settings = KubernetesSettings()
     assert (settings.namespace, settings.image_pull_policy) == ("rollouts-a", "Always")
+
+
+def test_every_pod_carries_the_watchers_finalizer() -> None:
+    # Without it a pod deleted while no watcher watches would vanish without a terminal event.
+    assert build_pod(make_spec(make_task(), 0), SETTINGS)["metadata"]["finalizers"] == [FINALIZER]
