@@ -70,7 +70,8 @@ def reply_message(call: ModelCallV1) -> Mapping[str, Any] | None:
     return message if isinstance(message, Mapping) else None
 
 
-def _without_reasoning(view: tuple[Any, ...]) -> tuple[Any, ...]:
+def without_reasoning(view: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A message's view with its reasoning left out."""
     return (view[0], view[1], "", view[3], view[4])
 
 
@@ -115,7 +116,7 @@ def diagnose_views(before: Sequence[tuple[Any, ...]], answer: tuple[Any, ...] | 
         if len(after) == len(before) or answer is None:
             return DriftReason.HISTORY_REWRITTEN  # the answer is not in the history: another conversation
         given = after[len(before)]
-        if answer[2] and not given[2] and _without_reasoning(answer) == given:
+        if answer[2] and not given[2] and without_reasoning(answer) == given:
             return DriftReason.REASONING_DROPPED
         return DriftReason.RERENDERED
     diverged = next(i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b) \
@@ -133,4 +134,4 @@ def diagnose_views(before: Sequence[tuple[Any, ...]], answer: tuple[Any, ...] | 
 
 
 def _same_turn(given: tuple[Any, ...], answer: tuple[Any, ...]) -> bool:
-    return given == answer or _without_reasoning(given) == _without_reasoning(answer)
+    return given == answer or without_reasoning(given) == without_reasoning(answer)

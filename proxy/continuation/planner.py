@@ -1,7 +1,8 @@
 """Which prompt a call gets: the exact ids of an earlier turn extended, or a full render with a reason.
 
 For a new request the planner looks for the latest earlier turn of the rollout whose messages (and
-answer) the request repeats unchanged, compared as the template sees them, with the same tools.
+answer) the request repeats unchanged, compared as the template sees them, with the same tools (an
+answer may come back without its reasoning: the sampled ids keep it).
 The prompt is then that turn's prompt ids and sampled ids, the *bridge* (the rest of the
 template's turn closing that the model did not sample), and the ids of the new messages as the
 template renders them after the repeated ones.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from consumers.assembler.drift import diagnose_views
+from consumers.assembler.drift import diagnose_views, without_reasoning
 from proxy.continuation.history import RolloutHistory, Turn, View
 from schemas.drift import DriftReason
 
@@ -102,7 +103,11 @@ def choose(history: RolloutHistory, views: Sequence[View], tools: bytes) -> Plan
             continue
         if len(views) == count:
             return Repeat(turn)
-        if turn.answer is not None and len(turn.sampled) and views[count] == turn.answer:
+        # An answer that comes back without the reasoning the model sampled (an Anthropic harness
+        # with thinking off is never shown it; some harnesses strip it) still extends the turn:
+        # the prompt is built from the sampled ids, so the reasoning the model wrote stays in it.
+        if turn.answer is not None and len(turn.sampled) and views[count] in (turn.answer,
+                                                                              without_reasoning(turn.answer)):
             return Extend(turn, count + 1)
     latest = history.latest
     if latest is None:

@@ -159,11 +159,16 @@ def test_tools_changed_when_the_request_offers_other_tools() -> None:
     assert plan(history, [*FIRST, ANSWER, result("sunny")], tools=None) == FullRender(DriftReason.TOOLS_CHANGED)
 
 
-def test_reasoning_dropped_when_the_answer_comes_back_without_its_reasoning() -> None:
+def test_an_answer_back_without_its_reasoning_extends_the_turn_whose_sampled_ids_keep_it() -> None:
+    """The proxy never drops reasoning the model sampled: an Anthropic harness with thinking off is
+    never shown it, and the next prompt is still the sampled ids, reasoning included."""
     history = RolloutHistory()
-    record(history, FIRST, call('{"city": "Paris"}', reasoning="Paris is in France."), prompt=[1, 2, 3],
-           sampled=[7, 4091])
-    assert plan(history, [*FIRST, ANSWER, result("sunny")]) == FullRender(DriftReason.REASONING_DROPPED)
+    turn = record(history, FIRST, call('{"city": "Paris"}', reasoning="Paris is in France."), prompt=[1, 2, 3],
+                  sampled=[7, 4091])
+    assert plan(history, [*FIRST, ANSWER, result("sunny")]) == Extend(turn, 2)
+    # The answer with other reasoning than sampled is a rewritten history.
+    edited = call('{"city": "Paris"}', reasoning="Something else.")
+    assert plan(history, [*FIRST, edited, result("sunny")]) == FullRender(DriftReason.HISTORY_REWRITTEN)
 
 
 @pytest.mark.parametrize(("closing", "closed", "full"), [
