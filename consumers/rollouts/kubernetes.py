@@ -28,6 +28,7 @@ import math
 import re
 from typing import Any, Literal
 
+import orjson
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -370,20 +371,34 @@ class KubernetesBackend:
             if exc.status != 409:
                 raise
 
-    async def _pods(self) -> list[Any]:
-        pods = await self._api.list_namespaced_pod(
-            self.settings.namespace, label_selector=MANAGED_SELECTOR, _request_timeout=self.settings.request_timeout_s
-        )
-        return list(pods.items)
+    async def _pods(self) -> list[dict[str, Any]]:
+        """The rollout pods, as the API server's JSON.
+
+        Read raw: turning each pod into the client library's objects cost about 2 ms of CPU per
+        pod (a second for 500, before every task), which held the event loop long enough for the
+        launcher's Kafka heartbeats to fail. Only a few fields are read.
+        """
+        response = await self._api.list_namespaced_pod(
+            self.settings.namespace, label_selector=MANAGED_SELECTOR, _preload_content=False,
+            _request_timeout=self.settings.request_timeout_s)
+        try:
+            body = await response.read()
+        finally:
+            response.release()
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=body[:300].decode(errors="replace"))
+        items: list[dict[str, Any]] = orjson.loads(body).get("items") or []
+        return items
 
     async def active(self) -> set[str]:
         """Rollout ids whose pod exists, is not being deleted and has not finished."""
         out: set[str] = set()
         for pod in await self._pods():
-            rollout_id = (pod.metadata.annotations or {}).get(ANNOTATION_ROLLOUT_ID)
-            if rollout_id is None or pod.metadata.deletion_timestamp is not None:
+            metadata = pod.get("metadata") or {}
+            rollout_id = (metadata.get("annotations") or {}).get(ANNOTATION_ROLLOUT_ID)
+            if rollout_id is None or metadata.get("deletionTimestamp") is not None:
                 continue
-            if pod.status is None or pod.status.phase not in _TERMINAL_POD_PHASES:
+            if (pod.get("status") or {}).get("phase") not in _TERMINAL_POD_PHASES:
                 out.add(rollout_id)
         return out
 
@@ -391,5 +406,5 @@ class KubernetesBackend:
         """Rollout ids whose pod exists in any phase."""
         return {
             rid for pod in await self._pods()
-            if (rid := (pod.metadata.annotations or {}).get(ANNOTATION_ROLLOUT_ID)) is not None
+            if (rid := ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_ROLLOUT_ID)) is not None
         }
