@@ -311,6 +311,9 @@ class PodWatcher:
         """Published phases per pod uid, for the moments before our own patch is visible."""
         self._bad: set[str] = set()
         """Uids of pods whose annotations cannot be read (reported once)."""
+        self._deleted: set[str] = set()
+        """Uids of pods this watcher deleted past their TTL whose deletion its watch has not shown
+        yet: the sweep does not delete them again."""
         self._lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._listed = asyncio.Event()
@@ -566,9 +569,12 @@ class PodWatcher:
                 _request_timeout=self.settings.request_timeout_s,
             )
             self.stats.deleted += 1
+            self._deleted.add(uid)
             logger.info("deleted pod %s/%s (%s)", self.settings.namespace, name, why)
         except ApiException as exc:
-            if exc.status not in (404, 409):
+            if exc.status == 404:
+                self._deleted.add(uid)
+            elif exc.status != 409:  # 409: another pod has the name now
                 raise
 
     # --- timeouts and TTL -----------------------------------------------------------------------------
@@ -599,5 +605,6 @@ class PodWatcher:
                 finished = _time((meta.get("annotations") or {}).get(ANNOTATION_FINISHED_AT))
                 if finished is None:
                     await self._handle(pod)  # time may have turned a waiting pod into a failure
-                elif ttl is not None and now - finished >= timedelta(seconds=ttl):
+                elif ttl is not None and now - finished >= timedelta(seconds=ttl) and meta["uid"] not in self._deleted:
                     await self._delete(name, meta["uid"], why=f"finished more than {ttl:.0f} s ago")
+            self._deleted &= {(pod.get("metadata") or {}).get("uid") for pod in self._pods.values()}

@@ -163,7 +163,7 @@ async def test_failures_carry_reasons_and_mark_infrastructure_apart(
 
 async def test_finished_pods_are_deleted_after_the_ttl(kube_settings, kube_admin, kube_namespace, kubelet,
                                                        event_log, start_watcher, watcher_settings) -> None:
-    await start_watcher(watcher_settings.model_copy(update={"finished_ttl_s": 2.0}))
+    watcher = await start_watcher(watcher_settings.model_copy(update={"finished_ttl_s": 2.0}))
     spec = make_spec(make_task(), 0)
     await _launch(kube_settings, [spec])
     await kubelet.bind(spec.name)
@@ -174,6 +174,7 @@ async def test_finished_pods_are_deleted_after_the_ttl(kube_settings, kube_admin
     assert await _gone(core, spec.name, kube_namespace, timeout_s=10)
     await event_log.settle()
     assert event_log.phases(spec.rollout_id) == ["scheduled", "running", "succeeded"]
+    assert watcher.stats.deleted == 1  # the sweeps after the delete do not send it again
 
 
 async def test_pods_without_rollout_annotations_are_skipped_and_the_watcher_carries_on(
