@@ -45,9 +45,10 @@ SETTINGS = {"LR": "1e-3", "GROUPS_PER_STEP": str(GROUPS_PER_STEP), "CHECKPOINT_E
 # Weights of two ranks and of one process differ only by the order of float sums (gradient
 # reduction, clipping norm). Three AdamW steps at lr 1e-3 move every weight by up to 3e-3; AdamW
 # divides each gradient by its own running magnitude, so a rounding difference in a gradient
-# near zero can become a visible one in a few weights (measured: 29 of 1.4M differ by more than
-# 1e-6, at most by 1.5e-5) while the mean difference stays at rounding level (~1e-9).
-MAX_TOLERANCE = 5e-5
+# near zero can become a visible one in a few weights (measured: a few dozen of 1.4M differ by
+# more than 1e-6, at most by 5.1e-5 after the fourth step) while the mean difference stays at
+# rounding level (~2e-9). The bound stays 40 times below what the steps move.
+MAX_TOLERANCE = 1e-4
 MEAN_TOLERANCE = 1e-8
 
 

@@ -215,13 +215,18 @@ async def test_a_version_update_during_a_call_is_never_labelled_as_one_version(
                                              "max_tokens": 300, "stream": True, "seed": 4}) as answer:
                     assert answer.status_code == 200
                     lines = answer.aiter_lines()
-                    seen = 0
                     async for line in lines:
-                        seen += line.startswith("data:")
-                        if seen == 3:  # sampling has begun
+                        if line.startswith("data:"):  # sampling has begun
                             break
-                    (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "mid-1"})
-                     ).raise_for_status()
+                    # As a publish does: the engine holds the request (pause, keep) while its
+                    # weights change, so the rest of the answer comes from the new version
+                    # however fast the engine samples.
+                    (await http.post(f"{vllm_url}/pause", params={"mode": "keep"})).raise_for_status()
+                    try:
+                        (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "mid-1"})
+                         ).raise_for_status()
+                    finally:
+                        (await http.post(f"{vllm_url}/resume")).raise_for_status()
                     async for _ in lines:
                         pass
             finally:  # the session's one engine: the next test reads its version

@@ -49,7 +49,7 @@ from helm_chart import (
     env_of,
     install_helm,
     metric_names,
-    one,
+    process,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(1500)]
@@ -107,7 +107,7 @@ def _chart_otel_env(tmp: Path, backends: Backends) -> dict[str, dict[str, str]]:
     objects = Helm(install_helm()).render(values, tmp)
     out = {}
     for name in COMPONENTS:
-        deployment = one(objects, "Deployment", f"-{name}")
+        deployment = process(objects, name)  # the proxy is a StatefulSet
         pod = f"{deployment['metadata']['name']}-7c9d5-x{name[:3]}"
         out[name] = {k: v.replace("$(POD_NAME)", pod).replace("$(POD_NAMESPACE)", NAMESPACE)
                      for k, v in env_of(deployment).items() if k.startswith("OTEL_")}
