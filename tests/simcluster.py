@@ -15,9 +15,11 @@ kwok picks the next stage by weight, so a share of them fail the way pods fail o
 * evictions under node memory pressure (phase Failed, reason ``Evicted``),
 * harness and verifier exits non-zero (the policy's failure and the verifier's).
 
-:meth:`SimCluster.fail_node` makes one node report ``Ready=False`` (kwok's chaos stage): the node
-lifecycle controller taints it ``NoExecute`` and the taint-eviction controller deletes its pods
-after their toleration (the API server's default, set short here), as on a real cluster. Other pods
+:meth:`SimCluster.fail_node` makes one node report ``Ready=False`` (kwok's chaos stage) and freezes
+the rollout pods on it, as a dead kubelet leaves them: the node lifecycle controller taints it
+``NoExecute`` and the taint-eviction controller deletes its pods after their toleration (the API
+server's default, set short here), as on a real cluster. Frozen pods cannot finish first, so every
+node failure loses rollouts. Other pods
 (the chart's Deployments) start and keep running.
 """
 
@@ -49,6 +51,8 @@ TOLERATION_S = 5
 _ROLLOUT = {"key": f'.metadata.labels["{LABEL_MANAGED_BY}"]', "operator": "In", "values": [MANAGED_BY]}
 _NOT_ROLLOUT = {"key": f'.metadata.labels["{LABEL_MANAGED_BY}"]', "operator": "NotIn", "values": [MANAGED_BY]}
 _ALIVE = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
+_NOT_FROZEN = {"key": f'.metadata.labels["{FAULT_LABEL}"]', "operator": "DoesNotExist"}
+"""Pods on a failed node carry the fault label and move no further (nobody reports their state)."""
 
 
 def _phase(*values: str) -> dict[str, Any]:
@@ -261,16 +265,16 @@ def stages(pace: float = 1.0, faults: bool = True) -> list[dict[str, Any]]:
         return int(low_s * 1000 * pace), int(high_s * 1000 * pace)
 
     w = (lambda n: n) if faults else (lambda n: 0)
-    placed = [_ROLLOUT, _ALIVE, {"key": ".status.podIP", "operator": "DoesNotExist"}]
-    pulling = [_ROLLOUT, _ALIVE, _phase("Pending"),
+    placed = [_ROLLOUT, _ALIVE, _NOT_FROZEN, {"key": ".status.podIP", "operator": "DoesNotExist"}]
+    pulling = [_ROLLOUT, _ALIVE, _NOT_FROZEN, _phase("Pending"),
                {"key": ".status.initContainerStatuses.[].state.waiting.reason", "operator": "In",
                 "values": ["ErrImagePull"]}]
-    initialising = [_ROLLOUT, _ALIVE, _phase("Pending"),
+    initialising = [_ROLLOUT, _ALIVE, _NOT_FROZEN, _phase("Pending"),
                     {"key": ".status.initContainerStatuses.[].state.waiting.reason", "operator": "In",
                      "values": ["PodInitializing"]}]
-    harness_running = [_ROLLOUT, _ALIVE, _phase("Pending"),
+    harness_running = [_ROLLOUT, _ALIVE, _NOT_FROZEN, _phase("Pending"),
                        {"key": ".status.initContainerStatuses.[].state.running.startedAt", "operator": "Exists"}]
-    verifier_running = [_ROLLOUT, _ALIVE, _phase("Running"),
+    verifier_running = [_ROLLOUT, _ALIVE, _NOT_FROZEN, _phase("Running"),
                         {"key": ".status.containerStatuses.[].state.running.startedAt", "operator": "Exists"}]
     pull_failure = '{{ printf "failed to pull and unpack image %q: not found" .image | Quote }}'
     return [
@@ -440,9 +444,14 @@ class SimCluster:
         raise KubeAPIError(f"nodes not ready after {timeout_s:.0f} s:\n{self._procs['kwok'].tail()}")
 
     def fail_node(self, name: str) -> None:
-        """Make ``name`` report NotReady; the controllers then evict its pods (see the module docs)."""
-        self.request("PATCH", f"/api/v1/nodes/{name}", {"metadata": {"labels": {FAULT_LABEL: "not-ready"}}},
-                     content_type="application/merge-patch+json")
+        """Make ``name`` report NotReady and freeze its pods; the controllers then evict them (see the module docs)."""
+        fault = {"metadata": {"labels": {FAULT_LABEL: "not-ready"}}}
+        self.request("PATCH", f"/api/v1/nodes/{name}", fault, content_type="application/merge-patch+json")
+        for pod in self.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}")["items"]:
+            meta = pod["metadata"]
+            with contextlib.suppress(urllib.error.HTTPError):  # gone meanwhile
+                self.request("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", fault,
+                             content_type="application/merge-patch+json")
 
     def restart_apiserver(self) -> None:
         """Stop and start the API server on the same port and etcd, keeping its request counts."""

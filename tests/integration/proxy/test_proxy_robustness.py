@@ -340,15 +340,17 @@ async def test_a_nearly_full_disk_refuses_calls_before_the_engine_and_is_not_rea
     # journal's bound). Before, each call was served by the engine and only then refused (its
     # record could not be written) while /ready said ready. Now the proxy refuses before the
     # engine's work and is not ready until there is room again. The disk is real: its free space
-    # is read, a file takes 4 GiB of it at once (allocated, not written), and the floor lies
-    # halfway, so other work on the machine writing or freeing less than 2 GiB meanwhile changes
-    # nothing (a margin of 256 MiB was once eaten by a concurrent build).
+    # is read, a file takes half of it (up to 4 GiB) at once (allocated, not written), and the
+    # floor lies halfway, so other work on the machine writing or freeing less than a quarter of
+    # the free space meanwhile changes nothing (a margin of 256 MiB was once eaten by a concurrent
+    # build).
     spool = tmp_path / "spool"
     spool.mkdir()
     stat = os.statvfs(spool)
     free = stat.f_bavail * stat.f_frsize
-    assert free > 8 << 30, f"this test takes 4 GiB of the disk under {tmp_path}, which has {free >> 20} MiB free"
-    floor = free - (2 << 30)
+    assert free > 1 << 30, f"this test takes half the free disk under {tmp_path}, which has only {free >> 20} MiB"
+    taken = min(4 << 30, free // 2)
+    floor = free - taken // 2
     settings = proxy_settings_factory(min_free_disk_bytes=floor)
     server, task = await serve(settings)
     url = f"http://127.0.0.1:{settings.port}/rollouts/r-disk/v1/chat/completions"
@@ -357,7 +359,7 @@ async def test_a_nearly_full_disk_refuses_calls_before_the_engine_and_is_not_rea
     try:
         assert (await post(url, json=CHAT, token=token)).status_code == 200
         with filler.open("wb") as out:
-            os.posix_fallocate(out.fileno(), 0, 4 << 30)
+            os.posix_fallocate(out.fileno(), 0, taken)
         ready = await _ready_until(settings.port, lambda r: r["accepting"] is False, timeout_s=10.0)
         assert ready["disk_ok"] is False and ready["disk_free_bytes"] < floor, ready
         assert (await get(f"http://127.0.0.1:{settings.port}/ready")).status_code == 503
