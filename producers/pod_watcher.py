@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiokafka.errors import KafkaError
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import Field
@@ -115,6 +116,10 @@ class PodWatcherSettings(BaseSettings):
     request_timeout_s: float = Field(default=30.0, gt=0)
     """Timeout of list, patch and delete requests (watches add their own lifetime to it)."""
 
+    max_concurrent_pods: int = Field(default=32, ge=1)
+    """Pods handled at once (publish, then patch). Each pod's changes are handled in order, one at a
+    time; different pods overlap, because each waits for Kafka and the API server, not the CPU."""
+
 
 @dataclass
 class WatcherStats:
@@ -132,6 +137,8 @@ class WatcherStats:
     """Pods deleted by the watcher (TTL, unschedulable, image pull)."""
     skipped: int = 0
     """Pods ignored because their annotations are missing or malformed."""
+    retries: int = 0
+    """Pod changes handled again after a failed publish or API request."""
 
 
 @dataclass(frozen=True)
@@ -309,12 +316,20 @@ class PodWatcher:
         """Last seen object per pod name."""
         self._done: dict[str, set[str]] = {}
         """Published phases per pod uid, for the moments before our own patch is visible."""
+        self._noted: dict[str, set[str]] = {}
+        """Phases per pod uid that our last successful patch wrote onto the pod."""
         self._bad: set[str] = set()
         """Uids of pods whose annotations cannot be read (reported once)."""
         self._deleted: set[str] = set()
         """Uids of pods this watcher deleted past their TTL whose deletion its watch has not shown
         yet: the sweep does not delete them again."""
-        self._lock = asyncio.Lock()
+        self._queued: dict[str, tuple[Pod, bool]] = {}
+        """Per pod uid, its latest change not yet handled (object, deleted); a newer one replaces it."""
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        """Per pod uid with queued or running work, the task handling its changes in order."""
+        self._slots = asyncio.Semaphore(self.settings.max_concurrent_pods)
+        self._failure: BaseException | None = None
+        """What made a pod's worker fail beyond retrying (a bug): the watcher stops and :meth:`wait` raises it."""
         self._stopping = asyncio.Event()
         self._listed = asyncio.Event()
         self._response: aiohttp.ClientResponse | None = None
@@ -336,20 +351,27 @@ class PodWatcher:
         """Return when the watcher stopped; raise what made it fail."""
         if self._tasks:
             await asyncio.gather(*self._tasks)
+        if self._failure is not None:
+            raise self._failure
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop after the pod being handled (publish and patch) is done. Idempotent."""
+        """Stop after the pods being handled (publish and patch) are done. Idempotent.
+
+        Changes queued but not started are left: the next watcher's list finds them again (the
+        pods' annotations say what was published).
+        """
         if self._stopping.is_set():
             return
         self._stopping.set()
         if self._response is not None:
             self._response.close()  # ends the pending read of the watch stream
-        if not self._tasks:
+        tasks = [*self._tasks, *self._workers.values()]
+        if not tasks:
             return
-        _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for task in pending:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def __aenter__(self) -> PodWatcher:
         await self.start()
@@ -402,13 +424,9 @@ class PodWatcher:
         self.stats.lists += 1
         items: list[Pod] = body.get("items") or []
         current = {p["metadata"]["name"]: p for p in items}
-        async with self._lock:
-            # Pods that vanished while we were not watching: their deletion is an event we missed.
-            for name, last in list(self._pods.items()):
-                if name not in current:
-                    await self._handle(last, deleted=True)
-            for pod in items:
-                await self._handle(pod)
+        # Pods that vanished while we were not watching: their deletion is an event we missed.
+        vanished = [self._submit(last, deleted=True) for name, last in list(self._pods.items()) if name not in current]
+        await self._settle([*vanished, *(self._submit(pod) for pod in items)])
         self._listed.set()
         return str(body["metadata"]["resourceVersion"])
 
@@ -437,8 +455,7 @@ class PodWatcher:
                         raise _Expired(obj.get("message"))
                     raise ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    async with self._lock:
-                        await self._handle(obj, deleted=kind == "DELETED")
+                    self._submit(obj, deleted=kind == "DELETED")
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)  # BOOKMARK too
             return version
         finally:
@@ -447,15 +464,69 @@ class PodWatcher:
 
     # --- per pod --------------------------------------------------------------------------------------
 
+    def _submit(self, pod: Pod, *, deleted: bool = False, replace: bool = True) -> str | None:
+        """Queue a pod's change for its worker (started if none runs); returns the pod's uid.
+
+        A change not yet handled is replaced by a newer one (``replace``), because every outcome is
+        derived from the pod's latest state; the sweep passes ``replace=False`` so that its copy never
+        replaces a newer one from the watch.
+        """
+        meta = pod.get("metadata") or {}
+        name, uid = meta.get("name"), meta.get("uid")
+        if not name or not uid:
+            return None
+        if deleted:
+            self._pods.pop(name, None)
+        elif replace:
+            self._pods[name] = pod
+        if replace or uid not in self._queued:
+            self._queued[uid] = (pod, deleted or self._queued.get(uid, (pod, False))[1])
+        if uid not in self._workers:
+            self._workers[uid] = asyncio.create_task(self._work(uid), name=f"pod-{name}")
+        return str(uid)
+
+    async def _work(self, uid: str) -> None:
+        """Handle one pod's queued changes in order until none is left; retry a failed one."""
+        backoff = Backoff(self.settings.retry_backoff_s, self.settings.retry_backoff_max_s)
+        try:
+            while uid in self._queued and not self._stopping.is_set():
+                pod, deleted = self._queued.pop(uid)
+                try:
+                    async with self._slots:
+                        await self._handle(pod, deleted=deleted)
+                    backoff.reset()
+                except (ApiException, aiohttp.ClientError, OSError, TimeoutError, KafkaError) as exc:
+                    # Kafka or the API server failed us: try again (a newer change, if one came, instead).
+                    self.stats.retries += 1
+                    pause = backoff.next_s()
+                    logger.warning("pod %s: %s: %s; retrying in %.1f s", (pod.get("metadata") or {}).get("name"),
+                                   type(exc).__name__, exc, pause)
+                    if uid not in self._queued:
+                        self._queued[uid] = (pod, deleted)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), pause)
+        except Exception as exc:
+            logger.exception("handling pod uid %s failed; stopping the watcher", uid)
+            self._failure = self._failure or exc
+            self._stopping.set()
+            if self._response is not None:
+                self._response.close()
+        finally:
+            self._workers.pop(uid, None)
+
+    async def _settle(self, uids: list[str | None]) -> None:
+        """Wait until the given pods' queued changes are handled (or the watcher stops)."""
+        while not self._stopping.is_set():
+            tasks = {self._workers[uid] for uid in uids if uid is not None and uid in self._workers}
+            if not tasks:
+                return
+            await asyncio.wait(tasks)
+
     async def _handle(self, pod: Pod, *, deleted: bool = False) -> None:
         meta = pod.get("metadata") or {}
         name, uid = meta.get("name"), meta.get("uid")
         if not name or not uid:
             return
-        if deleted:
-            self._pods.pop(name, None)
-        else:
-            self._pods[name] = pod
         annotations = meta.get("annotations") or {}
         try:
             base = self._base_fields(annotations, pod)
@@ -499,10 +570,13 @@ class PodWatcher:
                         f" ({outcome.reason.value})" if outcome.reason else "")
         if deleted:
             self._done.pop(uid, None)
+            self._noted.pop(uid, None)
             return
-        if todo:
-            await self._record(name, uid, done, terminal=todo[-1].phase.is_terminal)
-            if todo[-1].delete_pod:
+        # What Kafka has but the pod's note lacks: new phases, or a patch that failed before.
+        behind = done - _published(pod) - self._noted.get(uid, set())
+        if behind:
+            await self._record(name, uid, done, terminal=bool(behind & _TERMINAL_VALUES))
+        if todo and todo[-1].delete_pod:
                 await self._delete(name, uid, why=todo[-1].reason.value if todo[-1].reason else "written off")
         if deleting and done & _TERMINAL_VALUES:
             await self._release(name, uid)
@@ -539,9 +613,11 @@ class PodWatcher:
                 patched.release()
             if name in self._pods and self._pods[name]["metadata"].get("uid") == uid:
                 self._pods[name] = pod
+            self._noted[uid] = set(done)
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
+            self._noted[uid] = set(done)
             # Gone (or replaced) before we could note it: nothing left to repeat the phase for.
 
     async def _release(self, name: str, uid: str) -> None:
@@ -595,16 +671,27 @@ class PodWatcher:
         """Apply time-based outcomes and delete finished pods past their TTL (also run periodically)."""
         now = datetime.now(UTC)
         ttl = self.settings.finished_ttl_s
-        async with self._lock:
-            for name, pod in list(self._pods.items()):
-                meta = pod.get("metadata") or {}
-                if meta.get("deletionTimestamp"):
-                    if FINALIZER in (meta.get("finalizers") or []):
-                        await self._handle(pod)  # publish what is left and release it (retried here)
-                    continue
-                finished = _time((meta.get("annotations") or {}).get(ANNOTATION_FINISHED_AT))
-                if finished is None:
-                    await self._handle(pod)  # time may have turned a waiting pod into a failure
-                elif ttl is not None and now - finished >= timedelta(seconds=ttl) and meta["uid"] not in self._deleted:
-                    await self._delete(name, meta["uid"], why=f"finished more than {ttl:.0f} s ago")
-            self._deleted &= {(pod.get("metadata") or {}).get("uid") for pod in self._pods.values()}
+        handled: list[str | None] = []
+        expired: list[tuple[str, str]] = []
+        for name, pod in list(self._pods.items()):
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                if FINALIZER in (meta.get("finalizers") or []):
+                    handled.append(self._submit(pod, replace=False))  # publish what is left and release it
+                continue
+            finished = _time((meta.get("annotations") or {}).get(ANNOTATION_FINISHED_AT))
+            if finished is None:
+                handled.append(self._submit(pod, replace=False))  # time may have turned a waiting pod into a failure
+            elif ttl is not None and now - finished >= timedelta(seconds=ttl) and meta["uid"] not in self._deleted:
+                expired.append((name, meta["uid"]))
+
+        async def delete(name: str, uid: str) -> None:
+            async with self._slots:
+                await self._delete(name, uid, why=f"finished more than {ttl:.0f} s ago")
+
+        results = await asyncio.gather(*(delete(name, uid) for name, uid in expired), return_exceptions=True)
+        await self._settle(handled)
+        self._deleted &= {(pod.get("metadata") or {}).get("uid") for pod in self._pods.values()}
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result

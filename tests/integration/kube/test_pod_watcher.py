@@ -337,3 +337,45 @@ async def test_a_pod_deleted_while_no_watcher_watched_still_ends_once_then_goes(
     last = event_log.of(spec.rollout_id)[-1]
     assert (last.phase, last.reason, last.infrastructure_failure) == (RolloutPhase.FAILED, RolloutReason.NODE_LOST, True)
     assert_no_repeats(event_log)
+
+
+async def test_a_refused_patch_is_retried_for_its_pod_and_the_event_is_not_repeated(
+        kube_settings, kube_admin, kube_namespace, kubelet, event_log, start_watcher) -> None:
+    # Each pod's changes are handled by its own worker: a patch the API server refuses (here the
+    # watcher's Role loses "patch", as a half-applied RBAC change would) is retried for that pod
+    # after a pause, without publishing the acknowledged phase again, and lands once it is allowed.
+    rbac = k8s.RbacAuthorizationV1Api(kube_admin)
+    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
+    verbs = list(role.rules[0].verbs)
+    role.rules[0].verbs = [v for v in verbs if v != "patch"]
+    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
+    watcher = await start_watcher()
+    task = make_task(group_size=2)
+    specs = [make_spec(task, 0), make_spec(task, 1)]
+    await _launch(kube_settings, specs)
+    for spec in specs:
+        await kubelet.bind(spec.name)
+        await kubelet.harness_running(spec.name)
+    for spec in specs:
+        await event_log.wait_for(lambda s=spec: event_log.phases(s.rollout_id) == ["scheduled", "running"],
+                                 what="running")
+    deadline = asyncio.get_running_loop().time() + 20
+    while watcher.stats.retries < 4 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    assert watcher.stats.retries >= 4, watcher.stats  # each pod's patch was refused and tried again
+
+    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
+    role.rules[0].verbs = verbs
+    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
+    core = k8s.CoreV1Api(kube_admin)
+    for spec in specs:
+        deadline = asyncio.get_running_loop().time() + 30
+        while asyncio.get_running_loop().time() < deadline:
+            pod = await core.read_namespaced_pod(spec.name, kube_namespace)
+            if (pod.metadata.annotations or {}).get(ANNOTATION_PUBLISHED) == "scheduled,running":
+                break
+            await asyncio.sleep(0.2)
+        assert pod.metadata.annotations[ANNOTATION_PUBLISHED] == "scheduled,running", pod.metadata.annotations
+    await event_log.settle()
+    assert watcher.stats.published == 4  # scheduled (the launcher's id) and running, once per pod
+    assert_no_repeats(event_log)
