@@ -15,6 +15,7 @@ does not depend on how the bytes travel.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import socket
@@ -349,7 +350,44 @@ class _IdleTicker:
             self._handle = None
 
 
-class EngineResponse:
+class EngineAnswer(abc.ABC):
+    """An answer from an engine: its status, and a body to read whole or to leave, then closed."""
+
+    __slots__ = ()
+
+    status: int
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """The whole body.
+
+        Raises:
+            EngineError: the body could not be read whole.
+        """
+
+    @abc.abstractmethod
+    def close(self, *, finished: bool) -> None:
+        """Give back what the answer holds: kept for reuse when ``finished``, otherwise cut."""
+
+    async def read_and_close(self) -> bytes:
+        """The whole body, then the answer closed: its connection kept when it was read whole, else cut.
+
+        For an answer wanted whole and nothing else (an error status, a health or metadata call),
+        so that no caller can forget the close, nor cut a connection fit for reuse.
+
+        Raises:
+            EngineError: the body could not be read whole (the connection is cut).
+        """
+        finished = False
+        try:
+            body = await self.read()
+            finished = True
+        finally:
+            self.close(finished=finished)
+        return body
+
+
+class EngineResponse(EngineAnswer):
     """One engine answer, read whole or line by line."""
 
     __slots__ = ("_client", "_conn", "_done", "_slotted", "_ticker", "status")
@@ -647,12 +685,7 @@ class EngineClient:
         target = self._target(url)
         response = await self._exchange(target, b"".join((b"GET ", target.path, b" HTTP/1.1\r\n", target.head,
                                                        b"\r\n")), timeout_s, slotted=False)
-        finished = False
-        try:
-            body = await response.read()
-            finished = True
-        finally:
-            response.close(finished=finished)
+        body = await response.read_and_close()
         try:
             return response.status, orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -665,13 +698,7 @@ class EngineClient:
             EngineError: no connection or no answer in time.
         """
         response = await self.post(url, body, timeout_s=timeout_s)
-        finished = False
-        try:
-            answer = await response.read()
-            finished = True
-        finally:
-            response.close(finished=finished)
-        return response.status, answer
+        return response.status, await response.read_and_close()
 
     async def aclose(self) -> None:
         """Close every connection, idle or busy; later calls fail as unreachable. Idempotent."""

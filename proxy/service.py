@@ -446,14 +446,10 @@ class CallService:
     async def _engine_refused(self, attempt: _Attempt) -> NoReturn:
         """End a call the engine answered with an error status, with the engine's own message."""
         response = attempt.response
-        read_whole = False  # an error answer read whole leaves its connection fit to reuse
         try:
-            detail = (await response.read()).decode("utf-8", "replace")[:2000]
-            read_whole = True
+            detail = (await response.read_and_close()).decode("utf-8", "replace")[:2000]
         except EngineError as exc:
             detail = repr(exc)
-        finally:
-            response.close(finished=read_whole)
         raise _CallFailed(response.status, CallStatus.UPSTREAM_ERROR, _engine_message(detail))
 
     async def _relay_whole(self, call: _Call, attempt: _Attempt) -> Response:

@@ -20,12 +20,12 @@ from proxy.continuation.builder import ContinuationCall, prepare
 from proxy.continuation.engine import TokenEndpoints, TokenEngine, TokenEngineError
 from proxy.continuation.history import RolloutHistory
 from proxy.continuation.planner import max_new_tokens
-from proxy.engine_client import IDLE, EngineError, EngineResponse
+from proxy.engine_client import IDLE, EngineAnswer, EngineError, EngineResponse
 
 __all__ = ["StreamedAnswer", "WholeAnswer", "exchange"]
 
 
-class WholeAnswer:
+class WholeAnswer(EngineAnswer):
     """An answer already read whole: a chat completion, or the engine's refusal with its status."""
 
     def __init__(self, status: int, body: bytes) -> None:
@@ -44,7 +44,7 @@ class WholeAnswer:
         """Nothing to give back: the engine's connections were closed as each exchange ended."""
 
 
-class StreamedAnswer:
+class StreamedAnswer(EngineAnswer):
     """A streamed generate answer, derendered into ``chat.completion.chunk`` events as it comes.
 
     The engine keeps no stream state between derender calls: this object carries it. With a tool
@@ -191,7 +191,7 @@ async def exchange(engine: TokenEngine, endpoints: TokenEndpoints, history: Roll
     if streamed:
         response = await engine.open_generate(body)
         if response.status != 200:
-            return planned, await _refusal(response)
+            return planned, WholeAnswer(response.status, await response.read_and_close())
         return planned, StreamedAnswer(engine, response, planned, ids)
     try:
         generated = await engine.generate(body)
@@ -225,16 +225,6 @@ def _merged(steps: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("weight_versions", "finish_reason", "stop_reason"):
         joined[key] = next((choice[key] for choice in reversed(choices) if choice.get(key) is not None), None)
     return {**steps[-1], "choices": [joined]}
-
-
-async def _refusal(response: EngineResponse) -> WholeAnswer:
-    finished = False
-    try:
-        body = await response.read()
-        finished = True
-    finally:
-        response.close(finished=finished)
-    return WholeAnswer(response.status, body)
 
 
 def _add_ids(choice: dict[str, Any], generated: Mapping[str, Any]) -> None:

@@ -90,18 +90,24 @@ def _extends(call: ModelCallV1, earlier: ModelCallV1) -> bool:
     return list(call.prompt_token_ids[:len(before)]) == before
 
 
+async def _conversation_calls(settings: ProxySettings, topics: TopicRegistry, rollout_id: str, *,
+                              stream: bool) -> list[ModelCallV1]:
+    """The three calls of one tool conversation through a proxy of its own, as the proxy recorded them."""
+    server, task = await serve(settings)
+    try:
+        running = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
+        await _conversation(running, rollout_id, stream=stream)
+        return await calls_of(running, 3)
+    finally:
+        await shutdown(server, task)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_a_tool_conversation_extends_the_exact_ids_and_makes_one_sample(
         proxy_settings_factory: Callable[..., ProxySettings], topics: TopicRegistry, stream: bool) -> None:
     settings = proxy_settings_factory()
     assert settings.continuation  # the default
-    server, task = await serve(settings)
-    try:
-        running = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
-        await _conversation(running, "r-cont", stream=stream)
-        first, second, third = await calls_of(running, 3)
-    finally:
-        await shutdown(server, task)
+    first, second, third = await _conversation_calls(settings, topics, "r-cont", stream=stream)
 
     assert all(c.status is CallStatus.OK and c.protocol is ApiProtocol.OPENAI_CHAT for c in (first, second, third))
     assert [c.drift_reason for c in (first, second, third)] == [None, None, None]
@@ -129,13 +135,7 @@ async def test_a_tool_conversation_extends_the_exact_ids_and_makes_one_sample(
 async def test_the_same_conversation_in_chat_mode_breaks_at_every_turn(
         proxy_settings_factory: Callable[..., ProxySettings], topics: TopicRegistry) -> None:
     settings = proxy_settings_factory(continuation=False)
-    server, task = await serve(settings)
-    try:
-        running = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
-        await _conversation(running, "r-chat-mode", stream=False)
-        first, second, third = await calls_of(running, 3)
-    finally:
-        await shutdown(server, task)
+    first, second, third = await _conversation_calls(settings, topics, "r-chat-mode", stream=False)
     assert not _extends(second, first) and not _extends(third, second)
     assert TOOL_CALL_ID in second.prompt_token_ids[len(first.prompt_token_ids):]  # the template's spelling
     built = build_samples([first, second, third])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import anthropic
 import httpx
 import openai
@@ -171,6 +174,20 @@ async def test_tool_requests_reach_the_engine_and_answers_are_relayed_as_sampled
     assert len(recorded.get("tool_calls") or []) == len({getattr(c, "index", i) for i, c in enumerate(calls)})
 
 
+async def _label_weights(http: httpx.AsyncClient, vllm_url: str, version: str) -> None:
+    (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": version})).raise_for_status()
+
+
+@contextlib.asynccontextmanager
+async def _weight_version_kept(http: httpx.AsyncClient, vllm_url: str) -> AsyncIterator[str]:
+    """The engine's weight version, put back on leaving: the session's one engine, the next test reads it."""
+    before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
+    try:
+        yield before
+    finally:
+        await _label_weights(http, vllm_url, before)
+
+
 @pytest.mark.parametrize("continuation", [True, False], ids=["continuation", "chat"])
 async def test_calls_carry_the_weight_version_the_engine_serves(
         proxy_settings_factory, topics, vllm_url, continuation: bool) -> None:
@@ -178,19 +195,14 @@ async def test_calls_carry_the_weight_version_the_engine_serves(
     server, task = await serve(settings)
     proxy = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
     try:
-        async with httpx.AsyncClient() as http:
-            before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
-            try:
-                # Asked at once: chat mode reads the version fresh around the call, no cached reading.
-                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "41"})).raise_for_status()
-                answer = await http.post(f"{proxy.base('r-ver')}/v1/chat/completions",
-                                         headers={"authorization": f"Bearer {proxy.token('r-ver')}"},
-                                         json={"model": "m", "messages": [{"role": "user", "content": "v?"}],
-                                               "max_tokens": 3})
-                assert answer.status_code == 200
-            finally:  # the session's one engine: the next test reads its version
-                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
-                 ).raise_for_status()
+        async with httpx.AsyncClient() as http, _weight_version_kept(http, vllm_url):
+            # Asked at once: chat mode reads the version fresh around the call, no cached reading.
+            await _label_weights(http, vllm_url, "41")
+            answer = await http.post(f"{proxy.base('r-ver')}/v1/chat/completions",
+                                     headers={"authorization": f"Bearer {proxy.token('r-ver')}"},
+                                     json={"model": "m", "messages": [{"role": "user", "content": "v?"}],
+                                           "max_tokens": 3})
+            assert answer.status_code == 200
         [event] = await calls_of(proxy, 1)
     finally:
         await shutdown(server, task)
@@ -206,32 +218,26 @@ async def test_a_version_update_during_a_call_is_never_labelled_as_one_version(
     server, task = await serve(settings)
     proxy = RunningProxy(f"http://127.0.0.1:{settings.port}", settings, topics)
     try:
-        async with httpx.AsyncClient(timeout=120) as http:
-            before = (await http.get(f"{vllm_url}/weight_info")).json()["weight_version"]
-            try:
-                async with http.stream("POST", f"{proxy.base('r-mid')}/v1/chat/completions",
-                                       headers={"authorization": f"Bearer {proxy.token('r-mid')}"},
-                                       json={"model": "m", "messages": [{"role": "user", "content": "Go on."}],
-                                             "max_tokens": 300, "stream": True, "seed": 4}) as answer:
-                    assert answer.status_code == 200
-                    lines = answer.aiter_lines()
-                    async for line in lines:
-                        if line.startswith("data:"):  # sampling has begun
-                            break
-                    # As a publish does: the engine holds the request (pause, keep) while its
-                    # weights change, so the rest of the answer comes from the new version
-                    # however fast the engine samples.
-                    (await http.post(f"{vllm_url}/pause", params={"mode": "keep"})).raise_for_status()
-                    try:
-                        (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": "mid-1"})
-                         ).raise_for_status()
-                    finally:
-                        (await http.post(f"{vllm_url}/resume")).raise_for_status()
-                    async for _ in lines:
-                        pass
-            finally:  # the session's one engine: the next test reads its version
-                (await http.post(f"{vllm_url}/update_weight_version", json={"new_version": before})
-                 ).raise_for_status()
+        async with httpx.AsyncClient(timeout=120) as http, _weight_version_kept(http, vllm_url) as before:
+            async with http.stream("POST", f"{proxy.base('r-mid')}/v1/chat/completions",
+                                   headers={"authorization": f"Bearer {proxy.token('r-mid')}"},
+                                   json={"model": "m", "messages": [{"role": "user", "content": "Go on."}],
+                                         "max_tokens": 300, "stream": True, "seed": 4}) as answer:
+                assert answer.status_code == 200
+                lines = answer.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data:"):  # sampling has begun
+                        break
+                # As a publish does: the engine holds the request (pause, keep) while its
+                # weights change, so the rest of the answer comes from the new version
+                # however fast the engine samples.
+                (await http.post(f"{vllm_url}/pause", params={"mode": "keep"})).raise_for_status()
+                try:
+                    await _label_weights(http, vllm_url, "mid-1")
+                finally:
+                    (await http.post(f"{vllm_url}/resume")).raise_for_status()
+                async for _ in lines:
+                    pass
         [event] = await calls_of(proxy, 1)
     finally:
         await shutdown(server, task)

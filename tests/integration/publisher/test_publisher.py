@@ -6,101 +6,35 @@ import asyncio
 import itertools
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from conftest import Checkpoints
+from conftest import (
+    Checkpoints,
+    applied_events,
+    applied_ok,
+    checkpoint_event,
+    engine_state,
+    greedy_answer,
+    logprob_gap,
+    publisher_settings,
+)
 
 from consumers.checkpoint_files import write_scaled_copy
-from consumers.publisher import CheckpointPublisher, PublisherSettings
+from consumers.publisher import CheckpointPublisher
 from consumers.weight_digests import MANIFEST, write_manifest
 from consumers.weight_transfer import FolderSource, NcclSettings, NcclTransfer
 from openforge.engine import LocalEngine
-from schemas import CheckpointAppliedV1, CheckpointV1
+from schemas import CheckpointAppliedV1
 from stream.producer import EventProducer
 from stream.settings import KafkaSettings
-from stream.tooling import read_topic
 from stream.topics import CHECKPOINTS, TopicRegistry
 
 pytestmark = pytest.mark.kafka
-
-
-def _settings(kafka: KafkaSettings, engines: list[LocalEngine], **updates: object) -> PublisherSettings:
-    return PublisherSettings(
-        replicas=[e.url for e in engines], model=str(engines[0].model_dir), group_id=f"pub-{uuid.uuid4().hex[:8]}",
-        retry_backoff_s=0.2, retry_backoff_max_s=1.0, check_interval_s=0.5, request_timeout_s=20,
-        reference_weights=engines[0].model_dir, kafka=kafka, **updates,
-    )
-
-
-def _checkpoint(engines: list[LocalEngine], version: int, folder: Path, model: str | None = None) -> CheckpointV1:
-    return CheckpointV1(model=model or str(engines[0].model_dir), version=version, uri=str(folder), step=version)
-
-
-async def _greedy(url: str, model: str) -> tuple[list[int], list[float]]:
-    """Token ids and logprobs of a short greedy answer: they change when the weights do."""
-    async with httpx.AsyncClient(timeout=60) as client:
-        response = await client.post(url + "/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": "Say something about checkpoints."}],
-            "max_tokens": 4, "temperature": 0, "logprobs": True, "return_token_ids": True})
-        assert response.status_code == 200, response.text
-        choice = response.json()["choices"][0]
-        return choice["token_ids"], [item["logprob"] for item in choice["logprobs"]["content"]]
-
-
-async def _served_exactly(url: str, model: str, folder: Path) -> float:
-    """Largest difference between the engine's logprobs and transformers' on the checkpoint folder.
-
-    Answers that merely change are not enough: an engine that reloads some tensors and keeps stale
-    copies of others also changes its answers (vLLM's CPU build kept a tied output layer stale).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    async with httpx.AsyncClient(timeout=60) as client:
-        response = await client.post(url + "/v1/chat/completions", json={
-            "model": model, "messages": [{"role": "user", "content": "Say something about checkpoints."}],
-            "max_tokens": 6, "temperature": 0, "logprobs": True, "return_token_ids": True})
-    body = response.json()
-    prompt, completion = body["prompt_token_ids"], body["choices"][0]["token_ids"]
-    engine = [item["logprob"] for item in body["choices"][0]["logprobs"]["content"]]
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logprobs = torch.log_softmax(reference(torch.tensor([prompt + completion])).logits[0, :-1], dim=-1)
-    expected = [float(logprobs[len(prompt) - 1 + i, token]) for i, token in enumerate(completion)]
-    return max(abs(a - b) for a, b in zip(engine, expected, strict=True))
-
-
-async def _engine_state(url: str) -> tuple[str, bool]:
-    async with httpx.AsyncClient(timeout=20) as client:
-        version = (await client.get(url + "/weight_info")).json()["weight_version"]
-        paused = (await client.get(url + "/is_paused")).json()["is_paused"]
-        return str(version), bool(paused)
-
-
-async def _applied(kafka: KafkaSettings, registry: TopicRegistry, done: Callable[[list[CheckpointAppliedV1]], bool],
-                   timeout_s: float = 60.0) -> list[CheckpointAppliedV1]:
-    """Every applied event on the checkpoints topic (all partitions), reread until ``done`` holds (or fail)."""
-    deadline = time.monotonic() + timeout_s
-    events: list[CheckpointAppliedV1] = []
-    while True:
-        events = [event async for raw in read_topic(kafka, registry[CHECKPOINTS].name)
-                  if isinstance(event := raw.decode(), CheckpointAppliedV1)]
-        if done(events):
-            return events
-        if time.monotonic() > deadline:
-            pytest.fail(f"applied events did not reach the expected state in {timeout_s}s: "
-                        f"{[(e.replica, e.version, e.ok, e.error) for e in events]}")
-        await asyncio.sleep(0.3)
-
-
-def _ok(events: list[CheckpointAppliedV1], replica: str, version: int) -> bool:
-    return any(e.replica == replica and e.version == version and e.ok for e in events)
 
 
 async def test_publish_updates_every_replica_and_answers_change(
@@ -110,34 +44,34 @@ async def test_publish_updates_every_replica_and_answers_change(
     model = str(checkpoints.base)
     urls = [e.url for e in engines]
     v_scaled, v_same = next(versions), next(versions)
-    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as publisher, \
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines), registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
-        before = await _greedy(urls[0], model)
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, v_scaled, checkpoints.scaled))
-        events = await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, v_scaled) for u in urls))
+        before = await greedy_answer(urls[0], model)
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, v_scaled, checkpoints.scaled))
+        events = await applied_events(kafka_settings, topics, lambda ev: all(applied_ok(ev, u, v_scaled) for u in urls))
         for url in urls:
-            assert await _engine_state(url) == (str(v_scaled), False)
-        changed = [await _greedy(url, model) for url in urls]
+            assert await engine_state(url) == (str(v_scaled), False)
+        changed = [await greedy_answer(url, model) for url in urls]
         assert changed[0] == changed[1]
         assert changed[0][1] != before[1], "the new weights must change the logprobs"
         for url in urls:
-            assert await _served_exactly(url, model, checkpoints.scaled) < 1e-3, "the engine serves stale tensors"
+            assert await logprob_gap(url, model, checkpoints.scaled) < 1e-3, "the engine serves stale tensors"
         assert all(e.duration_s > 0 for e in events if e.version == v_scaled)
         # Each replica's own digests were compared before it was labelled (embeddings, norms,
         # biases and the output layer on the CPU build, which repacks its linear weights).
         assert all((e.verified_parameters or 0) >= 9 for e in events if e.version == v_scaled and e.ok)
 
         # Another model's checkpoint and an older version change nothing.
-        assert not await publisher.offer(_checkpoint(engines, v_same + 100, checkpoints.scaled_more, "other-model"))
-        assert not await publisher.offer(_checkpoint(engines, v_scaled - 1 if v_scaled > 1 else 0, checkpoints.same))
+        assert not await publisher.offer(checkpoint_event(engines, v_same + 100, checkpoints.scaled_more, "other-model"))
+        assert not await publisher.offer(checkpoint_event(engines, v_scaled - 1 if v_scaled > 1 else 0, checkpoints.same))
         assert publisher.target is not None and publisher.target.version == v_scaled
 
         # Loading the served weights again restores the first answers exactly.
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, v_same, checkpoints.same))
-        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, v_same) for u in urls))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, v_same, checkpoints.same))
+        await applied_events(kafka_settings, topics, lambda ev: all(applied_ok(ev, u, v_same) for u in urls))
         for url in urls:
-            assert await _engine_state(url) == (str(v_same), False)
-            assert await _greedy(url, model) == before
+            assert await engine_state(url) == (str(v_same), False)
+            assert await greedy_answer(url, model) == before
 
 
 async def test_malformed_checkpoint_is_refused_and_replicas_keep_serving(
@@ -147,27 +81,27 @@ async def test_malformed_checkpoint_is_refused_and_replicas_keep_serving(
     model = str(checkpoints.base)
     urls = [e.url for e in engines]
     good, truncated, missing = next(versions), next(versions), next(versions)
-    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as publisher, \
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines), registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, good, checkpoints.scaled))
-        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, good) for u in urls))
-        served = await _greedy(urls[0], model)
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, good, checkpoints.scaled))
+        await applied_events(kafka_settings, topics, lambda ev: all(applied_ok(ev, u, good) for u in urls))
+        served = await greedy_answer(urls[0], model)
 
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, truncated, checkpoints.truncated))
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, missing, checkpoints.base.parent / "no-such-ckpt"))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, truncated, checkpoints.truncated))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, missing, checkpoints.base.parent / "no-such-ckpt"))
 
         def refused(ev: list[CheckpointAppliedV1]) -> bool:
             return all(any(e.replica == u and e.version == v and not e.ok for e in ev)
                        for u in urls for v in (truncated, missing))
 
-        events = await _applied(kafka_settings, topics, refused)
+        events = await applied_events(kafka_settings, topics, refused)
         errors = {(e.version, e.error) for e in events if not e.ok}
         assert any(v == truncated and "lies outside the file's data" in (err or "") for v, err in errors), errors
         assert any(v == missing and "does not exist" in (err or "") for v, err in errors), errors
         await asyncio.sleep(1.0)  # a (wrong) reload would have happened by now
         for url in urls:
-            assert await _engine_state(url) == (str(good), False)
-            assert await _greedy(url, model) == served
+            assert await engine_state(url) == (str(good), False)
+            assert await greedy_answer(url, model) == served
         assert publisher.target is not None and publisher.target.version == good
         assert not any(e.ok for e in events if e.version in (truncated, missing))
 
@@ -178,14 +112,14 @@ async def test_request_in_flight_survives_a_publish(
 ) -> None:
     url, model = engines[0].url, str(checkpoints.base)
     version = next(versions)
-    async with CheckpointPublisher(_settings(kafka_settings, engines[:1]), registry=topics), \
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines[:1]), registry=topics), \
             EventProducer(kafka_settings, registry=topics) as producer, httpx.AsyncClient(timeout=120) as client:
         long_call = asyncio.create_task(client.post(url + "/v1/chat/completions", json={
             "model": model, "messages": [{"role": "user", "content": "Write at length."}],
             "max_tokens": 900, "ignore_eos": True, "temperature": 0, "return_token_ids": True}))
         await asyncio.sleep(0.3)  # let it start generating
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled))
-        events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, url, version))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, version, checkpoints.scaled))
+        events = await applied_events(kafka_settings, topics, lambda ev: applied_ok(ev, url, version))
         response = await long_call
         finished = datetime.now(UTC)
         applied_at = next(e.applied_at for e in events if e.version == version and e.ok)
@@ -279,16 +213,16 @@ async def test_restarted_publisher_reads_the_topic_and_reloads_nothing(
     urls = [e.url for e in engines]
     version = next(versions)
     async with EventProducer(kafka_settings, registry=topics) as producer:
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled_more))
-    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as first:
-        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, version) for u in urls))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, version, checkpoints.scaled_more))
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines), registry=topics) as first:
+        await applied_events(kafka_settings, topics, lambda ev: all(applied_ok(ev, u, version) for u in urls))
         assert all(state.attempts == 1 for state in first.replicas.values())
     # A new instance (new group, so it also re-reads the checkpoint) finds the replicas there already.
-    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as second:
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines), registry=topics) as second:
         assert second.target is not None and second.target.version == version
         await asyncio.sleep(1.5)
         assert all(state.attempts == 0 and state.serving == version for state in second.replicas.values())
-    events = await _applied(kafka_settings, topics, lambda ev: True, timeout_s=1.0)
+    events = await applied_events(kafka_settings, topics, lambda ev: True, timeout_s=1.0)
     assert sum(1 for e in events if e.version == version) == len(urls), "no second round of applied events"
 
 
@@ -300,26 +234,26 @@ async def test_replica_down_during_publish_others_update_and_it_catches_up(
     model = str(checkpoints.base)
     up, down = engines
     missed, newest = next(versions), next(versions)
-    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics) as publisher, \
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines), registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
         stopping = asyncio.create_task(asyncio.to_thread(down.stop))  # goes down while the publish runs
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, missed, checkpoints.scaled))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, missed, checkpoints.scaled))
         await stopping
-        events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, up.url, missed) and any(
+        events = await applied_events(kafka_settings, topics, lambda ev: applied_ok(ev, up.url, missed) and any(
             e.replica == down.url and e.version == missed and not e.ok for e in ev))
-        assert not _ok(events, down.url, missed)
+        assert not applied_ok(events, down.url, missed)
 
         # A newer checkpoint while it is down: the live replica takes it at once.
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, newest, checkpoints.scaled_more))
-        await _applied(kafka_settings, topics, lambda ev: _ok(ev, up.url, newest))
-        assert await _engine_state(up.url) == (str(newest), False)
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, newest, checkpoints.scaled_more))
+        await applied_events(kafka_settings, topics, lambda ev: applied_ok(ev, up.url, newest))
+        assert await engine_state(up.url) == (str(newest), False)
 
         # Back on its initial weights: it goes straight to the newest version, skipping the one it missed.
         await asyncio.to_thread(down.start)
-        events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, down.url, newest), timeout_s=90)
-        assert not _ok(events, down.url, missed)
-        assert await _engine_state(down.url) == (str(newest), False)
-        assert await _greedy(down.url, model) == await _greedy(up.url, model)
+        events = await applied_events(kafka_settings, topics, lambda ev: applied_ok(ev, down.url, newest), timeout_s=90)
+        assert not applied_ok(events, down.url, missed)
+        assert await engine_state(down.url) == (str(newest), False)
+        assert await greedy_answer(down.url, model) == await greedy_answer(up.url, model)
         assert publisher.replicas[down.url].failures >= 1
 
 
@@ -337,21 +271,21 @@ async def test_weights_changed_on_the_way_fail_verification_and_the_replica_roll
     # The same folder as the learner recorded it, with its embeddings altered afterwards.
     altered = write_scaled_copy(learner_wrote, tmp_path / "altered", 1.5)
     assert (altered / MANIFEST).read_bytes() == (learner_wrote / MANIFEST).read_bytes()
-    async with CheckpointPublisher(_settings(kafka_settings, engines[:1]), registry=topics) as publisher, \
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines[:1]), registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, good, learner_wrote))
-        await _applied(kafka_settings, topics, lambda ev: _ok(ev, url, good))
-        served = await _greedy(url, model)
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, good, learner_wrote))
+        await applied_events(kafka_settings, topics, lambda ev: applied_ok(ev, url, good))
+        served = await greedy_answer(url, model)
 
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, changed, altered))
-        events = await _applied(kafka_settings, topics, lambda ev: any(
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, changed, altered))
+        events = await applied_events(kafka_settings, topics, lambda ev: any(
             e.replica == url and e.version == changed and not e.ok for e in ev))
         [failed] = [e for e in events if e.replica == url and e.version == changed]
         assert "model.embed_tokens.weight" in (failed.error or "") and f"reloaded the weights of v{good}" in (
             failed.error or ""), failed.error
         # Still labelled and serving exactly what it verified before, and serving (not paused).
-        assert await _engine_state(url) == (str(good), False)
-        assert await _greedy(url, model) == served
+        assert await engine_state(url) == (str(good), False)
+        assert await greedy_answer(url, model) == served
         assert not publisher.replicas[url].out_of_rotation
 
 
@@ -364,25 +298,25 @@ async def test_a_replica_that_fails_verification_with_nothing_to_roll_back_to_le
     and the next checkpoint that verifies brings it back."""
     url = engines[0].url
     changed, fine = next(versions), next(versions)
-    before, _ = await _engine_state(url)
+    before, _ = await engine_state(url)
     recorded = write_scaled_copy(checkpoints.base, tmp_path / "recorded", 4.0)
     write_manifest(recorded)
     altered = write_scaled_copy(recorded, tmp_path / "altered", 0.5)
-    async with CheckpointPublisher(_settings(kafka_settings, engines[:1]), registry=topics) as publisher, \
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines[:1]), registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, changed, altered))
-        events = await _applied(kafka_settings, topics, lambda ev: any(
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, changed, altered))
+        events = await applied_events(kafka_settings, topics, lambda ev: any(
             e.replica == url and e.version == changed and not e.ok for e in ev))
         [failed] = [e for e in events if e.replica == url and e.version == changed]
         assert "out of rotation" in (failed.error or ""), failed.error
-        assert await _engine_state(url) == (before, True), "paused, its label unchanged"
+        assert await engine_state(url) == (before, True), "paused, its label unchanged"
         assert publisher.replicas[url].out_of_rotation
 
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, fine, recorded))
-        await _applied(kafka_settings, topics, lambda ev: _ok(ev, url, fine))
-        assert await _engine_state(url) == (str(fine), False)
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, fine, recorded))
+        await applied_events(kafka_settings, topics, lambda ev: applied_ok(ev, url, fine))
+        assert await engine_state(url) == (str(fine), False)
         assert not publisher.replicas[url].out_of_rotation
-        assert await _served_exactly(url, str(checkpoints.base), recorded) < 1e-3
+        assert await logprob_gap(url, str(checkpoints.base), recorded) < 1e-3
 
 
 async def test_a_hung_replica_times_out_with_an_error_event_while_the_others_update(
@@ -400,19 +334,19 @@ async def test_a_hung_replica_times_out_with_an_error_event_while_the_others_upd
     hung = f"http://127.0.0.1:{hung_server.sockets[0].getsockname()[1]}"
     live = engines[0].url
     version = next(versions)
-    settings = _settings(kafka_settings, engines[:1]).model_copy(update={"replicas": [live, hung],
-                                                                          "request_timeout_s": 2.0})
+    settings = publisher_settings(kafka_settings, engines[:1]).model_copy(update={"replicas": [live, hung],
+                                                                                   "request_timeout_s": 2.0})
     try:
         async with CheckpointPublisher(settings, registry=topics) as publisher, \
                 EventProducer(kafka_settings, registry=topics) as producer:
             started = time.monotonic()
-            await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled_more))
-            events = await _applied(kafka_settings, topics, lambda ev: _ok(ev, live, version) and any(
+            await producer.publish(CHECKPOINTS, checkpoint_event(engines, version, checkpoints.scaled_more))
+            events = await applied_events(kafka_settings, topics, lambda ev: applied_ok(ev, live, version) and any(
                 e.replica == hung and e.version == version and not e.ok for e in ev))
             assert time.monotonic() - started < 60
             [failed] = [e for e in events if e.replica == hung and e.version == version]
             assert "Timeout" in (failed.error or ""), failed.error
-            assert await _engine_state(live) == (str(version), False)
+            assert await engine_state(live) == (str(version), False)
             assert publisher.replicas[hung].serving is None and accepted
     finally:
         for writer in accepted:
@@ -429,20 +363,20 @@ async def test_nccl_backend_dry_run_sends_buckets_of_the_checkpoints_bytes_and_t
     model, urls = str(checkpoints.base), [e.url for e in engines]
     version = next(versions)
     nccl = NcclSettings(dry_run=True, bucket_bytes=1 << 20)
-    async with CheckpointPublisher(_settings(kafka_settings, engines, transfer="nccl", nccl=nccl),
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines, transfer="nccl", nccl=nccl),
                                    registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
         assert isinstance(publisher.transfer, NcclTransfer)
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled_more))
-        events = await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, version) for u in urls))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, version, checkpoints.scaled_more))
+        events = await applied_events(kafka_settings, topics, lambda ev: all(applied_ok(ev, u, version) for u in urls))
         report = publisher.transfer.last_dry_run
         assert report is not None and report.buckets > 1
         weights = checkpoints.scaled_more / "model.safetensors"
         assert report.bytes == weights.stat().st_size - _header_bytes(weights), "every tensor, once"
         assert all((e.verified_parameters or 0) >= 9 for e in events if e.version == version and e.ok)
         for url in urls:
-            assert await _engine_state(url) == (str(version), False)
-            assert await _served_exactly(url, model, checkpoints.scaled_more) < 1e-3
+            assert await engine_state(url) == (str(version), False)
+            assert await logprob_gap(url, model, checkpoints.scaled_more) < 1e-3
 
 
 def _header_bytes(file: Path) -> int:
@@ -458,7 +392,7 @@ async def test_a_stalled_transfer_times_out_with_an_error_event_and_the_replica_
     runs on a CPU machine) is cut off at the backend's timeout."""
     engine = engines[0]
     version = next(versions)
-    before, _ = await _engine_state(engine.url)
+    before, _ = await engine_state(engine.url)
     release = threading.Event()
 
     class Stalled(FolderSource):
@@ -466,17 +400,17 @@ async def test_a_stalled_transfer_times_out_with_an_error_event_and_the_replica_
             release.wait(120)
             yield from super().tensors(names)
 
-    settings = _settings(kafka_settings, [engine], transfer="nccl", max_reload_failures=1,
-                         nccl=NcclSettings(dry_run=True, timeout_s=2.0))
+    settings = publisher_settings(kafka_settings, [engine], transfer="nccl", max_reload_failures=1,
+                                  nccl=NcclSettings(dry_run=True, timeout_s=2.0))
     try:
         async with CheckpointPublisher(settings, registry=topics, source=Stalled) as publisher, \
                 EventProducer(kafka_settings, registry=topics) as producer:
-            await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.scaled))
-            events = await _applied(kafka_settings, topics, lambda ev: any(
+            await producer.publish(CHECKPOINTS, checkpoint_event(engines, version, checkpoints.scaled))
+            events = await applied_events(kafka_settings, topics, lambda ev: any(
                 e.replica == engine.url and e.version == version and not e.ok for e in ev))
             failed = next(e for e in events if e.replica == engine.url and e.version == version and not e.ok)
             assert "did not finish within 2s" in (failed.error or "")
-            assert await _engine_state(engine.url) == (before, False), "its version kept, resumed"
+            assert await engine_state(engine.url) == (before, False), "its version kept, resumed"
             assert publisher.replicas[engine.url].failures == 1
     finally:
         release.set()
@@ -493,16 +427,16 @@ async def test_reload_the_engine_rejects_still_resumes_the_replica(
     """
     engine = engines[1]
     version = next(versions)
-    before, _ = await _engine_state(engine.url)
-    settings = _settings(kafka_settings, [engine], validate_checkpoints=False, verify_weights=False,
-                         max_reload_failures=1)
+    before, _ = await engine_state(engine.url)
+    settings = publisher_settings(kafka_settings, [engine], validate_checkpoints=False, verify_weights=False,
+                                  max_reload_failures=1)
     async with CheckpointPublisher(settings, registry=topics) as publisher, \
             EventProducer(kafka_settings, registry=topics) as producer:
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, checkpoints.base.parent / "no-such-ckpt"))
-        events = await _applied(kafka_settings, topics, lambda ev: any(e.version == version for e in ev))
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, version, checkpoints.base.parent / "no-such-ckpt"))
+        events = await applied_events(kafka_settings, topics, lambda ev: any(e.version == version for e in ev))
         failed = [e for e in events if e.version == version]
         assert len(failed) == 1 and not failed[0].ok and "collective_rpc answered 500" in (failed[0].error or "")
-        assert await _engine_state(engine.url) == (before, False), "resumed, label unchanged"
+        assert await engine_state(engine.url) == (before, False), "resumed, label unchanged"
         assert publisher.replicas[engine.url].failures == 1
 
 
@@ -526,12 +460,12 @@ async def test_the_learners_serving_weights_are_served_exactly(
     folder = write_checkpoint_folder(serving_folder(tmp_path, version), worker.save_serving)
     assert {p.name for p in folder.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json"}
     model, urls = str(base), [e.url for e in engines]
-    async with CheckpointPublisher(_settings(kafka_settings, engines), registry=topics), \
+    async with CheckpointPublisher(publisher_settings(kafka_settings, engines), registry=topics), \
             EventProducer(kafka_settings, registry=topics) as producer:
-        before = await _greedy(urls[0], model)
-        await producer.publish(CHECKPOINTS, _checkpoint(engines, version, folder))
-        await _applied(kafka_settings, topics, lambda ev: all(_ok(ev, u, version) for u in urls))
+        before = await greedy_answer(urls[0], model)
+        await producer.publish(CHECKPOINTS, checkpoint_event(engines, version, folder))
+        await applied_events(kafka_settings, topics, lambda ev: all(applied_ok(ev, u, version) for u in urls))
         for url in urls:
-            assert await _engine_state(url) == (str(version), False)
-            assert await _served_exactly(url, model, folder) < 1e-3, "the engine does not serve the learner's weights"
-        assert (await _greedy(urls[0], model))[1] != before[1], "the step must change the logprobs"
+            assert await engine_state(url) == (str(version), False)
+            assert await logprob_gap(url, model, folder) < 1e-3, "the engine does not serve the learner's weights"
+        assert (await greedy_answer(urls[0], model))[1] != before[1], "the step must change the logprobs"

@@ -128,6 +128,17 @@ async def test_an_error_status_is_an_answer_not_a_transport_error(engine: tuple[
     response.close(finished=True)
 
 
+async def test_an_error_answer_read_and_closed_leaves_its_connection_for_the_next_call(
+        engine: tuple[Engine, str], client: EngineClient) -> None:
+    app, url = engine
+    response = await client.post(f"{url}/missing", b"{}")
+    assert response.status == 404
+    assert orjson.loads(await response.read_and_close())["path"] == "/missing"
+    assert client.connections == 1
+    assert (await client.post_json(f"{url}/after", b"{}", timeout_s=5))[0] == 200
+    assert len(set(app.clients)) == 1, app.clients
+
+
 async def test_concurrent_calls_get_connections_of_their_own(engine: tuple[Engine, str],
                                                              client: EngineClient) -> None:
     app, url = engine
