@@ -13,7 +13,12 @@ Every call asks for the same ``max_tokens`` with a fixed seed. After the first t
 prompts differ (that is the point), so their answers may too, in length as well (an answer ends
 early on an end-of-sequence token): the figures compare per-call latency around similar, not
 identical, engine work. Reported: p50 and p99 per call of each target, each proxy's added latency over the
-direct call (the difference of the percentiles), and continuation's over chat mode's.
+direct call (the difference of the percentiles), and continuation's over chat mode's. Then, from the
+calls both proxies recorded, each mode's trainable tokens per rollout: the assembler builds the
+rollout's training samples (:func:`~consumers.assembler.samples.build_samples`), and the figure is
+the loss-mask size of its largest sample, against the tokens the rollout sampled in all; a turn
+whose prompt does not extend the one before starts a new sample, so its tokens are not trained in
+the same sequence as the others.
 """
 
 from __future__ import annotations
@@ -32,10 +37,15 @@ from typing import Any
 
 import httpx
 import orjson
+from aiokafka import AIOKafkaConsumer
 
 from bench.broker import private_broker
 from bench.proxy import Process, openforge_env, pct, progress
+from consumers.assembler.samples import build_samples
+from schemas import ModelCallV1, decode
+from schemas.call.linear import WholeCalls
 from schemas.credentials import Role, mint_token
+from stream import CALLS, TopicRegistry
 from stream.admin import KafkaAdmin
 from stream.broker import free_port
 from stream.settings import KafkaSettings
@@ -103,6 +113,51 @@ async def measure(engine_url: str, ports: dict[str, int], key: str, args: argpar
     return samples
 
 
+async def recorded_calls(kafka: KafkaSettings, expect: int, timeout_s: float = 60.0) -> list[ModelCallV1]:
+    """The calls both proxies recorded, whole (prompts stored by reference rebuilt), in produce order."""
+    consumer = AIOKafkaConsumer(TopicRegistry.from_settings(kafka)[CALLS].name,
+                                bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest",
+                                enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+    await consumer.start()
+    whole = WholeCalls()
+    calls: list[ModelCallV1] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(calls) < expect and time.monotonic() < deadline:
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                for record in batch:
+                    event = decode(record.headers, record.value)
+                    if isinstance(event, ModelCallV1):
+                        calls.append(whole.whole(event))
+    finally:
+        await consumer.stop()
+    if len(calls) < expect:
+        raise RuntimeError(f"read {len(calls)} recorded calls of {expect} within {timeout_s:g} s")
+    return calls
+
+
+def trainable(calls: list[ModelCallV1], warmup: int) -> dict[str, dict[str, float]]:
+    """Per proxy mode, means per measured rollout: tokens sampled, samples built, and trainable tokens.
+
+    Trainable: the loss-mask size of the rollout's largest sample.
+    """
+    rollouts: dict[str, list[ModelCallV1]] = {}
+    for call in calls:
+        rollouts.setdefault(call.rollout_id, []).append(call)
+    figures: dict[str, dict[str, float]] = {}
+    for name in ("chat", "continuation"):
+        measured = [rollout for rollout_id, rollout in rollouts.items()
+                    if rollout_id.endswith(f"-{name}") and int(rollout_id.split("-")[1]) >= warmup]
+        built = [build_samples(sorted(rollout, key=lambda c: c.timings.started_at)) for rollout in measured]
+        sampled = [sum(len(c.choices[0].completion_token_ids) for c in rollout if c.choices) for rollout in measured]
+        figures[name] = {
+            "rollouts": len(measured),
+            "sampled": sum(sampled) / max(len(measured), 1),
+            "samples": sum(len(b.samples) for b in built) / max(len(built), 1),
+            "trainable": sum(max((sum(s.loss_mask) for s in b.samples), default=0) for b in built) / max(len(built), 1)}
+    return figures
+
+
 def summarize(samples: dict[str, list[float]]) -> dict[str, Any]:
     ms = {name: {"p50": pct(values, 0.50) * 1000, "p99": pct(values, 0.99) * 1000, "calls": len(values)}
           for name, values in samples.items()}
@@ -123,6 +178,14 @@ def report(summary: dict[str, Any]) -> str:
     verdict = "met" if summary["goal_met"] else "missed"
     lines.append(f"\ncontinuation over chat mode: p50 {over['p50']:+.2f} ms, p99 {over['p99']:+.2f} ms "
                  f"(goal p50 ≤ {GOAL_ADDED_OVER_CHAT_MS:g} ms: {verdict})")
+    tokens = summary.get("tokens_per_rollout")
+    if tokens:
+        lines += ["", "| per rollout (mean) | rollouts | sampled tokens | samples | trainable (largest sample) |",
+                  "|---|---|---|---|---|"]
+        for name in ("chat", "continuation"):
+            row = tokens[name]
+            lines.append(f"| {name} | {row['rollouts']} | {row['sampled']:.1f} | {row['samples']:.2f} | "
+                         f"{row['trainable']:.1f} |")
     return "\n".join(lines)
 
 
@@ -167,7 +230,10 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                             break
                     await asyncio.sleep(0.1)
         samples = await measure(engine_url, ports, key, args)
-        return summarize(samples)
+        summary = summarize(samples)
+        calls = await recorded_calls(kafka, 2 * (args.warmup + args.rollouts) * args.turns)
+        summary["tokens_per_rollout"] = trainable(calls, args.warmup)
+        return summary
     finally:
         for process in processes:
             process.stop()
