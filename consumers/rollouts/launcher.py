@@ -469,21 +469,29 @@ class Launcher(Managed):
             if work.tp not in self._consumer.assignment():
                 self._work = None  # revoked: the new owner relaunches from the committed offset
                 return True
+            # The rest of the group that fits under the cap, launched together: each launch waits for
+            # Kafka and the backend (the API server), not the CPU, so a group takes one round trip.
             # Capped: a task's timeout has no upper bound, and a lifetime past the cap is refused.
             ttl_s = min(max(self.settings.token_ttl_s, task.timeout_s + self.settings.token_grace_s), MAX_TOKEN_TTL_S)
-            rollout_id = rollout_id_for(task.task_id, work.next_index)
-            spec = build_spec(task, work.next_index, proxy_url=proxy_for(rollout_id, self.settings.proxy_url),
-                              key=self._key,
-                              token_ttl_s=ttl_s, backend=self.backend.kind)
-            if spec.rollout_id in self._known:
-                self.skipped += 1
-                work.next_index += 1
-                continue
-            if in_flight >= self.settings.max_in_flight:
-                return False
-            await self._launch(spec)
-            in_flight += 1
-            work.next_index += 1
+            batch: list[RolloutSpec] = []
+            end = work.next_index
+            while end < task.group_size and in_flight + len(batch) < self.settings.max_in_flight:
+                rollout_id = rollout_id_for(task.task_id, end)
+                spec = build_spec(task, end, proxy_url=proxy_for(rollout_id, self.settings.proxy_url),
+                                  key=self._key, token_ttl_s=ttl_s, backend=self.backend.kind)
+                end += 1
+                if spec.rollout_id in self._known:
+                    self.skipped += 1
+                else:
+                    batch.append(spec)
+            if not batch and end == work.next_index:
+                return False  # at the cap
+            failures = [r for r in await asyncio.gather(*(self._launch(spec) for spec in batch),
+                                                        return_exceptions=True) if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]  # retried from next_index; the rollouts that were created are known now
+            in_flight += len(batch)
+            work.next_index = end
         self._handled[work.tp] = work.offset + 1
         self._work = None
         logger.info("launcher: task %s launched (%d rollouts)", task.task_id, task.group_size)
