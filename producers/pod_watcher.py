@@ -331,6 +331,7 @@ class PodWatcher:
         self._failure: BaseException | None = None
         """What made a pod's worker fail beyond retrying (a bug): the watcher stops and :meth:`wait` raises it."""
         self._stopping = asyncio.Event()
+        self._stop_called = False
         self._listed = asyncio.Event()
         self._response: aiohttp.ClientResponse | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -360,9 +361,10 @@ class PodWatcher:
         Changes queued but not started are left: the next watcher's list finds them again (the
         pods' annotations say what was published).
         """
-        if self._stopping.is_set():
+        if self._stop_called:
             return
-        self._stopping.set()
+        self._stop_called = True
+        self._stopping.set()  # also set by a worker's failure; the workers still in flight are drained here
         if self._response is not None:
             self._response.close()  # ends the pending read of the watch stream
         tasks = [*self._tasks, *self._workers.values()]
@@ -493,6 +495,8 @@ class PodWatcher:
                 pod, deleted = self._queued.pop(uid)
                 try:
                     async with self._slots:
+                        if self._stopping.is_set():
+                            break  # stopped while it waited for a slot: the next watcher's list finds it
                         await self._handle(pod, deleted=deleted)
                     backoff.reset()
                 except (ApiException, aiohttp.ClientError, OSError, TimeoutError, KafkaError) as exc:
@@ -548,6 +552,7 @@ class PodWatcher:
             # deletes them.
             outcomes.append(PodOutcome(RolloutPhase.FAILED, _disruption(pod.get("status") or {}) or RolloutReason.OTHER,
                                        message="pod deleted before it finished"))
+        last = outcomes[-1]
         if finished:
             outcomes = [o for o in outcomes if not o.phase.is_terminal]  # one terminal phase, ever
         todo = [o for o in outcomes if o.phase.value not in done]
@@ -575,9 +580,10 @@ class PodWatcher:
         # What Kafka has but the pod's note lacks: new phases, or a patch that failed before.
         behind = done - _published(pod) - self._noted.get(uid, set())
         if behind:
-            await self._record(name, uid, done, terminal=bool(behind & _TERMINAL_VALUES))
-        if todo and todo[-1].delete_pod:
-                await self._delete(name, uid, why=todo[-1].reason.value if todo[-1].reason else "written off")
+            await self._record(name, uid, done, pod, terminal=bool(behind & _TERMINAL_VALUES))
+        # Written off (image pull, unschedulable): deleted once its event is out, retried until it is.
+        if last.delete_pod and last.phase.value in done and not deleting and uid not in self._deleted:
+            await self._delete(name, uid, why=last.reason.value if last.reason else "written off")
         if deleting and done & _TERMINAL_VALUES:
             await self._release(name, uid)
 
@@ -594,7 +600,7 @@ class PodWatcher:
             "namespace": pod["metadata"].get("namespace") or self.settings.namespace,
         }
 
-    async def _record(self, name: str, uid: str, done: set[str], *, terminal: bool) -> None:
+    async def _record(self, name: str, uid: str, done: set[str], handled: Pod, *, terminal: bool) -> None:
         """Write the published phases onto the pod (after Kafka acknowledged them)."""
         order = [p.value for p in RolloutPhase if p.value in done]
         annotations = {ANNOTATION_PUBLISHED: ",".join(order)}
@@ -611,7 +617,7 @@ class PodWatcher:
                 pod = orjson.loads(await patched.read())
             finally:
                 patched.release()
-            if name in self._pods and self._pods[name]["metadata"].get("uid") == uid:
+            if self._pods.get(name) is handled:  # else the watch brought a newer state meanwhile
                 self._pods[name] = pod
             self._noted[uid] = set(done)
         except ApiException as exc:
@@ -648,10 +654,9 @@ class PodWatcher:
             self._deleted.add(uid)
             logger.info("deleted pod %s/%s (%s)", self.settings.namespace, name, why)
         except ApiException as exc:
-            if exc.status == 404:
-                self._deleted.add(uid)
-            elif exc.status != 409:  # 409: another pod has the name now
+            if exc.status not in (404, 409):  # 409: another pod has the name now, so this one is gone
                 raise
+            self._deleted.add(uid)
 
     # --- timeouts and TTL -----------------------------------------------------------------------------
 

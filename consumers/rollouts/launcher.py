@@ -475,15 +475,17 @@ class Launcher(Managed):
             ttl_s = min(max(self.settings.token_ttl_s, task.timeout_s + self.settings.token_grace_s), MAX_TOKEN_TTL_S)
             batch: list[RolloutSpec] = []
             end = work.next_index
-            while end < task.group_size and in_flight + len(batch) < self.settings.max_in_flight:
+            while end < task.group_size:
                 rollout_id = rollout_id_for(task.task_id, end)
-                spec = build_spec(task, end, proxy_url=proxy_for(rollout_id, self.settings.proxy_url),
-                                  key=self._key, token_ttl_s=ttl_s, backend=self.backend.kind)
-                end += 1
-                if spec.rollout_id in self._known:
+                if rollout_id in self._known:  # launched before a restart: skipped even at the cap
                     self.skipped += 1
-                else:
-                    batch.append(spec)
+                    end += 1
+                    continue
+                if in_flight + len(batch) >= self.settings.max_in_flight:
+                    break
+                batch.append(build_spec(task, end, proxy_url=proxy_for(rollout_id, self.settings.proxy_url),
+                                        key=self._key, token_ttl_s=ttl_s, backend=self.backend.kind))
+                end += 1
             if not batch and end == work.next_index:
                 return False  # at the cap
             failures = [r for r in await asyncio.gather(*(self._launch(spec) for spec in batch),

@@ -379,3 +379,43 @@ async def test_a_refused_patch_is_retried_for_its_pod_and_the_event_is_not_repea
     await event_log.settle()
     assert watcher.stats.published == 4  # scheduled (the launcher's id) and running, once per pod
     assert_no_repeats(event_log)
+
+
+async def test_a_written_off_pod_whose_delete_was_refused_is_deleted_once_allowed(
+        kube_settings, kube_admin, kube_namespace, kubelet, event_log, start_watcher, watcher_settings) -> None:
+    # A pod written off (here: its image never pulls) must go, or it could still start the rollout
+    # whose failure was published. The delete is retried after a refusal (here the Role loses
+    # "delete") although the failure is already on Kafka and nothing new is left to publish.
+    rbac = k8s.RbacAuthorizationV1Api(kube_admin)
+    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
+    verbs = list(role.rules[0].verbs)
+    role.rules[0].verbs = [v for v in verbs if v != "delete"]
+    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
+    watcher = await start_watcher(watcher_settings.model_copy(update={"image_pull_timeout_s": 0.0}))
+    spec = make_spec(make_task(group_size=1), 0)
+    await _launch(kube_settings, [spec])
+    await kubelet.bind(spec.name)
+    await kubelet.image_pull_failing(spec.name)
+    await event_log.wait_for(lambda: event_log.phases(spec.rollout_id) == ["scheduled", "failed"], what="failed")
+    deadline = asyncio.get_running_loop().time() + 20
+    while watcher.stats.retries < 2 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    assert watcher.stats.retries >= 2 and watcher.stats.deleted == 0, watcher.stats
+
+    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
+    role.rules[0].verbs = verbs
+    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
+    core = k8s.CoreV1Api(kube_admin)
+    deadline = asyncio.get_running_loop().time() + 30
+    deleting = False
+    while not deleting and asyncio.get_running_loop().time() < deadline:
+        try:  # a bound pod goes once its kubelet confirms; there is none here, so its deletion is what shows
+            deleting = (await core.read_namespaced_pod(spec.name, kube_namespace)).metadata.deletion_timestamp is not None
+        except ApiException as exc:
+            deleting = exc.status == 404
+        await asyncio.sleep(0.2)
+    assert deleting, "the written-off pod was not deleted once the watcher could"
+    await event_log.settle()
+    assert event_log.phases(spec.rollout_id) == ["scheduled", "failed"]
+    assert watcher.stats.deleted == 1
+    assert_no_repeats(event_log)
