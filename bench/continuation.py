@@ -37,18 +37,18 @@ from typing import Any
 
 import httpx
 import orjson
-from aiokafka import AIOKafkaConsumer
 
 from bench.broker import private_broker
 from bench.proxy import Process, openforge_env, pct, progress
 from consumers.assembler.samples import build_samples
-from schemas import ModelCallV1, decode
+from schemas import ModelCallV1
 from schemas.call.linear import WholeCalls
 from schemas.credentials import Role, mint_token
 from stream import CALLS, TopicRegistry
 from stream.admin import KafkaAdmin
 from stream.broker import free_port
 from stream.settings import KafkaSettings
+from stream.tooling import read_topic
 
 GOAL_ADDED_OVER_CHAT_MS = 2.0
 """Continuation's added p50 per call may exceed chat mode's by at most this."""
@@ -114,26 +114,18 @@ async def measure(engine_url: str, ports: dict[str, int], key: str, args: argpar
 
 
 async def recorded_calls(kafka: KafkaSettings, expect: int, timeout_s: float = 60.0) -> list[ModelCallV1]:
-    """The calls both proxies recorded, whole (prompts stored by reference rebuilt), in produce order."""
-    consumer = AIOKafkaConsumer(TopicRegistry.from_settings(kafka)[CALLS].name,
-                                bootstrap_servers=kafka.bootstrap_servers, auto_offset_reset="earliest",
-                                enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
-    await consumer.start()
-    whole = WholeCalls()
-    calls: list[ModelCallV1] = []
-    try:
-        deadline = time.monotonic() + timeout_s
-        while len(calls) < expect and time.monotonic() < deadline:
-            for batch in (await consumer.getmany(timeout_ms=500)).values():
-                for record in batch:
-                    event = decode(record.headers, record.value)
-                    if isinstance(event, ModelCallV1):
-                        calls.append(whole.whole(event))
-    finally:
-        await consumer.stop()
-    if len(calls) < expect:
-        raise RuntimeError(f"read {len(calls)} recorded calls of {expect} within {timeout_s:g} s")
-    return calls
+    """The calls both proxies recorded, whole (prompts by reference rebuilt), once all ``expect`` are there."""
+    topic = TopicRegistry.from_settings(kafka)[CALLS].name
+    deadline = time.monotonic() + timeout_s
+    while True:
+        whole = WholeCalls()
+        calls = [whole.whole(event) async for record in read_topic(kafka, topic)
+                 if isinstance(event := record.decode(), ModelCallV1)]
+        if len(calls) >= expect:
+            return calls
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"read {len(calls)} recorded calls of {expect} within {timeout_s:g} s")
+        await asyncio.sleep(0.5)  # the proxies' shippers are still sending
 
 
 def trainable(calls: list[ModelCallV1], warmup: int) -> dict[str, dict[str, float]]:

@@ -482,7 +482,7 @@ class PodWatcher:
         elif replace:
             self._pods[name] = pod
         if replace or uid not in self._queued:
-            self._queued[uid] = (pod, deleted or self._queued.get(uid, (pod, False))[1])
+            self._queued[uid] = (pod, deleted or (uid in self._queued and self._queued[uid][1]))  # a deletion sticks
         if uid not in self._workers:
             self._workers[uid] = asyncio.create_task(self._work(uid), name=f"pod-{name}")
         return str(uid)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
+from collections.abc import AsyncIterator
 
 import pytest
 from assembled import assemble, counted_in_groups
@@ -339,34 +341,47 @@ async def test_a_pod_deleted_while_no_watcher_watched_still_ends_once_then_goes(
     assert_no_repeats(event_log)
 
 
+@contextlib.asynccontextmanager
+async def _watcher_role_without(kube_admin, namespace: str, verb: str) -> AsyncIterator[None]:
+    """The watcher's Role without ``verb`` (as a half-applied RBAC change leaves it) until the block ends."""
+    rbac = k8s.RbacAuthorizationV1Api(kube_admin)
+    role = await rbac.read_namespaced_role("openforge-pod-watcher", namespace)
+    verbs = list(role.rules[0].verbs)
+    role.rules[0].verbs = [v for v in verbs if v != verb]
+    await rbac.replace_namespaced_role("openforge-pod-watcher", namespace, role)
+    try:
+        yield
+    finally:
+        role = await rbac.read_namespaced_role("openforge-pod-watcher", namespace)
+        role.rules[0].verbs = verbs
+        await rbac.replace_namespaced_role("openforge-pod-watcher", namespace, role)
+
+
+async def _until_retried(watcher: PodWatcher, times: int, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while watcher.stats.retries < times and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    assert watcher.stats.retries >= times, watcher.stats
+
+
 async def test_a_refused_patch_is_retried_for_its_pod_and_the_event_is_not_repeated(
         kube_settings, kube_admin, kube_namespace, kubelet, event_log, start_watcher) -> None:
-    # Each pod's changes are handled by its own worker: a patch the API server refuses (here the
-    # watcher's Role loses "patch", as a half-applied RBAC change would) is retried for that pod
-    # after a pause, without publishing the acknowledged phase again, and lands once it is allowed.
-    rbac = k8s.RbacAuthorizationV1Api(kube_admin)
-    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
-    verbs = list(role.rules[0].verbs)
-    role.rules[0].verbs = [v for v in verbs if v != "patch"]
-    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
-    watcher = await start_watcher()
+    # Each pod's changes are handled by its own worker: a patch the API server refuses is retried
+    # for that pod after a pause, without publishing the acknowledged phase again, and lands once
+    # it is allowed.
     task = make_task(group_size=2)
     specs = [make_spec(task, 0), make_spec(task, 1)]
-    await _launch(kube_settings, specs)
-    for spec in specs:
-        await kubelet.bind(spec.name)
-        await kubelet.harness_running(spec.name)
-    for spec in specs:
-        await event_log.wait_for(lambda s=spec: event_log.phases(s.rollout_id) == ["scheduled", "running"],
-                                 what="running")
-    deadline = asyncio.get_running_loop().time() + 20
-    while watcher.stats.retries < 4 and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.1)
-    assert watcher.stats.retries >= 4, watcher.stats  # each pod's patch was refused and tried again
+    async with _watcher_role_without(kube_admin, kube_namespace, "patch"):
+        watcher = await start_watcher()
+        await _launch(kube_settings, specs)
+        for spec in specs:
+            await kubelet.bind(spec.name)
+            await kubelet.harness_running(spec.name)
+        for spec in specs:
+            await event_log.wait_for(lambda s=spec: event_log.phases(s.rollout_id) == ["scheduled", "running"],
+                                     what="running")
+        await _until_retried(watcher, 4)  # each pod's patch was refused and tried again
 
-    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
-    role.rules[0].verbs = verbs
-    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
     core = k8s.CoreV1Api(kube_admin)
     for spec in specs:
         deadline = asyncio.get_running_loop().time() + 30
@@ -384,27 +399,19 @@ async def test_a_refused_patch_is_retried_for_its_pod_and_the_event_is_not_repea
 async def test_a_written_off_pod_whose_delete_was_refused_is_deleted_once_allowed(
         kube_settings, kube_admin, kube_namespace, kubelet, event_log, start_watcher, watcher_settings) -> None:
     # A pod written off (here: its image never pulls) must go, or it could still start the rollout
-    # whose failure was published. The delete is retried after a refusal (here the Role loses
-    # "delete") although the failure is already on Kafka and nothing new is left to publish.
-    rbac = k8s.RbacAuthorizationV1Api(kube_admin)
-    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
-    verbs = list(role.rules[0].verbs)
-    role.rules[0].verbs = [v for v in verbs if v != "delete"]
-    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
-    watcher = await start_watcher(watcher_settings.model_copy(update={"image_pull_timeout_s": 0.0}))
+    # whose failure was published. A refused delete is retried although the failure is already on
+    # Kafka and nothing new is left to publish.
     spec = make_spec(make_task(group_size=1), 0)
-    await _launch(kube_settings, [spec])
-    await kubelet.bind(spec.name)
-    await kubelet.image_pull_failing(spec.name)
-    await event_log.wait_for(lambda: event_log.phases(spec.rollout_id) == ["scheduled", "failed"], what="failed")
-    deadline = asyncio.get_running_loop().time() + 20
-    while watcher.stats.retries < 2 and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.1)
-    assert watcher.stats.retries >= 2 and watcher.stats.deleted == 0, watcher.stats
+    async with _watcher_role_without(kube_admin, kube_namespace, "delete"):
+        watcher = await start_watcher(watcher_settings.model_copy(update={"image_pull_timeout_s": 0.0}))
+        await _launch(kube_settings, [spec])
+        await kubelet.bind(spec.name)
+        await kubelet.image_pull_failing(spec.name)
+        await event_log.wait_for(lambda: event_log.phases(spec.rollout_id) == ["scheduled", "failed"],
+                                 what="failed")
+        await _until_retried(watcher, 2)
+        assert watcher.stats.deleted == 0, watcher.stats
 
-    role = await rbac.read_namespaced_role("openforge-pod-watcher", kube_namespace)
-    role.rules[0].verbs = verbs
-    await rbac.replace_namespaced_role("openforge-pod-watcher", kube_namespace, role)
     core = k8s.CoreV1Api(kube_admin)
     deadline = asyncio.get_running_loop().time() + 30
     deleting = False
